@@ -1,0 +1,134 @@
+"""The sbus packet codec: bytes in, events out, and back.  No I/O.
+
+One SOCK_SEQPACKET packet is one message (sbus-README "Protocol"; SPEC §1):
+
+    SUB <pattern>[\\0<ignored>]      Subscribe
+    UNSUB <pattern>[\\0<ignored>]    Unsubscribe
+    MSG <key>\\0<payload>            Publish (forwarded byte for byte)
+    CMSG <key>[\\0<payload>]         Control (never forwarded)
+
+Anything else raises ``PeerError`` -- the only error bad input can raise.
+The server's hot path calls ``publish_key`` directly, which allocates only the
+key; ``decode`` builds an event object and serves everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import PeerError, UsageError
+from .limits import MAX_PACKET
+
+SUB = b"SUB "
+UNSUB = b"UNSUB "
+MSG = b"MSG "
+CMSG = b"CMSG "
+NUL = b"\0"
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    pattern: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    pattern: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    key: bytes
+    payload: bytes
+    packet: bytes  # the whole packet, forwarded unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    key: bytes
+    payload: bytes | None  # None when the sender omitted "\0<payload>"
+
+
+Event = Subscribe | Unsubscribe | Publish | Control
+
+
+def publish_key(packet: bytes) -> bytes | None:
+    """Return the routing key if ``packet`` is a well-formed MSG, else None.
+
+    None means "not a MSG packet"; a MSG without its NUL raises ``PeerError``.
+    """
+    if packet[:4] != MSG:
+        return None
+    nul = packet.find(NUL, 4)
+    if nul < 0:
+        raise PeerError("protocol_error", "MSG without NUL")
+    return packet[4:nul]
+
+
+def _head(packet: bytes, start: int) -> bytes:
+    """The field from ``start`` up to the first NUL (or the end)."""
+    nul = packet.find(NUL, start)
+    return packet[start:] if nul < 0 else packet[start:nul]
+
+
+def decode(packet: bytes) -> Event:
+    """Turn one received packet into an event, or raise ``PeerError``."""
+    if len(packet) > MAX_PACKET:
+        raise PeerError("protocol_error", "packet too long")
+    if packet.startswith(MSG):
+        nul = packet.find(NUL, 4)
+        if nul < 0:
+            raise PeerError("protocol_error", "MSG without NUL")
+        return Publish(packet[4:nul], packet[nul + 1 :], packet)
+    if packet.startswith(SUB):
+        return Subscribe(_head(packet, 4))
+    if packet.startswith(UNSUB):
+        return Unsubscribe(_head(packet, 6))
+    if packet.startswith(CMSG):
+        nul = packet.find(NUL, 5)
+        if nul < 0:
+            return Control(packet[5:], None)
+        return Control(packet[5:nul], packet[nul + 1 :])
+    if not packet:
+        raise PeerError("protocol_error", "empty packet")
+    raise PeerError("protocol_error", "unknown verb")
+
+
+def encode_sub(pattern: bytes) -> bytes:
+    """``SUB <pattern>``."""
+    _check_field(pattern)
+    return SUB + pattern
+
+
+def encode_unsub(pattern: bytes) -> bytes:
+    """``UNSUB <pattern>``."""
+    _check_field(pattern)
+    return UNSUB + pattern
+
+
+def encode_msg(key: bytes, payload: bytes) -> bytes:
+    """``MSG <key>\\0<payload>``."""
+    _check_field(key)
+    return MSG + key + NUL + payload
+
+
+def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
+    """``CMSG <key>[\\0<payload>]``; servers always pass a payload (SPEC §1)."""
+    _check_field(key)
+    return CMSG + key if payload is None else CMSG + key + NUL + payload
+
+
+def encode(event: Event) -> bytes:
+    """Encode any event (inverse of ``decode``)."""
+    if isinstance(event, Publish):
+        return encode_msg(event.key, event.payload)
+    if isinstance(event, Subscribe):
+        return encode_sub(event.pattern)
+    if isinstance(event, Unsubscribe):
+        return encode_unsub(event.pattern)
+    return encode_cmsg(event.key, event.payload)
+
+
+def _check_field(value: bytes) -> None:
+    if NUL in value:
+        raise UsageError("routing keys and patterns cannot contain NUL")

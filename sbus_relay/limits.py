@@ -1,0 +1,53 @@
+"""Every limit of sbus_relay, each a named constant with its reason.
+
+Defaults that the config may override are marked (config).
+"""
+
+from __future__ import annotations
+
+# --- packets ---------------------------------------------------------------
+#: Largest packet accepted; the reference sbusd's limit (SPEC §1).  Longer
+#: packets are detected with MSG_TRUNC and treated as a misbehaving client.
+MAX_PACKET = 409_600
+
+# --- per-client outbound queues (SPEC §4) ------------------------------------
+#: (config) Hard limit on bytes queued for one client before its hard mode applies.
+HARD_LIMIT_BYTES = 16 * 1024 * 1024
+#: (config) Hard limit on messages queued for one client.
+HARD_LIMIT_MESSAGES = 65_536
+
+# --- subscriptions ---------------------------------------------------------
+#: Distinct patterns one client may hold; bounds memory per client.  A client
+#: over it is disconnected (``too_many_patterns``).
+MAX_PATTERNS_PER_CLIENT = 65_536
+#: Entries in the key -> recipients cache; cleared whole on any subscription
+#: change, so it bounds memory, not correctness.
+MATCH_CACHE_SIZE = 4096
+
+# --- server ----------------------------------------------------------------
+#: (config) Most clients connected at once; further peers are closed at accept.
+MAX_CLIENTS = 4096
+#: Packets read from one client before yielding to others (fairness).
+READ_BATCH = 64
+#: Accept-loop back-off after an error (EMFILE, ENFILE...): first and cap, seconds.
+ACCEPT_BACKOFF_MIN = 0.01
+ACCEPT_BACKOFF_MAX = 1.0
+#: listen(2) backlog.
+LISTEN_BACKLOG = 128
+#: Socket send buffer asked for each client, bytes (the kernel may cap it).
+CLIENT_SNDBUF = 1 << 20
+#: Seconds ``Server.stop`` waits for client greenlets before killing them.
+STOP_TIMEOUT = 2.0
+
+# --- relays (SPEC §6) --------------------------------------------------------
+#: (config) Upward messages kept while the upstream is away.
+UPSTREAM_QUEUE_MESSAGES = 10_000
+#: (config) ... and their bytes.
+UPSTREAM_QUEUE_BYTES = 16 * 1024 * 1024
+#: (config) Reconnect back-off: first delay and cap, seconds.
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 2.0
+
+# --- logging -----------------------------------------------------------------
+#: Seconds of quiet after which a slow client's drop episode is logged as over.
+DROP_EPISODE_QUIET = 1.0

@@ -1,0 +1,97 @@
+"""Plain-integer counters of one server, read by the metrics collector on scrape.
+
+The hot path increments attributes and dict entries here; nothing takes a lock
+per message (STYLE §4).  ``sbus_relay.metrics`` turns a ``Stats`` plus a
+``Gauges`` snapshot into Prometheus families at scrape time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Packet types counted in ``Stats.packets_in``.
+PACKET_TYPES = ("sub", "unsub", "msg", "cmsg", "invalid")
+
+#: Why a message was not delivered to a client (``Stats.drops`` keys).
+DROP_REASONS = (
+    "soft_discard",  # blocking/soft/discard and the socket was full
+    "hard_discard",  # over the hard limit in blocking/hard/discard
+    "slow_client_disconnected",  # queued messages lost when a slow client was cut off
+    "client_gone",  # queued messages lost when a client disconnected by itself
+    "reserved_key",  # a publish used '!' in a reserved way (SPEC §3)
+    "upstream_queue_overflow",  # relay: upward queue full during an outage (SPEC §6)
+)
+
+#: Why a client was disconnected (``Stats.disconnects`` keys).
+DISCONNECT_REASONS = (
+    "closed",  # the peer closed its end
+    "protocol_error",  # unknown verb, malformed packet, over-long packet
+    "secret_refused",  # a refused '!/cred/' subscription
+    "reserved_pattern",  # '!' used in a reserved way in a pattern
+    "too_many_patterns",  # over MAX_PATTERNS_PER_CLIENT
+    "slow_client",  # blocking/soft/error or blocking/hard/error
+    "io_error",  # send/recv failed (ECONNRESET, EPIPE ...)
+    "server_stopping",  # the server shut down
+)
+
+#: Upper bounds (seconds) of the queue-wait histogram buckets.
+QUEUE_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+
+
+@dataclass
+class Stats:
+    """Counters only ever increase; gauges are taken from ``Gauges`` on scrape."""
+
+    packets_in: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PACKET_TYPES, 0))
+    bytes_in: int = 0
+    bytes_out: int = 0
+    #: copies of MSG packets handed to a client's socket
+    delivered: int = 0
+    drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    disconnects: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(DISCONNECT_REASONS, 0)
+    )
+    connections_accepted: int = 0
+    connections_refused: int = 0  # -u check failed or MAX_CLIENTS reached
+    accept_errors: int = 0
+    unknown_unsubscribes: int = 0
+    # queue wait histogram: cumulative counts per bucket are computed on scrape
+    queue_wait_counts: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_WAIT_BUCKETS) + 1))
+    queue_wait_sum: float = 0.0
+    # relay side (SPEC §6)
+    upstream_reconnects: int = 0
+    forwarded_up: int = 0
+    forwarded_down: int = 0
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        """Record how long one message waited in a client's queue (slow path only)."""
+        i = 0
+        for bound in QUEUE_WAIT_BUCKETS:
+            if seconds <= bound:
+                break
+            i += 1
+        self.queue_wait_counts[i] += 1
+        self.queue_wait_sum += seconds
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """A point-in-time view of a server, computed on scrape by ``Server.gauges()``."""
+
+    clients: int = 0
+    patterns: int = 0  # stored patterns, duplicates counted
+    distinct_patterns: int = 0
+    queued_messages: int = 0
+    queued_bytes: int = 0
+    largest_queue_messages: int = 0
+    largest_queue_bytes: int = 0
+    #: clients per soft mode name ("queue", "discard", "block", "error")
+    soft_modes: dict[str, int] = field(default_factory=dict)
+    #: clients per hard mode name ("discard", "block", "error")
+    hard_modes: dict[str, int] = field(default_factory=dict)
+    #: publishers currently paused by a block mode
+    blocked_publishers: int = 0
+    is_relay: bool = False
+    upstream_connected: bool = False
+    upstream_interest_patterns: int = 0
+    upstream_queue_messages: int = 0
