@@ -56,7 +56,9 @@ class Stats:
     accept_errors: int = 0
     unknown_unsubscribes: int = 0
     # queue wait histogram: cumulative counts per bucket are computed on scrape
-    queue_wait_counts: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_WAIT_BUCKETS) + 1))
+    queue_wait_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(QUEUE_WAIT_BUCKETS) + 1)
+    )
     queue_wait_sum: float = 0.0
     # relay side (SPEC §6)
     upstream_reconnects: int = 0

@@ -1,0 +1,318 @@
+"""The subscription index: which clients want a routing key.  No I/O.
+
+Theory of operation (after nats-server's sublist, SPEC §2):
+
+* Patterns live in a trie of '/'-separated segments.  Each node has a dict of
+  literal children, a ``*`` child, and rare "prefix*" children (``ab*``).
+  A pattern ending in '/' is stored as a *tail* subscription on the node of
+  its last segment: it matches any key that goes on past that node.
+* ``*`` is greedy, as in the reference sbusd: it eats the rest of the
+  segment, so a pattern segment ``a*b`` can never match and is kept only so
+  that its UNSUB works.
+* ``""`` matches every key that is not secret (SPEC §3).  Secret patterns
+  (``!/cred/...``, already checked by ``keys.check_pattern``) live in a trie of
+  their own, and secret keys are looked up only there, so no wildcard ever
+  sees a secret message.
+* A leaf holds a tuple of the clients that subscribe there (each once); how
+  many times each client subscribed is kept in the per-client count dict.
+  The pattern's global count therefore goes 0 -> 1 exactly when the tuple
+  becomes non-empty: the ``on_first``/``on_last`` callbacks fire then.
+* ``match`` answers from a bounded key -> recipients cache, cleared whole on
+  any change of the recipient sets, so a publish costs a dict lookup and the
+  fan-out, whatever the number of patterns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
+
+from .keys import is_secret
+from .limits import MATCH_CACHE_SIZE
+
+C = TypeVar("C", bound=Hashable)
+_EMPTY: tuple = ()
+
+
+class _Node:
+    __slots__ = ("children", "exact", "prefixed", "star", "tail")
+
+    def __init__(self) -> None:
+        self.children: dict[bytes, _Node] | None = None
+        self.star: _Node | None = None
+        self.prefixed: dict[bytes, _Node] | None = None
+        self.exact: tuple = _EMPTY
+        self.tail: tuple = _EMPTY
+
+    def empty(self) -> bool:
+        return not (self.children or self.star or self.prefixed or self.exact or self.tail)
+
+
+def _split(pattern: bytes) -> tuple[list[bytes], bool] | None:
+    """Segments of a pattern and whether it ends in '/'; None if it can never match."""
+    tail = pattern.endswith(b"/")
+    segs = (pattern[:-1] if tail else pattern).split(b"/")
+    for i, seg in enumerate(segs):
+        star = seg.find(b"*")
+        if star >= 0:
+            if seg[star + 1 :].strip(b"*"):
+                return None  # bytes after a greedy '*' in the same segment
+            segs[i] = seg[: star + 1]
+    return segs, tail
+
+
+class SubscriptionIndex(Generic[C]):
+    """Patterns per client, with counted duplicates, matched through a trie.
+
+    ``on_first(pattern)`` runs when the first client subscribes to a pattern and
+    ``on_last(pattern)`` when the last one leaves (a relay turns them into
+    upstream SUB/UNSUB, SPEC §6).
+    """
+
+    def __init__(
+        self,
+        on_first: Callable[[bytes], None] | None = None,
+        on_last: Callable[[bytes], None] | None = None,
+        cache_size: int = MATCH_CACHE_SIZE,
+    ) -> None:
+        self._public = _Node()
+        self._secret = _Node()
+        self._everything: tuple = _EMPTY
+        self._dead: dict[bytes, tuple] = {}
+        self._owned: dict[C, dict[bytes, int]] = {}
+        self._cache: dict[bytes, tuple] = {}
+        self._cache_size = cache_size
+        self._distinct = 0
+        self._total = 0
+        self.on_first = on_first
+        self.on_last = on_last
+
+    # --- queries ---------------------------------------------------------
+
+    def match(self, key: bytes) -> tuple[C, ...]:
+        """Every client with at least one pattern matching ``key``, each once."""
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        out: set[C] = set()
+        segs = key.split(b"/")
+        if is_secret(key):
+            _walk(self._secret, segs, 0, out)
+        else:
+            out.update(self._everything)
+            _walk(self._public, segs, 0, out)
+        result = tuple(out)
+        cache = self._cache
+        if len(cache) >= self._cache_size:
+            del cache[next(iter(cache))]  # oldest first; bounded either way
+        cache[key] = result
+        return result
+
+    def holders(self, pattern: bytes) -> tuple[C, ...]:
+        """The clients holding ``pattern`` (each once)."""
+        slot = self._slot(pattern, create=False)
+        if slot is None:
+            return _EMPTY
+        node, attr = slot
+        return getattr(node, attr) if node is not None else self._dead.get(pattern, _EMPTY)
+
+    def patterns_of(self, client: C) -> dict[bytes, int]:
+        """A copy of ``client``'s patterns and their counts."""
+        return dict(self._owned.get(client, {}))
+
+    def count_of(self, client: C, pattern: bytes) -> int:
+        """How many times ``client`` holds ``pattern``."""
+        return self._owned.get(client, {}).get(pattern, 0)
+
+    def patterns(self) -> Iterator[bytes]:
+        """Every distinct pattern held by anyone."""
+        seen: set[bytes] = set()
+        for owned in self._owned.values():
+            for p in owned:
+                if p not in seen:
+                    seen.add(p)
+                    yield p
+
+    @property
+    def distinct(self) -> int:
+        """Distinct patterns held."""
+        return self._distinct
+
+    def __len__(self) -> int:
+        """Stored subscriptions, duplicates counted."""
+        return self._total
+
+    # --- changes ---------------------------------------------------------
+
+    def add(self, client: C, pattern: bytes) -> None:
+        """Subscribe ``client`` to ``pattern`` once more."""
+        owned = self._owned.setdefault(client, {})
+        n = owned.get(pattern, 0)
+        owned[pattern] = n + 1
+        self._total += 1
+        if n:
+            return  # a duplicate: recipients unchanged
+        first = self._attach(client, pattern)
+        self._cache.clear()
+        if first:
+            self._distinct += 1
+            if self.on_first is not None:
+                self.on_first(pattern)
+
+    def remove(self, client: C, pattern: bytes) -> bool:
+        """Remove one subscription; False if ``client`` did not hold ``pattern``."""
+        owned = self._owned.get(client)
+        n = owned.get(pattern, 0) if owned else 0
+        if not n:
+            return False
+        assert owned is not None
+        self._total -= 1
+        if n > 1:
+            owned[pattern] = n - 1
+            return True
+        del owned[pattern]
+        if not owned:
+            del self._owned[client]
+        self._detach_and_notify(client, pattern)
+        return True
+
+    def remove_client(self, client: C) -> int:
+        """Drop every pattern of ``client``; returns how many subscriptions went."""
+        owned = self._owned.pop(client, None)
+        if not owned:
+            return 0
+        for pattern, n in owned.items():
+            self._total -= n
+            self._detach_and_notify(client, pattern)
+        return sum(owned.values())
+
+    # --- trie plumbing ---------------------------------------------------
+
+    def _detach_and_notify(self, client: C, pattern: bytes) -> None:
+        last = self._detach(client, pattern)
+        self._cache.clear()
+        if last:
+            self._distinct -= 1
+            if self.on_last is not None:
+                self.on_last(pattern)
+
+    def _slot(self, pattern: bytes, *, create: bool) -> tuple[_Node | None, str] | None:
+        """(node, "exact"|"tail"|"everything") for a pattern; (None, "dead") if it never matches."""
+        if pattern == b"":
+            return None, "everything"
+        split = _split(pattern)
+        if split is None:
+            return None, "dead"
+        segs, tail = split
+        node = self._secret if is_secret(pattern) else self._public
+        for seg in segs:
+            nxt: _Node | None
+            if seg == b"*":
+                nxt = node.star
+                if nxt is None and create:
+                    nxt = node.star = _Node()
+            elif seg.endswith(b"*"):
+                table = node.prefixed
+                if table is None:
+                    if not create:
+                        return None
+                    table = node.prefixed = {}
+                nxt = table.get(seg[:-1])
+                if nxt is None and create:
+                    nxt = table[seg[:-1]] = _Node()
+            else:
+                table = node.children
+                if table is None:
+                    if not create:
+                        return None
+                    table = node.children = {}
+                nxt = table.get(seg)
+                if nxt is None and create:
+                    nxt = table[seg] = _Node()
+            if nxt is None:
+                return None
+            node = nxt
+        return node, "tail" if tail else "exact"
+
+    def _attach(self, client: C, pattern: bytes) -> bool:
+        slot = self._slot(pattern, create=True)
+        assert slot is not None
+        node, attr = slot
+        if attr == "everything":
+            before = self._everything
+            self._everything = (*before, client)
+        elif node is None:
+            before = self._dead.get(pattern, _EMPTY)
+            self._dead[pattern] = (*before, client)
+        else:
+            before = getattr(node, attr)
+            setattr(node, attr, (*before, client))
+        return not before
+
+    def _detach(self, client: C, pattern: bytes) -> bool:
+        if pattern == b"":
+            self._everything = tuple(c for c in self._everything if c != client)
+            return not self._everything
+        split = _split(pattern)
+        if split is None:
+            left = tuple(c for c in self._dead.get(pattern, _EMPTY) if c != client)
+            if left:
+                self._dead[pattern] = left
+            else:
+                self._dead.pop(pattern, None)
+            return not left
+        segs, tail = split
+        root = self._secret if is_secret(pattern) else self._public
+        path: list[tuple[_Node, bytes]] = []
+        node = root
+        for seg in segs:
+            path.append((node, seg))
+            if seg == b"*":
+                nxt = node.star
+            elif seg.endswith(b"*"):
+                nxt = node.prefixed.get(seg[:-1]) if node.prefixed else None
+            else:
+                nxt = node.children.get(seg) if node.children else None
+            assert nxt is not None, "index out of step with owned patterns"
+            node = nxt
+        attr = "tail" if tail else "exact"
+        left = tuple(c for c in getattr(node, attr) if c != client)
+        setattr(node, attr, left)
+        # prune empty nodes bottom-up so memory follows the live pattern set
+        while path and node.empty():
+            parent, seg = path.pop()
+            if seg == b"*":
+                parent.star = None
+            elif seg.endswith(b"*"):
+                assert parent.prefixed is not None
+                del parent.prefixed[seg[:-1]]
+                if not parent.prefixed:
+                    parent.prefixed = None
+            else:
+                assert parent.children is not None
+                del parent.children[seg]
+                if not parent.children:
+                    parent.children = None
+            node = parent
+        return not left
+
+
+def _walk(node: _Node, segs: list[bytes], i: int, out: set) -> None:
+    """Collect the subscribers of every pattern under ``node`` matching segs[i:]."""
+    if i == len(segs):
+        if node.exact:
+            out.update(node.exact)
+        return
+    if node.tail and i:
+        out.update(node.tail)  # the key goes on past this node with a '/'
+    seg = segs[i]
+    if node.children is not None:
+        child = node.children.get(seg)
+        if child is not None:
+            _walk(child, segs, i + 1, out)
+    if node.star is not None:
+        _walk(node.star, segs, i + 1, out)
+    if node.prefixed is not None:
+        for prefix, child in node.prefixed.items():
+            if seg.startswith(prefix):
+                _walk(child, segs, i + 1, out)
