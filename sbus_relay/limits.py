@@ -51,3 +51,18 @@ RECONNECT_MAX = 2.0
 # --- logging -----------------------------------------------------------------
 #: Seconds of quiet after which a slow client's drop episode is logged as over.
 DROP_EPISODE_QUIET = 1.0
+
+# --- addresses, daemon and client (SPEC §5) --------------------------------
+#: Size of sun_path in struct sockaddr_un on Linux; abstract names are printed
+#: and bound as the whole 108 bytes, as the reference sbusd does.
+SUN_PATH_SIZE = 108
+#: Tries at binding a random abstract name before giving up (a clash is
+#: astronomically unlikely; the bound only turns a bug into an error).
+ABSTRACT_BIND_ATTEMPTS = 8
+#: Seconds to wait for a socket file's owner to answer before calling it stale (-r).
+STALE_PROBE_TIMEOUT = 1.0
+#: Seconds the daemonising parent waits for the daemon to report it is ready.
+DAEMON_READY_TIMEOUT = 30.0
+#: Messages a Client keeps while it waits for a reply (whoami); more means the
+#: caller is not reading, and the client raises instead of growing without bound.
+CLIENT_PENDING_MESSAGES = 10_000
