@@ -1,0 +1,288 @@
+"""Bus addresses: parse them, listen on them, connect to them (SPEC §5).
+
+An address is one of
+
+    /some/path                    a socket file
+    /dev/unix/abstract            bind a random abstract name (listen only)
+    /dev/unix/abstract/<hex>      an abstract name, as the hex of the whole sun_path
+    /dev/fd/N                     an inherited socket (listening or not)
+
+Abstract names follow the reference ``sbusd``: the name is the whole 108-byte
+``sun_path``, leading NUL included and NUL-padded.  Linux compares abstract
+names by length as well as bytes, so ``\\0foo`` and ``\\0foo`` padded to 108
+bytes are *different* sockets; we always bind and connect with the padded
+108 bytes so that we meet the reference tools (and each other).  Python takes
+an abstract name as ``bytes`` starting with NUL and passes its exact length.
+
+The server never parses addresses (design.md); the CLI turns text into a
+listening socket here and hands it over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+import stat
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import AddressError
+from .limits import (
+    ABSTRACT_BIND_ATTEMPTS,
+    LISTEN_BACKLOG,
+    STALE_PROBE_TIMEOUT,
+    SUN_PATH_SIZE,
+)
+
+#: Prefix of abstract addresses; alone it means "pick a random name".
+ABSTRACT_PREFIX = "/dev/unix/abstract"
+#: Prefix of inherited-descriptor addresses.
+FD_PREFIX = "/dev/fd/"
+#: Socket file mode without -g/-o: only the owner may connect (SPEC §3).
+MODE_OWNER = 0o700
+#: Added by -g: the socket's group may connect.
+MODE_GROUP = 0o070
+#: Added by -o: everyone may connect.
+MODE_OTHER = 0o007
+#: First descriptor systemd passes (SD_LISTEN_FDS_START).
+SD_LISTEN_FDS_START = 3
+#: Random bytes in a generated abstract name, written as hex after "sbus-".
+_RANDOM_NAME_BYTES = 8
+
+Kind = Literal["path", "abstract", "fd"]
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed address.  ``name`` is the 108-byte sun_path of an abstract
+    address, or ``None`` for "bind a random one"; ``fd`` is set for ``/dev/fd/N``."""
+
+    kind: Kind
+    path: str = ""
+    name: bytes | None = None
+    fd: int = -1
+
+    def __str__(self) -> str:
+        if self.kind == "path":
+            return self.path
+        if self.kind == "fd":
+            return f"{FD_PREFIX}{self.fd}"
+        return ABSTRACT_PREFIX if self.name is None else format_abstract(self.name)
+
+
+def parse_address(text: str) -> Address:
+    """Parse an address (see the module docstring); raise ``AddressError``."""
+    if not text:
+        raise AddressError("empty address")
+    if "\0" in text:
+        raise AddressError(f"address {text!r} contains a NUL byte")
+    if text == ABSTRACT_PREFIX or text == ABSTRACT_PREFIX + "/":
+        return Address("abstract")
+    if text.startswith(ABSTRACT_PREFIX + "/"):
+        return Address("abstract", name=_parse_abstract_hex(text[len(ABSTRACT_PREFIX) + 1 :]))
+    if text.startswith(FD_PREFIX):
+        digits = text[len(FD_PREFIX) :]
+        if not digits.isascii() or not digits.isdigit():
+            raise AddressError(f"{text!r}: expected {FD_PREFIX}N with N a descriptor number")
+        return Address("fd", fd=int(digits))
+    if len(os.fsencode(text)) > SUN_PATH_SIZE:
+        raise AddressError(f"socket path {text!r} is longer than {SUN_PATH_SIZE} bytes")
+    return Address("path", path=text)
+
+
+def _parse_abstract_hex(hex_text: str) -> bytes:
+    try:
+        raw = bytes.fromhex(hex_text)
+    except ValueError:
+        raise AddressError(f"abstract name {hex_text!r} is not hexadecimal") from None
+    if not raw or raw[0] != 0:
+        # The hex is the whole sun_path, so it starts with the NUL that makes
+        # the name abstract; anything else is a path written the wrong way.
+        raise AddressError("an abstract name's hex must start with 00 (the leading NUL)")
+    if len(raw) > SUN_PATH_SIZE:
+        raise AddressError(f"abstract name is {len(raw)} bytes; sun_path holds {SUN_PATH_SIZE}")
+    return raw.ljust(SUN_PATH_SIZE, b"\0")
+
+
+def format_abstract(name: bytes) -> str:
+    """``/dev/unix/abstract/<hex of the whole 108-byte sun_path>`` for ``name``."""
+    if not name or name[0] != 0:
+        raise AddressError("an abstract name starts with a NUL byte")
+    if len(name) > SUN_PATH_SIZE:
+        raise AddressError(f"abstract name is longer than {SUN_PATH_SIZE} bytes")
+    return ABSTRACT_PREFIX + "/" + name.ljust(SUN_PATH_SIZE, b"\0").hex()
+
+
+def _new_socket() -> socket.socket:
+    # Looked up on the module at call time so that gevent's monkey-patching
+    # (which replaces socket.socket) gives cooperative sockets.
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def listen(
+    address: Address, *, mode: int = MODE_OWNER, remove_stale: bool = False
+) -> tuple[socket.socket, str]:
+    """Bind and listen on ``address``; return the socket and its printable address.
+
+    A path is created with ``mode`` (no window with a wider mode) and an
+    existing file is an error unless ``remove_stale`` and nobody answers on it.
+    The printable address of a path is absolute, so it can still be removed
+    after the daemon has changed directory to ``/``.
+    """
+    if address.kind == "fd":
+        sock = adopt_listener(address.fd)
+        return sock, printable_name(sock) or str(address)
+    if address.kind == "abstract":
+        return _listen_abstract(address.name)
+    path = os.path.abspath(address.path)
+    if os.path.lexists(path):
+        if not remove_stale:
+            raise AddressError(f"{path} already exists (use -r to remove a stale socket)")
+        _remove_stale(path)
+    sock = _new_socket()
+    try:
+        # bind(2) creates the file as 0777 & ~umask: set the umask so the file is
+        # never wider than ``mode``, then chmod to add what the umask cannot.
+        old_umask = os.umask(0o777 & ~mode)
+        try:
+            sock.bind(os.fsencode(address.path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, mode)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise AddressError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+    return sock, path
+
+
+def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:
+    attempts = 1 if name is not None else ABSTRACT_BIND_ATTEMPTS
+    for _ in range(attempts):
+        candidate = name
+        if candidate is None:
+            random_part = secrets.token_hex(_RANDOM_NAME_BYTES).encode()
+            candidate = (b"\0sbus-" + random_part).ljust(SUN_PATH_SIZE, b"\0")
+        sock = _new_socket()
+        try:
+            sock.bind(candidate)
+            sock.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE and name is None:
+                continue
+            raise AddressError(
+                f"cannot listen on {format_abstract(candidate)}: {exc.strerror or exc}"
+            ) from exc
+        return sock, format_abstract(candidate)
+    raise AddressError(f"no free random abstract name after {ABSTRACT_BIND_ATTEMPTS} tries")
+
+
+def _remove_stale(path: str) -> None:
+    """Unlink ``path`` if it is a socket nobody answers on (-r, SPEC §5)."""
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise AddressError(f"{path} exists and is not a socket; not removing it")
+    probe = _new_socket()
+    probe.settimeout(STALE_PROBE_TIMEOUT)
+    try:
+        probe.connect(os.fsencode(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # nobody listens: stale
+    except OSError as exc:
+        if exc.errno == errno.EPROTOTYPE:
+            # A socket of another type (e.g. a stream server) lives there.
+            raise AddressError(f"{path} is a socket of another kind in use") from exc
+        raise AddressError(f"cannot tell whether {path} is stale: {exc}") from exc
+    else:
+        raise AddressError(f"{path} is in use by a running server; not removing it")
+    finally:
+        probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def adopt_listener(fd: int) -> socket.socket:
+    """Wrap inherited descriptor ``fd`` as a listening SEQPACKET socket.
+
+    An inherited socket that is bound but not yet listening is made to listen,
+    as the reference ``sbusd`` does for ``/dev/fd/N``.
+    """
+    sock = _adopt(fd)
+    try:
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise AddressError(f"{FD_PREFIX}{fd}: cannot listen: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _adopt(fd: int) -> socket.socket:
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise AddressError(f"{FD_PREFIX}{fd}: not an open socket: {exc.strerror or exc}") from exc
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
+        sock.detach()  # not ours to close
+        raise AddressError(f"{FD_PREFIX}{fd}: not a unix SOCK_SEQPACKET socket")
+    # Inherited descriptors must not leak further into our own children.
+    sock.set_inheritable(False)
+    return sock
+
+
+def connect(address: Address | str) -> socket.socket:
+    """A blocking SEQPACKET socket connected to ``address``.
+
+    ``/dev/fd/N`` here means an inherited, already connected socket.
+    """
+    if isinstance(address, str):
+        address = parse_address(address)
+    if address.kind == "fd":
+        return _adopt(address.fd)
+    if address.kind == "abstract" and address.name is None:
+        raise AddressError(f"{ABSTRACT_PREFIX} picks a name when listening; connect needs one")
+    target: bytes = (
+        address.name if address.name is not None else os.fsencode(address.path)
+    )
+    sock = _new_socket()
+    try:
+        sock.connect(target)
+    except OSError as exc:
+        sock.close()
+        raise AddressError(f"cannot connect to {address}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def systemd_listeners() -> list[socket.socket]:
+    """Sockets passed by systemd socket activation (LISTEN_FDS/LISTEN_PID).
+
+    Like ``sd_listen_fds(1)``, the variables are removed so that children do
+    not mistake the sockets for theirs.  Empty when none were passed to us.
+    """
+    pid_text = os.environ.get("LISTEN_PID", "")
+    count_text = os.environ.get("LISTEN_FDS", "")
+    if not count_text:
+        return []
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    if not pid_text.isdigit() or int(pid_text) != os.getpid():
+        return []  # meant for another process (e.g. our parent)
+    if not count_text.isdigit():
+        raise AddressError(f"LISTEN_FDS={count_text!r} is not a number")
+    fds = range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + int(count_text))
+    return [adopt_listener(fd) for fd in fds]
+
+
+def printable_name(sock: socket.socket) -> str:
+    """The address a socket is bound to, in our address syntax ("" if unbound)."""
+    name = sock.getsockname()
+    if not name:
+        return ""
+    if isinstance(name, bytes):
+        if name[:1] == b"\0":
+            return format_abstract(name)
+        return os.fsdecode(name)
+    return str(name)

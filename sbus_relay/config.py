@@ -1,0 +1,319 @@
+"""Server configuration: one frozen object, loaded and validated once (STYLE §5).
+
+``load_config(path)`` reads YAML whose keys are exactly the fields of
+``ServerConfig``; flags are applied with ``ServerConfig.merged``.  Validation is
+strict, because a typo that silently falls back to a default is the worst kind
+of config bug (see amqtt in STYLE.md): unknown or duplicate keys, wrong types,
+negative or malformed sizes are all errors.  Every error is one ``ConfigError``
+naming the file (or "command line"), the key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import yaml
+
+from . import limits
+from .errors import ConfigError, UsageError
+
+#: Where flags come from, as named in a ConfigError.
+COMMAND_LINE = "command line"
+#: Log levels accepted (structlog's names).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: Log formats: auto = JSON unless stderr is a terminal.
+LOG_FORMATS = ("auto", "json", "console")
+#: Size suffixes accepted in strings like "16MiB" (binary units only, so that
+#: "16MB" cannot be read two ways).
+SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+#: Largest TCP port.
+MAX_PORT = 65_535
+
+
+def _hostname() -> str:
+    return os.uname().nodename
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything a server needs; the field list is docs/design.md's."""
+
+    address: str = "/run/sbus.socket"
+    foreground: bool = False
+    pidfile: str = "/run/sbus.pid"
+    users: tuple[int, ...] = ()
+    group_access: bool = False
+    other_access: bool = False
+    exit_when_empty: bool = False
+    remove_stale: bool = False
+    hard_limit_bytes: int = limits.HARD_LIMIT_BYTES
+    hard_limit_messages: int = limits.HARD_LIMIT_MESSAGES
+    max_clients: int = limits.MAX_CLIENTS
+    upstream: str | None = None
+    upstream_queue_messages: int = limits.UPSTREAM_QUEUE_MESSAGES
+    upstream_queue_bytes: int = limits.UPSTREAM_QUEUE_BYTES
+    reconnect_min: float = limits.RECONNECT_MIN
+    reconnect_max: float = limits.RECONNECT_MAX
+    metrics: str | None = None
+    instance: str = field(default_factory=_hostname)
+    log_level: str = "info"
+    log_format: str = "auto"
+
+    def merged(self, **overrides: Any) -> ServerConfig:
+        """A copy with ``overrides`` applied; ``None`` values are ignored.
+
+        Values are validated like the file's (sizes may be "64KiB", users may
+        be names), and errors name the key as the flag a user would type.
+        """
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise UsageError(f"not ServerConfig fields: {', '.join(unknown)}")
+        values = {
+            key: _VALIDATORS[key](COMMAND_LINE, "--" + key.replace("_", "-"), value)
+            for key, value in overrides.items()
+            if value is not None
+        }
+        result = replace(self, **values)
+        _check_together(result, COMMAND_LINE)
+        return result
+
+
+# --- validators: (source, key, raw value) -> value, or raise ConfigError ------
+
+
+def _bool(source: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, f"expected true or false, got {_show(value)}")
+    return value
+
+
+def _text(source: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f"expected a string, got {_show(value)}")
+    if not value or "\0" in value:
+        raise ConfigError(source, key, "must be a non-empty string without NUL")
+    return value
+
+
+def _optional_text(source: str, key: str, value: Any) -> str | None:
+    return None if value is None else _text(source, key, value)
+
+
+def _size(minimum: int) -> Callable[[str, str, Any], int]:
+    def check(source: str, key: str, value: Any) -> int:
+        if isinstance(value, bool):
+            raise ConfigError(source, key, f"expected a size, got {_show(value)}")
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str):
+            match = _SIZE_RE.match(value)
+            if not match or match.group(2) not in SIZE_UNITS:
+                units = "/".join(u for u in SIZE_UNITS if u)
+                raise ConfigError(
+                    source, key, f"{value!r} is not a size (an integer, or e.g. 64KiB; {units})"
+                )
+            number = int(match.group(1)) * SIZE_UNITS[match.group(2)]
+        else:
+            raise ConfigError(source, key, f"expected a size, got {_show(value)}")
+        if number < minimum:
+            raise ConfigError(source, key, f"must be at least {minimum}, got {number}")
+        return number
+
+    return check
+
+
+def _count(minimum: int) -> Callable[[str, str, Any], int]:
+    def check(source: str, key: str, value: Any) -> int:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # flags arrive as strings
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"expected an integer, got {_show(value)}")
+        if value < minimum:
+            raise ConfigError(source, key, f"must be at least {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def _seconds(source: str, key: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(source, key, f"{value!r} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(source, key, f"expected seconds, got {_show(value)}")
+    if not 0 < value < float("inf"):
+        raise ConfigError(source, key, f"must be a positive number of seconds, got {value}")
+    return float(value)
+
+
+def _users(source: str, key: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(source, key, f"expected a list of user names or uids, got {_show(value)}")
+    uids: list[int] = []
+    for entry in value:
+        uid = _uid(source, key, entry)
+        if uid not in uids:
+            uids.append(uid)
+    return tuple(uids)
+
+
+def _uid(source: str, key: str, entry: Any) -> int:
+    if isinstance(entry, str) and entry.isascii() and entry.isdigit():
+        entry = int(entry)
+    if isinstance(entry, bool):
+        raise ConfigError(source, key, f"expected a user name or uid, got {_show(entry)}")
+    if isinstance(entry, int):
+        if entry < 0:
+            raise ConfigError(source, key, f"uid {entry} is negative")
+        return entry  # a bare uid needs no passwd entry, as with chown(1)
+    if isinstance(entry, str) and entry:
+        try:
+            return pwd.getpwnam(entry).pw_uid
+        except KeyError:
+            raise ConfigError(source, key, f"no such user {entry!r}") from None
+    raise ConfigError(source, key, f"expected a user name or uid, got {_show(entry)}")
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str, Any], str]:
+    def check(source: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or value.lower() not in choices:
+            expected = ", ".join(choices)
+            raise ConfigError(source, key, f"expected one of {expected}, got {_show(value)}")
+        return value.lower()
+
+    return check
+
+
+def _host_port(source: str, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f"expected HOST:PORT, got {_show(value)}")
+    match = _HOST_PORT_RE.match(value)
+    if not match or int(match.group(2)) > MAX_PORT:
+        raise ConfigError(source, key, f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    return value
+
+
+_VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
+    "address": _text,
+    "foreground": _bool,
+    "pidfile": _text,
+    "users": _users,
+    "group_access": _bool,
+    "other_access": _bool,
+    "exit_when_empty": _bool,
+    "remove_stale": _bool,
+    "hard_limit_bytes": _size(1),
+    "hard_limit_messages": _count(1),
+    "max_clients": _count(1),
+    "upstream": _optional_text,
+    "upstream_queue_messages": _count(0),
+    "upstream_queue_bytes": _size(0),
+    "reconnect_min": _seconds,
+    "reconnect_max": _seconds,
+    "metrics": _host_port,
+    "instance": _text,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+}
+
+
+def _check_together(config: ServerConfig, source: str) -> None:
+    """Rules that involve more than one key."""
+    if config.reconnect_min > config.reconnect_max:
+        raise ConfigError(
+            source,
+            "reconnect_max",
+            f"{config.reconnect_max} is below reconnect_min {config.reconnect_min}",
+        )
+
+
+def _show(value: Any) -> str:
+    """A value and its YAML type, for messages ("'16' (str)")."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+        self.line = line
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _value_node in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1)
+        seen.add(key)
+    return dict(loader.construct_pairs(node))
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,
+)
+
+
+def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:
+    """Read and validate the YAML file at ``path`` over ``base`` (defaults)."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = yaml.load(stream, Loader=_StrictLoader)
+    except OSError as exc:
+        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
+    except _DuplicateKey as exc:
+        reason = f"given twice (again at line {exc.line})"
+        raise ConfigError(path, str(exc.key), reason) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
+    return config_from_mapping(document, path, base)
+
+
+def config_from_mapping(
+    document: Any, source: str, base: ServerConfig | None = None
+) -> ServerConfig:
+    """Validate an already parsed document (``source`` names it in errors)."""
+    base = base if base is not None else ServerConfig()
+    if document is None:
+        return base  # an empty file means "all defaults"
+    if not isinstance(document, Mapping):
+        raise ConfigError(source, "(file)", f"expected a mapping of keys, got {_show(document)}")
+    values: dict[str, Any] = {}
+    for key, value in document.items():
+        if not isinstance(key, str) or key not in _VALIDATORS:
+            known = ", ".join(_VALIDATORS)
+            raise ConfigError(source, str(key), f"unknown key (known keys: {known})")
+        values[key] = _VALIDATORS[key](source, key, value)
+    result = replace(base, **values)
+    _check_together(result, source)
+    return result
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{problem} at line {mark.line + 1}" if mark is not None else problem
