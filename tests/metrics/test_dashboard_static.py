@@ -1,0 +1,130 @@
+"""Shape of the shipped dashboard, provisioning files and Prometheus config.
+
+No Prometheus server needed except ``promtool``; the live check that every
+panel returns data is ``test_dashboard_prometheus.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sbus_relay.metrics import build_registry
+from sbus_relay.stats import Gauges, Stats
+from tests.metrics.dashboard_queries import (
+    PROMETHEUS_CONFIG,
+    REPO,
+    all_panels,
+    load_dashboard,
+    panel_queries,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+#: Metric names a PromQL expression may mention, from sbus_relay.metrics.
+METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
+
+
+def exported_names() -> set[str]:
+    """Sample names a relay exports (a relay exports a superset of a master)."""
+    registry = build_registry(Stats(), lambda: Gauges(is_relay=True), "x")
+    text = generate_latest(registry).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_dashboard_has_instance_variable_and_schema() -> None:
+    d = load_dashboard()
+    assert 36 <= d["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert "label_values(sbus_build_info" in variables["instance"]["definition"]
+    assert variables["instance"]["includeAll"] and variables["instance"]["allValue"] == ".*"
+    assert variables["datasource"]["type"] == "datasource"
+    assert d["uid"] == "sbus-relay"
+
+
+def test_every_panel_has_queries_on_the_selected_instances() -> None:
+    d = load_dashboard()
+    panels = [p for p in all_panels(d) if p["type"] != "row"]
+    ids = [p["id"] for p in all_panels(d)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    assert len(panels) >= 12
+    for p in panels:
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert p["targets"], f"panel {p['title']!r} has no query"
+        for t in p["targets"]:
+            assert 'instance=~"$instance"' in t["expr"], (p["title"], t["expr"])
+
+
+def test_dashboard_covers_what_the_issue_asks_for() -> None:
+    exprs = " ".join(q.expr for q in panel_queries())
+    for metric in (
+        "sbus_messages_delivered_total",
+        "sbus_packets_received_total",
+        "sbus_received_bytes_total",
+        "sbus_sent_bytes_total",
+        "sbus_messages_dropped_total",
+        "sbus_disconnects_total",
+        "sbus_queued_messages",
+        "sbus_largest_queue_messages",
+        "sbus_queue_wait_seconds_bucket",
+        "sbus_clients_soft_mode",
+        "sbus_blocked_publishers",
+        "sbus_upstream_connected",
+        "sbus_upstream_reconnects_total",
+        "sbus_upstream_forwarded_messages_total",
+        "sbus_clients_connected",
+        "sbus_patterns_stored",
+    ):
+        assert metric in exprs, metric
+    assert "histogram_quantile(0.99" in exprs and "histogram_quantile(0.5" in exprs
+
+
+def test_every_metric_in_the_dashboard_is_exported() -> None:
+    """A typo in a panel would otherwise only show up as an empty graph."""
+    names = exported_names() | {"up"}
+    for q in panel_queries():
+        for name in METRIC_NAME.findall(q.expr):
+            assert name in names, f"panel {q.panel!r} uses unknown metric {name}"
+
+
+def test_prometheus_config_labels_every_target() -> None:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "sbus"
+    targets = {
+        t: group["labels"]["instance"] for group in job["static_configs"] for t in group["targets"]
+    }
+    assert targets == {
+        "127.0.0.1:9810": "master",
+        "127.0.0.1:9811": "relay-1",
+        "127.0.0.1:9812": "relay-2",
+    }
+    assert not job.get("honor_labels", False)
+
+
+def test_promtool_accepts_the_prometheus_config() -> None:
+    promtool = shutil.which("promtool") or shutil.which("promtool", path="/usr/bin")
+    if promtool is None:
+        pytest.skip("!!! promtool NOT FOUND: apt-get install prometheus to check the config !!!")
+    result = subprocess.run(
+        [promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, timeout=20
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+@pytest.mark.parametrize("kind", ["datasources", "dashboards"])
+def test_provisioning_files_parse(kind: str) -> None:
+    doc = yaml.safe_load((REPO / "grafana" / "provisioning" / kind / "sbus.yaml").read_text())
+    assert doc["apiVersion"] == 1
+    entries = doc[kind if kind == "datasources" else "providers"]
+    assert len(entries) == 1
+    if kind == "datasources":
+        assert entries[0]["type"] == "prometheus"
+    else:
+        assert entries[0]["type"] == "file" and entries[0]["options"]["path"]
