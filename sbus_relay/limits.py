@@ -34,8 +34,9 @@ ACCEPT_BACKOFF_MIN = 0.01
 ACCEPT_BACKOFF_MAX = 1.0
 #: listen(2) backlog.
 LISTEN_BACKLOG = 128
-#: Socket send buffer asked for each client, bytes (the kernel may cap it).
-CLIENT_SNDBUF = 1 << 20
+#: Seconds a publisher paused by a block mode sleeps between re-checks, in
+#: case a wake-up was missed; bounds the pause's latency, not its length.
+BLOCK_RECHECK = 0.05
 #: Seconds ``Server.stop`` waits for client greenlets before killing them.
 STOP_TIMEOUT = 2.0
 

@@ -38,8 +38,18 @@ class OutboundQueue:
     attributes so the server's hot path reads them without a call.
     """
 
-    __slots__ = ("_deque", "_heap", "_seq", "count", "hard", "max_bytes", "max_messages",
-                 "nbytes", "order", "soft")
+    __slots__ = (
+        "_deque",
+        "_heap",
+        "_seq",
+        "count",
+        "hard",
+        "max_bytes",
+        "max_messages",
+        "nbytes",
+        "order",
+        "soft",
+    )
 
     def __init__(self, max_bytes: int, max_messages: int) -> None:
         self.max_bytes = max_bytes
