@@ -32,6 +32,7 @@ from prometheus_client.utils import floatToGoString
 
 from sbus_relay import __version__
 from sbus_relay.errors import ConfigError
+from sbus_relay.outbound import HARD_MODES, SOFT_MODES
 from sbus_relay.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
 
 if TYPE_CHECKING:
@@ -39,20 +40,19 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("sbus_relay.metrics")
 
-#: Soft and hard flood modes (SPEC §4).  Every one is exported, at 0 when no
-#: client uses it, so that a series exists before the first client switches
-#: and ``rate``/alerts do not see it appear out of nothing.
-SOFT_MODES = ("queue", "discard", "block", "error")
-HARD_MODES = ("discard", "block", "error")
-
 #: ``le`` label values of the queue-wait histogram, formatted once.
 _QUEUE_WAIT_LE = [floatToGoString(b) for b in QUEUE_WAIT_BUCKETS] + ["+Inf"]
+
+
+class _EventLike(Protocol):
+    def is_set(self) -> bool: ...
 
 
 class _ServerLike(Protocol):
     """What ``serve_from_config`` needs of a ``Server`` (design.md, server)."""
 
     stats: Stats
+    stopped: _EventLike
 
     def gauges(self) -> Gauges: ...
 
@@ -96,6 +96,8 @@ class MetricsCollector(Collector):
         yield from self._counters(self._stats)
         yield self._queue_wait(self._stats)
         if gauges is not None:
+            # Every known flood mode is exported, at 0 when no client uses it, so
+            # a series exists before the first client switches (SPEC §4).
             yield from self._gauges(gauges)
             if gauges.is_relay:
                 yield from self._upstream(self._stats, gauges)
@@ -369,8 +371,8 @@ def parse_host_port(text: str, source: str = "metrics") -> tuple[str, int]:
 def serve_from_config(config: _ConfigLike, server: _ServerLike) -> WSGIServer:
     """Serve metrics for ``server`` at ``config.metrics``; the CLI stops the result.
 
-    Healthy means the server can still produce its gauges snapshot, i.e. its
-    state is intact; a relay whose upstream is away is still healthy (it keeps
+    Healthy means the server has not stopped and can still produce its gauges
+    snapshot; a relay whose upstream is away is still healthy (it keeps
     the local bus running, SPEC §6) and says so in ``sbus_upstream_connected``.
     """
     if not config.metrics:
@@ -379,8 +381,10 @@ def serve_from_config(config: _ConfigLike, server: _ServerLike) -> WSGIServer:
     registry = build_registry(server.stats, server.gauges, config.instance)
 
     def healthy() -> bool:
-        server.gauges()
-        return not getattr(server, "stopping", False)
+        if server.stopped.is_set():
+            return False
+        server.gauges()  # raises (-> 503) if the server's state is broken
+        return True
 
     wsgi = serve(host, port, registry, healthy)
     log.info("metrics.listening", host=host, port=wsgi.server_port)

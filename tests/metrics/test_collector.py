@@ -17,6 +17,7 @@ from typing import Any
 
 import gevent
 import pytest
+from gevent.event import Event
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
@@ -378,6 +379,7 @@ class FakeConfig:
 @dataclass
 class FakeServer:
     stats: Stats = field(default_factory=Stats)
+    stopped: Event = field(default_factory=Event)
     fail: bool = False
 
     def gauges(self) -> Gauges:
@@ -405,6 +407,9 @@ def test_serve_from_config_logs_port_and_reports_health() -> None:
         assert b"sbus_clients_connected 3.0" in body
         assert b'name="box-1"' in body
         assert fetch(f"http://127.0.0.1:{server.server_port}/healthz")[0] == 200
+        bus.stopped.set()
+        assert fetch(f"http://127.0.0.1:{server.server_port}/healthz")[0] == 503
+        bus.stopped.clear()
         bus.fail = True
         with capture_logs():
             assert fetch(f"http://127.0.0.1:{server.server_port}/healthz")[0] == 503
