@@ -1,0 +1,156 @@
+"""SubscriptionIndex against a reference matcher written from the README's words."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sbus_relay.index import SubscriptionIndex
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ref_match(pattern: bytes, key: bytes) -> bool:
+    """sbus-README "Routing keys", byte by byte, plus SPEC §3's secret rule."""
+    if key.startswith(b"!/cred/") and not pattern.startswith(b"!/cred/"):
+        return False
+    if pattern == b"":
+        return True
+    p = k = 0
+    while p < len(pattern):
+        c = pattern[p]
+        if c == ord("*"):
+            while k < len(key) and key[k] != ord("/"):
+                k += 1  # '*' matches until the next '/' or the end
+            p += 1
+        elif c == ord("/") and p == len(pattern) - 1:
+            return k < len(key) and key[k] == ord("/")  # trailing '/': that '/' and anything
+        elif k < len(key) and key[k] == c:
+            p += 1
+            k += 1
+        else:
+            return False
+    return k == len(key)
+
+
+README_CASES = [
+    (b"a/*/c/", b"a/b/c/", True),
+    (b"a/*/c/", b"a/b/c/d/e", True),
+    (b"a/*/c/", b"a/b/c", False),
+    (b"a/*/c/", b"a/c/d", False),
+    (b"", b"anything/at/all", True),
+    (b"", b"", True),
+    (b"*", b"", True),
+    (b"*", b"abc", True),
+    (b"*", b"a/b", False),
+    (b"a/*", b"a/", True),
+    (b"a/*", b"a/b/c", False),
+    (b"a/", b"a/", True),
+    (b"a/", b"a", False),
+    (b"ab*/x", b"abc/x", True),
+    (b"ab*/x", b"ac/x", False),
+    (b"a*b", b"axb", False),  # '*' is greedy, as in the reference
+    (b"*/", b"a/b", True),
+    (b"/", b"/x", True),
+    (b"/", b"x", False),
+    (b"a/b", b"a/b/", False),
+    (b"", b"!/cred/1/2/3/x", False),
+    (b"*/", b"!/cred/1/2/3/x", False),
+    (b"*", b"!/cred/1/2/3/x", False),
+    (b"!/cred/1/2/3/", b"!/cred/1/2/3/x", True),
+    (b"!/cred/1/2/3/x", b"!/cred/1/2/3/x", True),
+    (b"!/cred/1/2/3/*", b"!/cred/1/2/3/x/y", False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), README_CASES)
+def test_readme_cases(pattern: bytes, key: bytes, expected: bool) -> None:
+    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix.add("c", pattern)
+    assert bool(ix.match(key)) is expected
+    assert ref_match(pattern, key) is expected
+
+
+alphabet = st.sampled_from([b"a", b"b", b"/", b"*", b"ab", b"!/cred/1/2/3/"])
+patterns = st.lists(alphabet, max_size=6).map(b"".join)
+keys = st.lists(st.sampled_from([b"a", b"b", b"/", b"ab", b"!/cred/1/2/3/"]), max_size=6).map(
+    b"".join
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), patterns), max_size=12), st.lists(keys, max_size=8))
+def test_match_equals_reference(subs: list[tuple[int, bytes]], probe: list[bytes]) -> None:
+    ix: SubscriptionIndex[int] = SubscriptionIndex(cache_size=4)
+    for client, pattern in subs:
+        ix.add(client, pattern)
+    for key in probe:
+        expected = {c for c, p in subs if ref_match(p, key)}
+        got = ix.match(key)
+        assert set(got) == expected
+        assert len(got) == len(set(got)), "one copy per client"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), patterns), max_size=30), keys)
+def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) -> None:
+    """Counted duplicates, first/last callbacks and the cache stay consistent."""
+    events: list[tuple[str, bytes]] = []
+    ix: SubscriptionIndex[int] = SubscriptionIndex(
+        on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
+    )
+    model: dict[tuple[int, bytes], int] = {}
+    for add, client, pattern in ops:
+        ix.match(key)  # fill the cache between changes
+        if add:
+            ix.add(client, pattern)
+            model[client, pattern] = model.get((client, pattern), 0) + 1
+        else:
+            held = model.get((client, pattern), 0)
+            assert ix.remove(client, pattern) is bool(held)
+            if held > 1:
+                model[client, pattern] = held - 1
+            elif held:
+                del model[client, pattern]
+    assert len(ix) == sum(model.values())
+    live = {p for (_, p) in model}
+    assert ix.distinct == len(live)
+    assert set(ix.match(key)) == {c for (c, p) in model if ref_match(p, key)}
+    # the callbacks describe exactly the live set
+    state: set[bytes] = set()
+    for verb, p in events:
+        assert (p in state) is (verb == "-")
+        (state.add if verb == "+" else state.discard)(p)
+    assert state == live
+    for client in (0, 1, 2):
+        ix.remove_client(client)
+    assert len(ix) == 0 and ix.distinct == 0 and not ix.match(key)
+
+
+def test_duplicates_counted_and_unknown_remove() -> None:
+    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix.add("c", b"x")
+    ix.add("c", b"x")
+    assert ix.remove("c", b"x")
+    assert ix.match(b"x") == ("c",)
+    assert ix.remove("c", b"x")
+    assert ix.match(b"x") == ()
+    assert not ix.remove("c", b"x")
+    assert not ix.remove("c", b"never")
+
+
+def test_cache_is_bounded() -> None:
+    ix: SubscriptionIndex[str] = SubscriptionIndex(cache_size=8)
+    ix.add("c", b"")
+    for i in range(100):
+        ix.match(b"k%d" % i)
+    assert len(ix._cache) <= 8
+
+
+def test_trie_pruned_after_removal() -> None:
+    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    for i in range(50):
+        ix.add("c", b"a/%d/b*/*/" % i)
+    ix.remove_client("c")
+    assert ix._public.empty()
