@@ -1,0 +1,212 @@
+"""Processes of one benchmark run: started, watched, and always cleaned up.
+
+Every child is registered in a ``ProcessSet`` that terminates, then kills, all
+of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
+``KeyboardInterrupt`` by the runner).  As a second line of defence each child
+gets ``PR_SET_PDEATHSIG``: if the runner itself is killed, its children die too
+(loadgen and forwarder set it themselves; Python servers get it before exec).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+#: Seconds a server gets to exit after SIGTERM before SIGKILL.
+STOP_GRACE = 3.0
+#: Seconds a server may take from exec to accepting connections.
+SERVER_START_TIMEOUT = 20.0
+#: Lines of a failed server's stderr quoted in the error.
+STDERR_TAIL_LINES = 15
+_PR_SET_PDEATHSIG = 1
+
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not on Linux
+    _libc = None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the runner dies (libc loaded before fork)."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class BenchProcessError(RuntimeError):
+    """A benchmark process failed, timed out or printed something unexpected."""
+
+
+class Child:
+    """One child process whose stdout is read line by line by a daemon thread."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[str], stderr_path: Path | None) -> None:
+        self.name = name
+        self.popen = popen
+        self.stderr_path = stderr_path
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        if popen.stdout is not None:
+            threading.Thread(target=self._pump, args=(popen.stdout,), daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _pump(self, stream: IO[str]) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            for line in stream:
+                self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def stderr_tail(self) -> str:
+        """The last lines the child wrote to stderr, for error messages."""
+        if self.stderr_path is None or not self.stderr_path.exists():
+            return ""
+        lines = self.stderr_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+    def _fail(self, what: str) -> BenchProcessError:
+        tail = self.stderr_tail()
+        rc = self.popen.poll()
+        status = "running" if rc is None else f"exit status {rc}"
+        return BenchProcessError(f"{self.name}: {what} ({status})" + (f"\n{tail}" if tail else ""))
+
+    def expect(self, word: str, timeout: float) -> None:
+        """Wait until the child prints the line ``word``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(f"no {word!r} within {timeout:.0f} s")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise self._fail(f"exited before printing {word!r}")
+            if line == word:
+                return
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """Wait for the child to print its JSON line (loadgen's last output)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(f"no result within {timeout:.0f} s")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise self._fail("exited without a result")
+            if line.startswith("{"):
+                value: dict[str, Any] = json.loads(line)
+                return value
+
+    def tell(self, line: str) -> None:
+        """Write one line to the child's stdin (loadgen's "go")."""
+        if self.popen.stdin is None:
+            raise BenchProcessError(f"{self.name}: no stdin pipe")
+        self.popen.stdin.write(line + "\n")
+        self.popen.stdin.flush()
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = STOP_GRACE) -> None:
+        """Close stdin, signal, wait ``grace`` seconds, then kill."""
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.popen.stdin.close()
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.popen.kill()
+                self.popen.wait()
+        if self.popen.stdout is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.popen.stdout.close()
+
+
+class ProcessSet:
+    """Owns every child of a scope; ``close`` stops them all, newest first."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self._children: list[Child] = []
+        self._serial = 0
+
+    def start(self, name: str, argv: Sequence[str], *, stdin: bool = False) -> Child:
+        """Start ``argv``; stdout is captured, stderr goes to a log file in ``log_dir``."""
+        self._serial += 1
+        stderr_path = self.log_dir / f"{self._serial:03d}-{name}.stderr"
+        with open(stderr_path, "wb") as err:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=self.env,
+                preexec_fn=_die_with_parent,  # only a prctl; libc was loaded before fork
+            )
+        child = Child(name, popen, stderr_path)
+        self._children.append(child)
+        return child
+
+    def close(self) -> None:
+        while self._children:
+            self._children.pop().stop()
+
+    def __enter__(self) -> ProcessSet:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def wait_accepting(address: str, child: Child, timeout: float = SERVER_START_TIMEOUT) -> None:
+    """Wait until a server listens at ``address`` (a path); fail early if it exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if child.popen.poll() is not None:
+            raise child._fail("exited while starting")
+        if os.path.exists(address):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(address)
+                return
+            except OSError:
+                pass
+            finally:
+                sock.close()
+        if time.monotonic() > deadline:
+            raise child._fail(f"not accepting on {address} within {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise BenchProcessError(f"no VmRSS for pid {pid}")

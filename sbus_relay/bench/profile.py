@@ -1,0 +1,108 @@
+"""Profile the server's hot path with py-spy during a 1 -> 1 run.
+
+py-spy samples the running ``sbusd`` from outside (``--nonblocking``, so the
+bus is not paused), writes collapsed stacks (``--format raw``: open them in
+speedscope or flamegraph.pl), and this module sums the samples per function:
+*own* time (the function is the leaf of the stack) and *total* time (the
+function is anywhere on it).
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .procs import BenchProcessError, ProcessSet
+from .scenarios import Load, Tools, bus_argv, drive, new_address, running_server
+
+#: Samples per second asked of py-spy.
+SAMPLE_RATE = 250
+#: Seconds py-spy gets to attach before the load starts, and to write its file.
+ATTACH_DELAY = 1.0
+WRITE_GRACE = 15.0
+#: Functions listed in the JSON and the printed summary.
+TOP = 20
+
+
+def find_py_spy() -> str:
+    beside = Path(sys.executable).parent / "py-spy"
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if not found:
+        raise BenchProcessError("py-spy not found (pip install py-spy)")
+    return found
+
+
+def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
+    """Own and total sample counts per function from py-spy's raw output."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        samples += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            total[frame] += count
+
+    def table(counter: collections.Counter[str]) -> list[dict[str, Any]]:
+        return [
+            {"function": name, "samples": n, "percent": 100.0 * n / samples if samples else 0.0}
+            for name, n in counter.most_common(top)
+        ]
+
+    return {"samples": samples, "own": table(own), "total": table(total)}
+
+
+def profile_one_to_one(
+    procs: ProcessSet, tools: Tools, workdir: Path, messages: int, output: Path, idle_s: float
+) -> dict[str, Any]:
+    """Run 1 -> 1 with ``messages`` under py-spy; write ``output``, return the summary."""
+    py_spy = find_py_spy()
+    bus = new_address(workdir, "prof")
+    with running_server(procs, "sbusd", bus_argv(tools, bus), bus) as server:
+        spy = procs.start(
+            "py-spy",
+            [
+                py_spy,
+                "record",
+                "-p",
+                str(server.pid),
+                "-o",
+                str(output),
+                "--format",
+                "raw",
+                "--rate",
+                str(SAMPLE_RATE),
+                "--nolineno",
+                "--nonblocking",
+            ],
+        )
+        time.sleep(ATTACH_DELAY)
+        if spy.popen.poll() is not None:
+            raise BenchProcessError(f"py-spy exited at once:\n{spy.stderr_tail()}")
+        run = drive(procs, tools, Load(messages), bus, bus, idle_s)
+        spy.stop(signal.SIGINT, WRITE_GRACE)
+    summary = summarize(output.read_text() if output.exists() else "")
+    summary.update(output=str(output), messages=messages, rate=run.rate)
+    return summary
+
+
+def format_summary(summary: dict[str, Any], top: int = 15) -> str:
+    """The printed form: the top functions by own time."""
+    lines = [
+        f"py-spy: {summary['samples']} samples of sbusd during 1 -> 1 "
+        f"({summary['rate']:,.0f} msgs/s under the profiler); top by own time:"
+    ]
+    for row in summary["own"][:top]:
+        lines.append(f"  {row['percent']:5.1f} %  {row['function']}")
+    lines.append(f"collapsed stacks (speedscope / flamegraph.pl): {summary['output']}")
+    return "\n".join(lines)

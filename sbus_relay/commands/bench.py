@@ -1,0 +1,105 @@
+"""``sbus-relay bench``: measure the bus against the C limit baseline and the reference.
+
+Starts every server it measures (``sbusd -f``, ``sbus-relay serve --upstream``,
+and ``forwarder.c``), drives them with the C load generator, prints a table
+and optionally writes JSON.  See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+SCENARIOS = ("1to1", "2to4", "1to2", "1to2_idle", "1to1_stalled", "relay", "latency", "memory")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer messages and one run per scenario (under a minute)",
+    )
+    parser.add_argument(
+        "--messages",
+        type=int,
+        metavar="N",
+        help="messages published per throughput run (default 100000, 20000 with --quick)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="runs per scenario, the median is reported (default 3, 1 with --quick)",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="also run 1 -> 1 under py-spy and write collapsed stacks to FILE",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SCENARIOS,
+        default=[],
+        metavar="SCENARIO",
+        help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}",
+    )
+    parser.add_argument(
+        "--sbusd",
+        metavar="COMMAND",
+        help="measure this server command instead of our sbusd (it gets '-f -a PATH' appended)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the C programs are compiled (default ~/.cache/sbus_relay/bench)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.build import BuildError
+    from ..bench.profile import format_summary
+    from ..bench.report import format_table
+    from ..bench.runner import BenchOptions, run_bench
+
+    for name in ("messages", "repeat"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"sbus-relay bench: --{name} must be at least 1", file=sys.stderr)
+            return 2
+    options = BenchOptions(
+        quick=args.quick,
+        messages=args.messages,
+        repeat=args.repeat,
+        json_path=args.json,
+        profile_path=args.profile,
+        sbusd=tuple(shlex.split(args.sbusd)) if args.sbusd else None,
+        cache_dir=args.cache_dir,
+        keep=args.keep,
+        only=tuple(args.only),
+    )
+    try:
+        results = run_bench(options, say=lambda line: print(line, file=sys.stderr, flush=True))
+    except BuildError as exc:
+        print(f"sbus-relay bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "sbus-relay bench: interrupted; every process it started was stopped", file=sys.stderr
+        )
+        return 130
+    print(format_table(results))
+    if "profile" in results:
+        print()
+        print(format_summary(results["profile"]))
+    if args.json:
+        print(f"\nJSON: {args.json}")
+    # "unavailable" (e.g. no relay yet) is reported, not an error of the benchmark.
+    failed = [n for n, s in results["scenarios"].items() if s["status"] == "failed"]
+    return 1 if failed else 0
