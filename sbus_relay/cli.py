@@ -1,0 +1,85 @@
+"""Command-line entry points: the only code that reads argv or exits (STYLE §6).
+
+``sbusd`` is a drop-in for the reference daemon and takes exactly its flags
+(SPEC §5).  ``sbus-relay`` is a family of subcommands listed in ``COMMANDS``;
+a command's module is imported only when it is run (or for ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from . import __version__
+from .errors import AddressError, ConfigError, UsageError
+
+#: name -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
+#: One entry per line: other commands are added here by their authors.
+COMMANDS: dict[str, str] = {
+    "serve": "sbus_relay.commands.serve",
+    "pub": "sbus_relay.commands.pub",
+    "sub": "sbus_relay.commands.sub",
+    "bench": "sbus_relay.commands.bench",
+}
+
+#: Exit status for bad flags, config or addresses (argparse uses it too).
+EXIT_USAGE = 2
+#: Exit status after SIGINT in an interactive command (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def _summary(module: ModuleType) -> str:
+    return (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+
+
+def _build_parser(only: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sbus-relay", description="A local sbus message bus, with relays."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(module_name)
+        summary = _summary(module)
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        module.add_arguments(sub)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sbus-relay COMMAND ...``; returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # Import only the command being run; build every parser for --help.
+    only = args_list[0] if args_list and args_list[0] in COMMANDS else None
+    parser = _build_parser(only)
+    args = parser.parse_args(args_list)
+    return _run(f"sbus-relay {args.command}", args._module, args)
+
+
+def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
+    try:
+        return int(module.run(args))
+    except (ConfigError, AddressError, UsageError) as exc:
+        # One line, no traceback: the user can fix this (SPEC: one clear error).
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def sbusd_main(argv: Sequence[str] | None = None) -> int:
+    """``sbusd``: the drop-in daemon (SPEC §5); returns the exit status."""
+    from .commands import sbusd
+
+    args = sbusd.parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return _run("sbusd", sbusd, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Publish one message: sbus-relay pub KEY [PAYLOAD | -].
+
+Like ``mosquitto_pub -t KEY -m PAYLOAD`` or ``nats pub KEY PAYLOAD``.  ``-``
+reads the payload from stdin (bytes, unchanged); no payload is an empty one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import add_address_argument, bus_address
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """KEY, optional PAYLOAD (or - for stdin), -a ADDRESS."""
+    add_address_argument(parser)
+    parser.add_argument("key", metavar="KEY", help="routing key")
+    parser.add_argument(
+        "payload", metavar="PAYLOAD", nargs="?", default="", help="payload; - reads stdin"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Connect, publish, close."""
+    from ..addresses import parse_address
+    from ..client import Client
+    from ..errors import AddressError, BusClosed, UsageError
+    from ..limits import MAX_PACKET
+
+    address = parse_address(bus_address(args))  # a malformed address: usage error (2)
+
+    if args.payload == "-":
+        # Read one byte more than fits in a packet, so that too much input is
+        # an error rather than a silently truncated message (SPEC §1).
+        payload = sys.stdin.buffer.read(MAX_PACKET + 1)
+    else:
+        payload = os.fsencode(args.payload)
+    try:
+        with Client(address) as client:
+            client.publish(os.fsencode(args.key), payload)
+    except (AddressError, BusClosed, UsageError) as exc:
+        # No bus there, the bus went away, or the message is too large.
+        print(f"sbus-relay pub: {exc}", file=sys.stderr)
+        return 1
+    return 0

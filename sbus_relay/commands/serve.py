@@ -1,0 +1,167 @@
+"""Run a bus (a master, or a relay with --upstream); shared by ``sbusd``.
+
+The order matters (SPEC §5): resolve the listener and bind it *before*
+daemonising, so an address in use is reported on the terminal with a non-zero
+status; print a random abstract address before stdout is closed; fork before
+anything starts gevent's hub; and remove the socket file and pid file however
+the server stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import sys
+from dataclasses import fields
+from typing import Any, cast
+
+from .. import logsetup
+from ..addresses import (
+    MODE_GROUP,
+    MODE_OTHER,
+    MODE_OWNER,
+    listen,
+    parse_address,
+    printable_name,
+    systemd_listeners,
+)
+from ..config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
+from ..daemon import close_stdin_stdout, daemonize, remove_pidfile
+from ..errors import AddressError
+
+#: Signals that stop the server cleanly (SPEC §5).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
+_VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "address": (("-a", "--address"), "ADDRESS", "path, /dev/unix/abstract[/HEX] or /dev/fd/N"),
+    "pidfile": (("-p", "--pidfile"), "PIDFILE", "pid file when daemonised (/dev/null: none)"),
+    "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
+    "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
+    "max_clients": (("--max-clients",), "N", "most clients connected at once"),
+    "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS (SPEC §6)"),
+    "upstream_queue_messages": (("--upstream-queue-messages",), "N", "upward queue bound"),
+    "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
+    "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
+    "reconnect_max": (("--reconnect-max",), "SECONDS", "largest upstream reconnect delay"),
+    "metrics": (("--metrics",), "HOST:PORT", "serve Prometheus /metrics and /healthz here"),
+    "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
+    "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
+    "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
+}
+#: Boolean fields: field -> (flags, help); each also gets --no-<name>.
+_BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "foreground": (("-f", "--foreground"), "do not daemonise; stdin/stdout are closed"),
+    "exit_when_empty": (("-C", "--exit-when-empty"), "exit once the last client has gone"),
+    "remove_stale": (("-r", "--remove-stale"), "remove a stale socket file first"),
+    "group_access": (("-g", "--group-access"), "let the socket's group connect"),
+    "other_access": (("-o", "--other-access"), "let everyone connect"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags for ``sbus-relay serve``: -c CONFIG and one flag per config field."""
+    parser.add_argument("-c", "--config", metavar="CONFIG.yaml", help="YAML config file")
+    for name, (flags, metavar, text) in _VALUE_FLAGS.items():
+        parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
+    for name, (flags, text) in _BOOL_FLAGS.items():
+        parser.add_argument(
+            *flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text
+        )
+    parser.add_argument(
+        "-u", "--user", dest="users", action="append", metavar="USER",
+        help="allow USER (name or uid) to connect; repeatable",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the config (file, then flags) and run the server until it stops."""
+    config_path = getattr(args, "config", None)
+    config = load_config(config_path) if config_path else ServerConfig()
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
+    return run_server(config.merged(**overrides))
+
+
+def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
+    """The listening socket, its printable address and the socket file we own."""
+    address = parse_address(config.address)
+    activated = systemd_listeners()
+    if len(activated) > 1:
+        raise AddressError(f"systemd passed {len(activated)} sockets; sbus serves exactly one")
+    if activated:
+        sock = activated[0]
+        return sock, printable_name(sock) or "LISTEN_FDS", None
+    mode = MODE_OWNER
+    if config.group_access:
+        mode |= MODE_GROUP
+    if config.other_access:
+        mode |= MODE_OTHER
+    sock, printable = listen(address, mode=mode, remove_stale=config.remove_stale)
+    if address.kind == "abstract" and address.name is None:
+        # SPEC §5: the chosen name goes to stdout, for the caller to pass on.
+        sys.stdout.write(printable + "\n")
+        sys.stdout.flush()
+    return sock, printable, printable if address.kind == "path" else None
+
+
+def run_server(config: ServerConfig) -> int:
+    """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
+    logsetup.configure(config.log_level, config.log_format)
+    import structlog
+
+    log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
+    sock, printable, socket_file = _listener(config)
+    pidfile = None
+    try:
+        if config.foreground:
+            close_stdin_stdout()
+            ready = None
+        else:
+            pidfile = os.path.abspath(config.pidfile)
+            ready = daemonize(pidfile)
+        _serve(config, sock, printable, log, ready)
+    except KeyboardInterrupt:
+        pass  # a signal before our handlers were installed: still a clean stop
+    finally:
+        if socket_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(socket_file)
+        if pidfile is not None:
+            remove_pidfile(pidfile, os.getpid())
+    log.info("exited", address=printable)
+    return 0
+
+
+def _serve(config: ServerConfig, sock: socket.socket, printable: str, log: Any, ready: Any) -> None:
+    # Imported here, after any fork: gevent's hub must start in the daemon.
+    import gevent
+
+    from ..server import Server
+
+    server = Server(config, sock, log=log)
+
+    def stop(signum: int) -> None:
+        log.info("signal", signal=signal.Signals(signum).name)
+        server.stop()
+
+    for signum in STOP_SIGNALS:
+        gevent.signal_handler(signum, stop, signum)
+    web = None
+    if config.metrics:
+        from .. import metrics  # only when asked: prometheus_client is not free to import
+
+        # cast: metrics declares its config protocol with settable attributes,
+        # which a frozen dataclass (rightly) does not satisfy for mypy.
+        web = metrics.serve_from_config(cast(Any, config), server)
+    server.start()
+    if ready is not None:
+        ready()
+    log.info("listening", address=printable, pid=os.getpid(), relay=bool(config.upstream))
+    try:
+        server.serve_forever()
+    finally:
+        if web is not None:
+            web.stop()

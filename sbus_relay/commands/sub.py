@@ -1,0 +1,126 @@
+"""Print messages: sbus-relay sub PATTERN... [--json] [--count N].
+
+Like ``mosquitto_sub -t`` or ``nats sub``: one line per message, the key, a
+tab and the payload, with backslash escapes for anything not printable so a
+line is always one message.  ``--json`` prints one object per line instead:
+``{"key": ..., "payload": ..., "encoding": "utf-8" | "base64"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from typing import BinaryIO
+
+from . import add_address_argument, bus_address
+
+#: Seconds to wait for the whoami reply that confirms our subscriptions are in
+#: place; a relay whose upstream is away answers late, and we still print.
+READY_TIMEOUT = 5.0
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """PATTERN..., --json, --count N, -v, -a ADDRESS."""
+    add_address_argument(parser)
+    parser.add_argument("patterns", metavar="PATTERN", nargs="+", help="routing key patterns")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument(
+        "-n", "--count", type=_positive, metavar="N", help="exit after N messages"
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log (to stderr) when subscribed"
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def escape(data: bytes) -> str:
+    """Printable text for ``data``: UTF-8 as is, everything else backslash-escaped.
+
+    A lone backslash is doubled, so the output reads back unambiguously.
+    """
+    out = []
+    for char in data.decode("utf-8", "surrogateescape"):
+        code = ord(char)
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def as_json(key: bytes, payload: bytes) -> str:
+    """One JSON line; the payload as text when it is UTF-8, else base64."""
+    try:
+        text, encoding = payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(payload).decode("ascii"), "base64"
+    record = {
+        "key": key.decode("utf-8", "backslashreplace"),
+        "payload": text,
+        "encoding": encoding,
+    }
+    return json.dumps(record, ensure_ascii=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Subscribe, then print messages until --count is reached or the bus closes."""
+    import structlog
+
+    from .. import logsetup
+    from ..addresses import parse_address
+    from ..client import Client
+    from ..errors import AddressError, BusClosed
+
+    logsetup.configure("info" if args.verbose else "warning")
+    log = structlog.get_logger("sbus_relay.sub")
+    address = parse_address(bus_address(args))
+    out: BinaryIO = sys.stdout.buffer
+    seen = 0
+    try:
+        with Client(address) as client:
+            for pattern in args.patterns:
+                client.subscribe(os.fsencode(pattern))
+            try:
+                # The server handles a client's packets in order, so the reply
+                # means every SUB above is in place.
+                client.whoami(timeout=READY_TIMEOUT)
+                log.info("subscribed", patterns=args.patterns, address=str(address))
+            except TimeoutError:
+                log.warning("subscribe_unconfirmed", patterns=args.patterns)
+            for message in client.iter_messages():
+                if message.control:
+                    continue  # server notices are not messages
+                if args.json:
+                    line = as_json(message.key, message.payload)
+                else:
+                    line = escape(message.key) + "\t" + escape(message.payload)
+                out.write(line.encode("utf-8", "surrogateescape") + b"\n")
+                out.flush()
+                seen += 1
+                if args.count is not None and seen >= args.count:
+                    return 0
+    except (AddressError, BusClosed) as exc:
+        print(f"sbus-relay sub: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (| head): a normal end; keep Python's exit flush quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    print("sbus-relay sub: the bus closed the connection", file=sys.stderr)
+    return 1
