@@ -48,20 +48,24 @@ class _EventLike(Protocol):
     def is_set(self) -> bool: ...
 
 
+# Read-only properties, so that a frozen ``ServerConfig`` satisfies them.
 class _ServerLike(Protocol):
     """What ``serve_from_config`` needs of a ``Server`` (design.md, server)."""
 
-    stats: Stats
-    stopped: _EventLike
-
+    @property
+    def stats(self) -> Stats: ...
+    @property
+    def stopped(self) -> _EventLike: ...
     def gauges(self) -> Gauges: ...
 
 
 class _ConfigLike(Protocol):
     """What ``serve_from_config`` needs of a ``ServerConfig``."""
 
-    metrics: str | None
-    instance: str
+    @property
+    def metrics(self) -> str | None: ...
+    @property
+    def instance(self) -> str: ...
 
 
 class MetricsCollector(Collector):
