@@ -1,0 +1,385 @@
+"""Ordering, bursts and flood control (SPEC §4) against a real server process.
+
+A stalled client's messages sit in two places: the kernel (what the server's
+socket already took -- always the oldest, in send order) and the server's own
+queue for that client.  Only the latter obeys the client's modes, so the tests
+measure the kernel part with FIONREAD and assert over what comes after it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.server.rawclient import (
+    Closed,
+    RawClient,
+    client_factory,
+    module_bus,
+)
+
+HARD_LIMIT_MESSAGES = 100
+HARD_LIMIT_BYTES = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from module_bus(tmp_path_factory)
+
+
+@pytest.fixture
+def connect(bus: Any) -> Iterator[Callable[[], RawClient]]:
+    yield from client_factory(bus)
+
+
+@pytest.fixture(scope="module")
+def small_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from module_bus(
+        tmp_path_factory,
+        "--hard-limit-messages",
+        str(HARD_LIMIT_MESSAGES),
+        "--hard-limit-bytes",
+        str(HARD_LIMIT_BYTES),
+        command="serve",
+    )
+
+
+@pytest.fixture
+def small(small_bus: Any) -> Iterator[Callable[[], RawClient]]:
+    yield from client_factory(small_bus)
+
+
+def numbered(key: bytes, n: int, size: int = 0) -> list[bytes]:
+    """``n`` packets ``MSG key\\0<seq>|xxx...`` with payloads padded to ``size``."""
+    return [b"MSG " + key + b"\0" + (b"%08d|" % i).ljust(size, b"x") for i in range(n)]
+
+
+def seq(packet: bytes) -> int:
+    return int(packet.split(b"\0", 1)[1][:8])
+
+
+class Reader(threading.Thread):
+    """Reads ``n`` packets from a client in the background."""
+
+    def __init__(self, client: RawClient, n: int, timeout: float = 20.0) -> None:
+        super().__init__(daemon=True)
+        self.client, self.n, self.timeout = client, n, timeout
+        self.got: list[bytes] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while len(self.got) < self.n:
+                self.got.append(self.client.recv_packet(self.timeout))
+        except BaseException as exc:
+            self.error = exc
+
+    def result(self, timeout: float = 60.0) -> list[bytes]:
+        self.join(timeout)
+        assert not self.is_alive(), f"reader still waiting after {len(self.got)}/{self.n}"
+        if self.error is not None:
+            raise AssertionError(f"reader failed after {len(self.got)}/{self.n}") from self.error
+        return self.got
+
+
+def send_all(client: RawClient, packets: list[bytes]) -> None:
+    for packet in packets:
+        client.send(packet)
+
+
+# --- the default mode: reliable and ordered -------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_20000_messages_arrive_complete_and_in_order(connect: Callable[[], RawClient]) -> None:
+    sub, pub = connect(), connect()
+    sub.sub(b"ord/")
+    packets = numbered(b"ord/k", 20_000)
+    reader = Reader(sub, len(packets))
+    reader.start()
+    send_all(pub, packets)
+    assert reader.result() == packets
+
+
+@pytest.mark.timeout(60)
+def test_burst_is_queued_for_a_late_reader(connect: Callable[[], RawClient]) -> None:
+    # The default soft mode is "queue": nothing is lost while the subscriber is busy.
+    sub, pub = connect(), connect()
+    sub.shrink_rcvbuf()
+    sub.sub(b"burst/")
+    packets = numbered(b"burst/k", 5_000, size=64)
+    send_all(pub, packets)
+    pub.sync()  # the server has routed the whole burst
+    got = [sub.recv_packet() for _ in packets]
+    assert [seq(p) for p in got] == list(range(len(packets)))
+    assert got == packets
+    sub.expect_nothing(0.2)
+
+
+@pytest.mark.timeout(60)
+def test_never_reading_subscriber_does_not_stop_others(connect: Callable[[], RawClient]) -> None:
+    stalled, sub, pub = connect(), connect(), connect()
+    stalled.shrink_rcvbuf()
+    stalled.sub(b"")  # everything, and it never calls recv again
+    sub.sub(b"nr/")
+    packets = numbered(b"nr/k", 20_000)
+    reader = Reader(sub, len(packets))
+    reader.start()
+    send_all(pub, packets)
+    assert reader.result() == packets
+
+
+# --- flood modes with a small hard limit ----------------------------------------
+
+
+def stalled_client(make: Callable[[], RawClient], pattern: bytes, *modes: bytes) -> RawClient:
+    client = make()
+    client.shrink_rcvbuf()
+    for mode in modes:
+        client.cmsg(mode)
+    client.sub(pattern)  # syncs: the modes and the SUB took effect
+    return client
+
+
+def publish_lockstep(
+    pub: RawClient, watcher: RawClient, packets: list[bytes], window: int = 16
+) -> list[bytes]:
+    """Publish, keeping ``watcher`` (a live subscriber) at most ``window`` behind.
+
+    Returns what the watcher got.  Once it has the last packet, the server has
+    routed every packet to every subscriber.
+    """
+    got: list[bytes] = []
+    for i, packet in enumerate(packets):
+        pub.send(packet)
+        if i >= window:
+            got.append(watcher.recv_packet())
+    while len(got) < len(packets):
+        got.append(watcher.recv_packet())
+    return got
+
+
+def settled_inq(client: RawClient, quiet: float = 0.15, timeout: float = 5.0) -> int:
+    """The stalled client's kernel backlog once it stops changing."""
+    deadline = time.monotonic() + timeout
+    last, since = client.inq(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        now = client.inq()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
+def drain(client: RawClient, quiet: float = 0.5) -> tuple[list[bytes], bool]:
+    """Read until ``quiet`` seconds pass without a packet; also say if it was closed."""
+    got: list[bytes] = []
+    try:
+        while True:
+            got.append(client.recv_packet(quiet))
+    except TimeoutError:
+        return got, False
+    except Closed:
+        return got, True
+
+
+def split_kernel_part(got: list[bytes], inq: int) -> tuple[list[bytes], list[bytes]]:
+    """Split what a stalled client read into (kernel backlog, server-queued tail)."""
+    total = 0
+    for i, packet in enumerate(got):
+        if total == inq:
+            return got[:i], got[i:]
+        total += len(packet)
+    assert total == inq, f"kernel backlog of {inq} bytes does not end on a packet boundary"
+    return got, []
+
+
+FLOOD_SIZE = 4096
+FLOOD_COUNT = 2000
+
+
+@pytest.mark.timeout(60)
+def test_hard_discard_keeps_the_oldest_up_to_the_limit(
+    small: Callable[[], RawClient],
+) -> None:
+    stalled = stalled_client(small, b"fl/", b"blocking/hard/discard")
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
+    assert publish_lockstep(pub, sub, packets) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert not closed
+    kernel, queued = split_kernel_part(got, inq)
+    # "Drop new messages": what survives is the oldest, in order.
+    assert got == packets[: len(got)]
+    assert len(got) < len(packets)
+    # At most the hard limit was queued in the server, and the queue was used.
+    assert HARD_LIMIT_MESSAGES - 5 <= len(queued) <= HARD_LIMIT_MESSAGES + 1, (
+        f"kernel held {len(kernel)}, server queue delivered {len(queued)}"
+    )
+    sub.sync()
+    pub.sync()
+
+
+@pytest.mark.timeout(60)
+def test_hard_error_disconnects_only_the_slow_client(
+    small: Callable[[], RawClient],
+) -> None:
+    stalled = stalled_client(small, b"fl/", b"blocking/hard/error")
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
+    assert publish_lockstep(pub, sub, packets) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert closed, "the slow client should have been disconnected"
+    kernel, _ = split_kernel_part(got, inq)
+    assert got == packets[: len(got)]
+    assert len(got) <= len(kernel) + HARD_LIMIT_MESSAGES + 1
+    # The others keep going.
+    sent = pub.pub(b"fl/after", b"still here")
+    assert sub.recv_packet() == sent
+
+
+@pytest.mark.timeout(60)
+def test_hard_block_pauses_the_publisher_and_loses_nothing(
+    small: Callable[[], RawClient],
+) -> None:
+    stalled = stalled_client(small, b"fl/", b"blocking/hard/block")
+    sub, pub = small(), small()
+    sub.cmsg(b"blocking/hard/block")  # so that a lagging reader thread cannot lose any
+    sub.sub(b"fl/")
+    pub.timeout = 60.0  # its sends are expected to block for a while
+    packets = numbered(b"fl/k", 1000, FLOOD_SIZE)
+    reader = Reader(sub, len(packets), timeout=30.0)
+    reader.start()
+    publisher = threading.Thread(target=send_all, args=(pub, packets), daemon=True)
+    publisher.start()
+    # Wait until delivery to the live subscriber stops: the server stopped reading
+    # from the publisher because the stalled client is over its hard limit.
+    deadline = time.monotonic() + 10
+    last = -1
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if len(reader.got) == last:
+            break
+        last = len(reader.got)
+    assert len(reader.got) < len(packets), "nothing was held back"
+    assert publisher.is_alive(), "the publisher was never paused"
+    # The stalled client reads: everything flows again, nothing is lost.
+    got = [stalled.recv_packet(10) for _ in packets]
+    assert got == packets
+    publisher.join(30)
+    assert not publisher.is_alive()
+    assert reader.result() == packets
+
+
+@pytest.mark.timeout(60)
+def test_soft_discard_queues_nothing(small: Callable[[], RawClient]) -> None:
+    stalled = stalled_client(small, b"fl/", b"blocking/soft/discard")
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
+    assert publish_lockstep(pub, sub, packets) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert not closed
+    _, queued = split_kernel_part(got, inq)
+    assert got == packets[: len(got)]
+    assert len(got) < len(packets), "nothing was dropped"
+    # Whatever the socket could not take was dropped, not queued.  (One packet of
+    # slack: it may have been in flight when FIONREAD was read.)
+    assert len(queued) <= 1, f"{len(queued)} packets were queued in the server"
+
+
+@pytest.mark.timeout(60)
+def test_soft_error_disconnects_the_slow_client(small: Callable[[], RawClient]) -> None:
+    stalled = stalled_client(small, b"fl/", b"blocking/soft/error")
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
+    assert publish_lockstep(pub, sub, packets) == packets
+    got, closed = drain(stalled)
+    assert closed, "the slow client should have been disconnected"
+    assert got == packets[: len(got)]
+    assert len(got) < len(packets)
+    sub.sync()
+    pub.sync()
+
+
+def fill_kernel(pub: RawClient, watcher: RawClient, stalled: RawClient, key: bytes) -> int:
+    """Publish fillers until the stalled client's kernel backlog stops growing.
+
+    Returns how many were published; the last one is in the server's queue.
+    """
+    count = 0
+    while count < 5000:
+        before = stalled.inq()
+        packet = b"MSG " + key + b"\0" + b"filler%06d|" % count + b"f" * 3037
+        pub.send(packet)
+        count += 1
+        assert watcher.recv_packet() == packet
+        deadline = time.monotonic() + 0.3
+        while stalled.inq() == before and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if stalled.inq() == before:
+            return count
+    raise AssertionError("the stalled client's socket never filled up")
+
+
+def queued_tail(
+    small: Callable[[], RawClient], mode: bytes, tail_packets: list[bytes]
+) -> tuple[list[bytes], list[bytes]]:
+    """Stall a client in ``mode``, fill its socket, publish ``tail_packets``.
+
+    Returns (everything it then read, the part that came from the server's queue).
+    """
+    stalled = stalled_client(small, b"ord/", mode)
+    sub, pub = small(), small()
+    sub.sub(b"ord/")
+    fillers = fill_kernel(pub, sub, stalled, b"ord/fill")
+    assert publish_lockstep(pub, sub, tail_packets) == tail_packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert not closed
+    assert len(got) == fillers + len(tail_packets), "a queued message was lost"
+    _, queued = split_kernel_part(got, inq)
+    assert len(queued) >= 20, f"only {len(queued)} messages went through the server queue"
+    return got, queued
+
+
+def tail_numbers(queued: list[bytes]) -> list[int]:
+    return [seq(p) for p in queued if not p.startswith(b"MSG ord/fill\0")]
+
+
+@pytest.mark.timeout(60)
+def test_order_queue_drains_oldest_first(small: Callable[[], RawClient]) -> None:
+    # The default, and the control case for the two tests below.
+    _, queued = queued_tail(small, b"order/queue", numbered(b"ord/k", 50, 4096))
+    numbers = tail_numbers(queued)
+    assert numbers == sorted(numbers)
+
+
+@pytest.mark.timeout(60)
+def test_order_stack_drains_newest_first(small: Callable[[], RawClient]) -> None:
+    _, queued = queued_tail(small, b"order/stack", numbered(b"ord/k", 50, 4096))
+    numbers = tail_numbers(queued)
+    assert numbers == sorted(numbers, reverse=True), numbers
+    assert len(numbers) >= 20
+
+
+@pytest.mark.timeout(60)
+def test_order_random_drains_largest_first(small: Callable[[], RawClient]) -> None:
+    # Distinct sizes in a scrambled order (37 is coprime to 60: every size once).
+    sizes = [1000 + 100 * ((i * 37) % 60) for i in range(60)]
+    packets = [b"MSG ord/k\0" + (b"%08d|" % i).ljust(size, b"r") for i, size in enumerate(sizes)]
+    _, queued = queued_tail(small, b"order/random", packets)
+    lengths = [len(p) for p in queued]
+    assert lengths == sorted(lengths, reverse=True), lengths

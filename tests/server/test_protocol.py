@@ -1,0 +1,207 @@
+"""The wire protocol against a real server process, over raw sockets (SPEC §1).
+
+Negative checks use a fence (``rawclient.fenced``) instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.server.rawclient import (
+    FENCE,
+    FENCE_PACKET,
+    WHOAMI,
+    Closed,
+    RawClient,
+    client_factory,
+    fenced,
+    module_bus,
+    own_creds,
+    publish_then_fence,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(scope="module")
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from module_bus(tmp_path_factory)
+
+
+@pytest.fixture
+def connect(bus: Any) -> Iterator[Callable[[], RawClient]]:
+    yield from client_factory(bus)
+
+
+# --- byte-for-byte forwarding -------------------------------------------------
+
+ALL_BYTES = bytes(range(256))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        ALL_BYTES,
+        ALL_BYTES * 16 + b"\0\0\0",
+        b"\0",
+        b"",
+        b"MSG x\0y\0SUB \0CMSG z",
+        bytes(reversed(ALL_BYTES)) * 3,
+    ],
+    ids=["all-bytes", "all-bytes-x16", "nul", "empty", "embedded-verbs", "reversed"],
+)
+def test_binary_payload_is_forwarded_byte_for_byte(
+    connect: Callable[[], RawClient], payload: bytes
+) -> None:
+    sub, pub = connect(), connect()
+    sub.sub(b"bin/")
+    sent = pub.pub(b"bin/\x01 \xff\x7f", payload)
+    assert sent == b"MSG bin/\x01 \xff\x7f\0" + payload
+    assert sub.recv_packet() == sent
+
+
+def test_key_may_hold_any_byte_but_nul(connect: Callable[[], RawClient]) -> None:
+    # sbus-README: a routing key may contain any byte other than NUL ('*', '/' and
+    # '!' aside, which have meanings).  An exact pattern must match it exactly.
+    key = bytes(b for b in range(1, 256) if b not in b"*/!")
+    sub, pub = connect(), connect()
+    fenced(sub, key)
+    sent = publish_then_fence(pub, key, ALL_BYTES)
+    assert sub.recv_packet() == sent
+    assert sub.recv_packet() == FENCE_PACKET
+
+
+def test_150_kib_message_arrives_intact(connect: Callable[[], RawClient]) -> None:
+    sub, pub = connect(), connect()
+    sub.sub(b"big/")
+    payload = os.urandom(150 * 1024)
+    sent = pub.pub(b"big/one", payload)
+    assert sub.recv_packet() == sent
+
+
+def test_packet_of_exactly_409600_bytes_is_legal(connect: Callable[[], RawClient]) -> None:
+    # SPEC §1: 409,600 bytes is the limit, so a packet of exactly that size is fine.
+    sub, pub = connect(), connect()
+    pub.grow_sndbuf()
+    sub.sub(b"max/")
+    head = b"MSG max/x\0"
+    sent = pub.pub(b"max/x", os.urandom(409_600 - len(head)))
+    assert len(sent) == 409_600
+    assert sub.recv_packet() == sent
+    pub.sync()  # the publisher is still connected
+
+
+def test_packet_over_409600_bytes_disconnects_only_its_sender(
+    connect: Callable[[], RawClient],
+) -> None:
+    big, sub, other = connect(), connect(), connect()
+    fenced(sub, b"")
+    big.grow_sndbuf()
+    big.pub(b"huge/x", b"\xab" * (409_601 - len(b"MSG huge/x\0")))
+    leftovers = big.expect_closed()
+    assert leftovers == []
+    # The oversized packet was not forwarded (it would precede the fence)...
+    publish_then_fence(other, b"after/big", b"ok")
+    assert sub.recv_packet() == b"MSG after/big\0ok"
+    assert sub.recv_packet() == FENCE_PACKET
+    # ...and everyone else is still served.
+    assert sub.whoami()
+    assert other.whoami()
+
+
+# --- junk packets -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [b"", b"HELLO world", b"MSG no-nul-here", b"sub x", b"SUB", b"UNSUB", b"CMSG", b"MSGx\0y"],
+    ids=["empty", "unknown-verb", "msg-without-nul", "lowercase", "SUB", "UNSUB", "CMSG", "MSGx"],
+)
+def test_junk_packet_disconnects_only_its_sender(
+    connect: Callable[[], RawClient], bus: Any, junk: bytes
+) -> None:
+    # SPEC §1: anything but the four wire forms is a protocol error; the sender is
+    # disconnected and nobody else notices.
+    sub, bad, other = connect(), connect(), connect()
+    fenced(sub, b"")
+    bad.sync()  # proves "bad" was fine before the junk
+    bad.send(junk)
+    bad.expect_closed()
+    publish_then_fence(other, b"after/junk", b"ok")
+    assert sub.recv_packet() == b"MSG after/junk\0ok"
+    assert sub.recv_packet() == FENCE_PACKET
+    assert bus.proc.poll() is None
+    with RawClient(bus.address) as fresh:
+        assert fresh.whoami()
+
+
+# --- control messages ----------------------------------------------------------
+
+
+def test_cmsg_is_never_forwarded(connect: Callable[[], RawClient]) -> None:
+    sender = connect()
+    watchers = [fenced(connect(), p) for p in (b"", b"*", b"*/", b"c/", b"c/k")]
+    sender.sub(b"")  # the sender must not get its own CMSGs back either
+    for packet in (
+        b"CMSG c/k\0payload",
+        b"CMSG c/k",
+        b"CMSG \0x",
+        b"CMSG echo/on\0x",
+        b"CMSG blocking/soft/queue",
+        b"CMSG no/such/control\0x",  # SPEC §4: unknown control messages are ignored
+    ):
+        sender.send(packet)
+    sender.pub(FENCE, b"end")
+    for watcher in watchers:
+        assert watcher.recv_packet() == FENCE_PACKET
+    assert sender.recv_packet() == FENCE_PACKET
+    sender.sync()  # and the sender is still connected
+
+
+@pytest.mark.parametrize("form", [b"CMSG !/cred/whoami", b"CMSG !/cred/whoami\0"])
+def test_whoami_answers_with_peer_credentials(
+    connect: Callable[[], RawClient], form: bytes
+) -> None:
+    gid, uid, pid = own_creds()
+    client = connect()
+    client.send(form)
+    expected = b"CMSG " + WHOAMI + b"\0!/cred/%d/%d/%d" % (gid, uid, pid)
+    assert client.recv_packet() == expected
+    client.expect_nothing(0.2)
+
+
+def test_whoami_answer_goes_only_to_the_asker(connect: Callable[[], RawClient]) -> None:
+    asker, watcher = connect(), connect()
+    fenced(watcher, b"", b"*/", b"*")
+    asker.cmsg(WHOAMI)
+    assert asker.recv_packet().startswith(b"CMSG !/cred/whoami\0")
+    asker.pub(FENCE, b"end")
+    assert watcher.recv_packet() == FENCE_PACKET
+
+
+def test_closed_client_is_forgotten(connect: Callable[[], RawClient], bus: Any) -> None:
+    # A client that goes away must not break delivery to the rest.
+    pub, sub = connect(), connect()
+    fenced(sub, b"gone/")
+    for _ in range(20):
+        with RawClient(bus.address) as leaver:
+            leaver.sub(b"gone/")
+    sent = publish_then_fence(pub, b"gone/x")
+    assert sub.recv_packet() == sent
+    assert sub.recv_packet() == FENCE_PACKET
+
+
+def test_helper_sees_eof_as_closed() -> None:
+    # The disconnect tests rely on the helper telling EOF from silence.
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with RawClient(None, sock=a) as client:
+        with pytest.raises(TimeoutError):
+            client.recv_packet(0.05)
+        b.close()
+        with pytest.raises(Closed):
+            client.recv_packet(1.0)
