@@ -1,0 +1,213 @@
+"""ServerConfig and load_config: strict validation, one error naming file, key, reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from sbus_relay import limits
+from sbus_relay.config import COMMAND_LINE, ServerConfig, load_config
+from sbus_relay.errors import ConfigError, UsageError
+
+pytestmark = pytest.mark.timeout(30)
+
+#: docs/design.md's field list, in order.
+DESIGN_FIELDS = [
+    "address", "foreground", "pidfile", "users", "group_access", "other_access",
+    "exit_when_empty", "remove_stale", "hard_limit_bytes", "hard_limit_messages",
+    "max_clients", "upstream", "upstream_queue_messages", "upstream_queue_bytes",
+    "reconnect_min", "reconnect_max", "metrics", "instance", "log_level", "log_format",
+]  # fmt: skip
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bus.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_fields_are_exactly_the_designed_ones() -> None:
+    assert [f.name for f in dataclasses.fields(ServerConfig)] == DESIGN_FIELDS
+
+
+def test_defaults_come_from_limits_and_spec() -> None:
+    config = ServerConfig()
+    assert config.address == "/run/sbus.socket"
+    assert config.pidfile == "/run/sbus.pid"
+    assert (config.foreground, config.users, config.upstream, config.metrics) == (
+        False, (), None, None,
+    )  # fmt: skip
+    assert config.hard_limit_bytes == limits.HARD_LIMIT_BYTES == 16 * 1024 * 1024
+    assert config.hard_limit_messages == limits.HARD_LIMIT_MESSAGES == 65_536
+    assert config.max_clients == limits.MAX_CLIENTS
+    assert config.upstream_queue_messages == limits.UPSTREAM_QUEUE_MESSAGES
+    assert config.upstream_queue_bytes == limits.UPSTREAM_QUEUE_BYTES
+    assert (config.reconnect_min, config.reconnect_max) == (
+        limits.RECONNECT_MIN, limits.RECONNECT_MAX,
+    )  # fmt: skip
+    assert config.instance == os.uname().nodename
+    assert (config.log_level, config.log_format) == ("info", "auto")
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ServerConfig().address = "/tmp/x"  # type: ignore[misc]
+
+
+def test_a_full_file_loads(tmp_path: Path) -> None:
+    root = pwd.getpwuid(0).pw_name
+    path = write(
+        tmp_path,
+        f"""
+address: /tmp/sbus.socket
+foreground: true
+pidfile: /dev/null
+users: [{root}, 4242, "4243"]
+group_access: true
+other_access: false
+exit_when_empty: true
+remove_stale: true
+hard_limit_bytes: 64KiB
+hard_limit_messages: 100
+max_clients: 10
+upstream: /run/sbus.socket
+upstream_queue_messages: 0
+upstream_queue_bytes: 1MiB
+reconnect_min: 0.1
+reconnect_max: 3
+metrics: "127.0.0.1:9810"
+instance: dev
+log_level: DEBUG
+log_format: json
+""",
+    )
+    config = load_config(path)
+    assert config == ServerConfig(
+        address="/tmp/sbus.socket", foreground=True, pidfile="/dev/null",
+        users=(0, 4242, 4243), group_access=True, exit_when_empty=True,
+        remove_stale=True, hard_limit_bytes=65536, hard_limit_messages=100,
+        max_clients=10, upstream="/run/sbus.socket", upstream_queue_messages=0,
+        upstream_queue_bytes=1 << 20, reconnect_min=0.1, reconnect_max=3.0,
+        metrics="127.0.0.1:9810", instance="dev", log_level="debug", log_format="json",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("16MiB", 16 << 20), ("64KiB", 64 << 10), ("1GiB", 1 << 30), ("512B", 512),
+     ("4096", 4096), (4096, 4096), ("2 MiB", 2 << 20)],
+)  # fmt: skip
+def test_sizes_accept_ints_and_binary_units(tmp_path: Path, text: object, expected: int) -> None:
+    value = f'"{text}"' if isinstance(text, str) else str(text)
+    assert load_config(write(tmp_path, f"hard_limit_bytes: {value}\n")).hard_limit_bytes == expected
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_file_means_defaults(tmp_path: Path, text: str) -> None:
+    assert load_config(write(tmp_path, text)) == ServerConfig()
+
+
+BAD_CONFIGS = [
+    # (yaml, key named in the error, words of the reason)
+    ("bogus: 1\n", "bogus", "unknown key"),
+    ("hard_limit_byte: 1\n", "hard_limit_byte", "unknown key"),
+    ("max_clients: 5\nmax_clients: 6\n", "max_clients", "given twice"),
+    ("foreground: 'true'\n", "foreground", "expected true or false"),
+    ("foreground: 1\n", "foreground", "expected true or false"),
+    ("hard_limit_bytes: -1\n", "hard_limit_bytes", "at least 1"),
+    ("hard_limit_bytes: 0\n", "hard_limit_bytes", "at least 1"),
+    ("upstream_queue_bytes: -5\n", "upstream_queue_bytes", "at least 0"),
+    ("hard_limit_bytes: 16MB\n", "hard_limit_bytes", "not a size"),
+    ("hard_limit_bytes: 16 potatoes\n", "hard_limit_bytes", "not a size"),
+    ("hard_limit_bytes: -16MiB\n", "hard_limit_bytes", "not a size"),
+    ("hard_limit_bytes: 1.5\n", "hard_limit_bytes", "expected a size"),
+    ("hard_limit_bytes: true\n", "hard_limit_bytes", "expected a size"),
+    ("hard_limit_bytes: [1]\n", "hard_limit_bytes", "expected a size"),
+    ("hard_limit_messages: 1.5\n", "hard_limit_messages", "expected an integer"),
+    ("hard_limit_messages: -3\n", "hard_limit_messages", "at least 1"),
+    ("max_clients: true\n", "max_clients", "expected an integer"),
+    ("max_clients: many\n", "max_clients", "expected an integer"),
+    ("max_clients: 0\n", "max_clients", "at least 1"),
+    ("reconnect_min: 0\n", "reconnect_min", "positive"),
+    ("reconnect_min: -1\n", "reconnect_min", "positive"),
+    ("reconnect_min: soon\n", "reconnect_min", "not a number of seconds"),
+    ("reconnect_min: 5\nreconnect_max: 1\n", "reconnect_max", "below reconnect_min"),
+    ("users: [no-such-user-sbus-test]\n", "users", "no such user"),
+    ("users: [-1]\n", "users", "negative"),
+    ("users: {a: 1}\n", "users", "expected a list"),
+    ("users: [[1]]\n", "users", "expected a user name or uid"),
+    ("address: ''\n", "address", "non-empty"),
+    ("address: 5\n", "address", "expected a string"),
+    ("upstream: [a]\n", "upstream", "expected a string"),
+    ("metrics: localhost\n", "metrics", "not HOST:PORT"),
+    ("metrics: 'localhost:99999'\n", "metrics", "not HOST:PORT"),
+    ("metrics: 9810\n", "metrics", "expected HOST:PORT"),
+    ("log_level: loud\n", "log_level", "expected one of"),
+    ("log_format: xml\n", "log_format", "expected one of"),
+    ("instance: 7\n", "instance", "expected a string"),
+    ("- address: /tmp/x\n", "(file)", "expected a mapping"),
+    ("address: [unclosed\n", "(file)", "invalid YAML"),
+    ("a: b: c\n", "(file)", "invalid YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "reason"), BAD_CONFIGS)
+def test_every_bad_config_is_one_error_naming_file_key_reason(
+    tmp_path: Path, text: str, key: str, reason: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    error = caught.value
+    assert (error.source, error.key) == (path, key)
+    assert reason in error.reason
+    message = str(error)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {key}: ")
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert (caught.value.source, caught.value.key) == (path, "(file)")
+    assert "cannot read" in caught.value.reason
+
+
+def test_a_binary_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"address: \xff\xfe\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert caught.value.key == "(file)"
+
+
+def test_merged_ignores_none_and_applies_the_rest() -> None:
+    base = ServerConfig(address="/tmp/a", max_clients=3)
+    merged = base.merged(address=None, max_clients="7", hard_limit_bytes="64KiB", users=["0"])
+    assert merged.address == "/tmp/a"
+    assert merged.max_clients == 7
+    assert merged.hard_limit_bytes == 64 << 10
+    assert merged.users == (0,)
+    assert base.max_clients == 3  # a copy, not a change
+
+
+def test_merged_names_the_flag_in_errors() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ServerConfig().merged(hard_limit_bytes="lots")
+    assert (caught.value.source, caught.value.key) == (COMMAND_LINE, "--hard-limit-bytes")
+
+
+def test_merged_checks_keys_together() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ServerConfig().merged(reconnect_min="10")
+    assert caught.value.key == "reconnect_max"
+
+
+def test_merged_refuses_unknown_fields() -> None:
+    with pytest.raises(UsageError):
+        ServerConfig().merged(adress="/tmp/typo")
