@@ -293,13 +293,20 @@ def require_cli(*flags: str) -> None:
 
 @pytest.fixture
 def hierarchy(workdir: Path) -> Iterator[tuple[Bus, Bus]]:
-    require_cli("--metrics", "--upstream")
-    master = Bus("master", str(workdir / "master"), free_port(), (), workdir / "master.log")
+    find_prometheus()  # skip before starting anything when it is missing
+    require_cli("--metrics", "--upstream", "--instance")
+    master = Bus(
+        "master",
+        str(workdir / "master"),
+        free_port(),
+        ("--instance", "the-master"),
+        workdir / "master.log",
+    )
     relay = Bus(
         "relay",
         str(workdir / "relay"),
         free_port(),
-        ("--upstream", master.address),
+        ("--instance", "the-relay", "--upstream", master.address),
         workdir / "relay.log",
     )
     try:
@@ -503,6 +510,12 @@ def test_every_dashboard_panel_returns_data(
     expect("master scrape down seen", 'min_over_time(up{instance="master"}[5m]) == 0')
     expect("forwarded up", 'sbus_upstream_forwarded_messages_total{direction="up"} > 0')
     expect("forwarded down", 'sbus_upstream_forwarded_messages_total{direction="down"} > 0')
+    expect(
+        "upward queue seen during the outage",
+        'max_over_time(sbus_upstream_queued_messages{instance="relay"}[5m]) > 0',
+    )
+    expect("build info", 'sbus_build_info{instance="master", role="master", name="the-master"}')
+    expect("build info", 'sbus_build_info{instance="relay", role="relay", name="the-relay"}')
     expect("upstream interest known", 'sbus_upstream_interest_patterns{instance="relay"} > 0')
     expect("process metrics", 'process_resident_memory_bytes{instance="relay"} > 0')
     assert not problems, "metrics that stayed at zero:\n" + "\n".join(problems)
