@@ -74,8 +74,8 @@ def find_prometheus() -> str:
     if path is None:
         pytest.skip(
             "!!! PROMETHEUS NOT INSTALLED: the dashboard was NOT checked against a real "
-            "Prometheus.  Install Debian's 'prometheus' package (apt-get install "
-            "prometheus, done by `make test-prometheus`) and rerun. !!!"
+            "Prometheus.  Install Debian's 'prometheus' package "
+            "(apt-get install prometheus) and rerun. !!!"
         )
     return path
 
