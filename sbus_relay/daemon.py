@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from .errors import SbusError
 from .limits import DAEMON_READY_TIMEOUT
 
 #: A pid file path that means "no pid file" (SPEC §5).
@@ -26,6 +27,10 @@ _READY = b"\0"
 _FAILED = b"\1"
 #: Bytes of an error message the daemon passes back to the waiting parent.
 _MAX_REPORT = 4096
+
+
+class DaemonError(SbusError):
+    """The daemon could not finish starting; the waiting parent has the reason."""
 
 
 def daemonize(pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT) -> Callable[[], None]:
@@ -53,8 +58,10 @@ def daemonize(pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT) -> C
     try:
         write_pidfile(pidfile, os.getpid())
     except OSError as exc:
-        _report(write_fd, f"cannot write pid file {pidfile}: {exc.strerror or exc}")
-        os._exit(1)
+        reason = f"cannot write pid file {pidfile}: {exc.strerror or exc}"
+        _report(write_fd, reason)
+        # Raised, not _exit: the caller still removes the socket file it made.
+        raise DaemonError(reason) from exc
     _detach_stdio()
 
     def ready() -> None:

@@ -61,8 +61,16 @@ def _given_address(args: Sequence[str]) -> str | None:
             return args[i + 1]
         if arg.startswith("--address="):
             return arg.split("=", 1)[1]
-        if arg.startswith("-a") and len(arg) > 2 and not arg.startswith("--"):
-            return arg[2:]
+        if arg.startswith("-") and not arg.startswith("--"):
+            # getopt-style clusters such as -gca/tmp/bus or -fa /tmp/bus
+            for j, letter in enumerate(arg[1:], start=2):
+                if letter == "a":
+                    value = arg[j:]
+                    if value:
+                        return value
+                    return args[i + 1] if i + 1 < len(args) else None
+                if letter in "pu":  # these take the rest as their value
+                    break
     return None
 
 

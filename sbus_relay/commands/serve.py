@@ -29,7 +29,7 @@ from ..addresses import (
     systemd_listeners,
 )
 from ..config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
-from ..daemon import close_stdin_stdout, daemonize, remove_pidfile
+from ..daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
 from ..errors import AddressError
 
 #: Signals that stop the server cleanly (SPEC §5).
@@ -113,8 +113,13 @@ def run_server(config: ServerConfig) -> int:
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
+    # Until gevent's handlers are installed (after imports that take a while),
+    # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _interrupt)
     sock, printable, socket_file = _listener(config)
     pidfile = None
+    status = 0
     try:
         if config.foreground:
             close_stdin_stdout()
@@ -125,14 +130,20 @@ def run_server(config: ServerConfig) -> int:
         _serve(config, sock, printable, log, ready)
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
+    except DaemonError:
+        status = 1  # the parent that is still on the terminal reports why
     finally:
         if socket_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(socket_file)
         if pidfile is not None:
             remove_pidfile(pidfile, os.getpid())
-    log.info("exited", address=printable)
-    return 0
+    log.info("exited", address=printable, status=status)
+    return status
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve(config: ServerConfig, sock: socket.socket, printable: str, log: Any, ready: Any) -> None:

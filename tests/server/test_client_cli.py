@@ -1,0 +1,372 @@
+"""The Client API and the command line against real server processes (SPEC §5)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sbus_relay.client import Client
+from sbus_relay.errors import BusClosed, UsageError
+from tests.support import (
+    VENV_BIN,
+    BusProcess,
+    is_listening,
+    run_cli,
+    short_dir,
+    start_bus,
+    wait_for_text,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+#: Seconds any single wait in these tests may take.
+WAIT = 15.0
+ABSTRACT_RE = re.compile(r"^/dev/unix/abstract/00[0-9a-f]{214}$")
+
+
+class Subscriber:
+    """``sbus-relay sub ...`` in the background, started once it has subscribed."""
+
+    def __init__(self, tmp_path: Path, address: str, *args: str) -> None:
+        self.err = str(tmp_path / f"sub-{time.monotonic_ns()}.err")
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [os.path.join(VENV_BIN, "sbus-relay"), "sub", "-v", "-a", address, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        wait_for_text(self.err, '"subscribed"', WAIT, self.proc)
+
+    def finish(self) -> tuple[int, bytes]:
+        try:
+            out, _ = self.proc.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"sub did not finish; printed {out!r}") from None
+        return self.proc.returncode, out
+
+
+def pub(address: str, key: str, *payload: str, data: bytes | None = None) -> None:
+    done = run_cli("pub", "-a", address, key, *payload, input=data)
+    assert done.returncode == 0, done.stderr
+
+
+# --- pub / sub ----------------------------------------------------------------------
+
+
+def test_pub_sub_round_trip(sbusd: BusProcess, tmp_path: Path) -> None:
+    sub = Subscriber(tmp_path, sbusd.address, "a/*", "z", "--count", "3")
+    pub(sbusd.address, "a/b", "hello world")
+    pub(sbusd.address, "nope", "not for us")
+    pub(sbusd.address, "z", "-", data=b"tab\there\nnul\0bin\xff\\ \xc3\xa9")
+    pub(sbusd.address, "a/c")  # no payload: an empty one
+    status, out = sub.finish()
+    assert status == 0
+    assert out.decode("utf-8").splitlines() == [
+        "a/b\thello world",
+        "z\ttab\\there\\nnul\\0bin\\xff\\\\ é",
+        "a/c\t",
+    ]
+
+
+def test_sub_json(sbusd: BusProcess, tmp_path: Path) -> None:
+    sub = Subscriber(tmp_path, sbusd.address, "", "--json", "--count", "2")
+    pub(sbusd.address, "k/1", "héllo")
+    pub(sbusd.address, "k/2", "-", data=b"\xff\x00\x01")
+    status, out = sub.finish()
+    assert status == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines == [
+        {"key": "k/1", "payload": "héllo", "encoding": "utf-8"},
+        {"key": "k/2", "payload": base64.b64encode(b"\xff\x00\x01").decode(), "encoding": "base64"},
+    ]
+
+
+def test_sub_count_stops_after_n(sbusd: BusProcess, tmp_path: Path) -> None:
+    sub = Subscriber(tmp_path, sbusd.address, "x", "--count", "1")
+    for n in range(3):
+        pub(sbusd.address, "x", str(n))
+    status, out = sub.finish()
+    assert (status, out) == (0, b"x\t0\n")
+
+
+def test_address_from_the_environment(sbusd: BusProcess) -> None:
+    with Client(sbusd.address, timeout=WAIT) as client:
+        client.subscribe("env")
+        client.whoami()
+        env = {**os.environ, "SBUS_ADDRESS": sbusd.address}
+        done = run_cli("pub", "env", "via SBUS_ADDRESS", env=env)
+        assert done.returncode == 0, done.stderr
+        assert client.receive().payload == b"via SBUS_ADDRESS"
+
+
+def test_pub_and_sub_without_a_bus_fail_clearly(short_tmp: Path) -> None:
+    absent = str(short_tmp / "absent")
+    for args in (("pub", "-a", absent, "k", "v"), ("sub", "-a", absent, "k")):
+        done = run_cli(*args)
+        assert done.returncode == 1
+        assert b"cannot connect" in done.stderr
+
+
+def test_pub_refuses_a_payload_over_the_packet_limit(sbusd: BusProcess) -> None:
+    done = run_cli("pub", "-a", sbusd.address, "k", "-", input=b"x" * 409_600)
+    assert done.returncode == 1
+    assert b"limit" in done.stderr
+
+
+# --- the Client API ----------------------------------------------------------------------
+
+
+def test_whoami_buffers_messages_that_arrive_first(sbusd: BusProcess) -> None:
+    with Client(sbusd.address, timeout=WAIT) as client:
+        client.subscribe("")
+        client.publish("mine", "first")
+        credentials = client.whoami()
+        assert re.fullmatch(rf"!/cred/{os.getgid()}/{os.getuid()}/{os.getpid()}", credentials)
+        assert client.buffered == 1
+        message = client.receive()
+        assert (message.control, message.key, message.payload) == (False, b"mine", b"first")
+        assert message.packet == b"MSG mine\0first"
+
+
+def test_receive_times_out(sbusd: BusProcess) -> None:
+    with Client(sbusd.address) as client:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            client.receive(timeout=0.2)
+        assert time.monotonic() - start >= 0.2
+
+
+def test_iter_messages_ends_when_the_bus_stops(sbusd: BusProcess) -> None:
+    with Client(sbusd.address, timeout=WAIT) as client:
+        client.subscribe("k")
+        client.publish("k", "one")
+        client.whoami()
+        assert sbusd.stop() == 0
+        assert [m.payload for m in client.iter_messages()] == [b"one"]
+        with pytest.raises((BusClosed, UsageError)):
+            client.receive()
+
+
+def test_client_refuses_bad_use(sbusd: BusProcess) -> None:
+    client = Client(sbusd.address, timeout=WAIT)
+    with pytest.raises(UsageError):
+        client.flood("blocking/soft/maybe")
+    with pytest.raises(UsageError):
+        client.publish("k", b"x" * 409_600)
+    client.close()
+    client.close()  # idempotent
+    with pytest.raises(UsageError):
+        client.publish("k", "v")
+
+
+def test_cooperative_clients_share_one_thread(sbusd: BusProcess) -> None:
+    import gevent
+
+    with Client(sbusd.address, timeout=WAIT, cooperative=True) as receiver:
+        receiver.subscribe("co")
+        receiver.whoami()
+        waiting = gevent.spawn(receiver.receive)
+        gevent.sleep(0.05)
+        assert not waiting.ready()  # blocked in receive without blocking us
+        with Client(sbusd.address, timeout=WAIT, cooperative=True) as sender:
+            sender.publish("co", "op")
+        assert waiting.get(timeout=WAIT).payload == b"op"
+
+
+# --- serving: addresses, signals, flags ----------------------------------------------------
+
+
+def test_abstract_address_is_printed_and_connectable(tmp_path: Path) -> None:
+    with start_bus(tmp_path, "-a", "/dev/unix/abstract") as bus:
+        assert ABSTRACT_RE.match(bus.address), bus.address
+        with Client(bus.address, timeout=WAIT) as client:
+            client.subscribe("k")
+            client.publish("k", "v")
+            assert client.receive().payload == b"v"
+
+
+def test_fd_listener_is_adopted_and_made_to_listen(tmp_path: Path, short_tmp: Path) -> None:
+    path = str(short_tmp / "inherited")
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    bound.bind(path)  # bound, deliberately not listening
+    fd = bound.fileno()
+    try:
+        with start_bus(tmp_path, "-a", f"/dev/fd/{fd}", pass_fds=[fd]) as bus:
+            assert bus.address == path
+            bound.close()  # only the server holds it now
+            with Client(path, timeout=WAIT) as client:
+                assert client.whoami().startswith("!/cred/")
+            assert bus.stop() == 0
+        # Not ours: the server must not remove a socket file it did not create.
+        assert os.path.exists(path)
+    finally:
+        bound.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signals_stop_cleanly_and_remove_the_socket(tmp_path: Path, sig: int) -> None:
+    bus = start_bus(tmp_path)
+    assert os.path.exists(bus.address)
+    assert bus.stop(sig) == 0
+    assert not os.path.exists(bus.address)
+
+
+def test_exit_when_empty(tmp_path: Path) -> None:
+    for command, flag in (("sbusd", "-c"), ("serve", "-C")):
+        bus = start_bus(tmp_path, flag, command=command)
+        Client(bus.address).close()
+        assert bus.proc.wait(WAIT) == 0, bus.stderr_text()
+        assert not os.path.exists(bus.address)
+        bus.stop()
+
+
+def test_socket_mode_flags(tmp_path: Path) -> None:
+    for flags, mode in (((), 0o700), (("-g",), 0o770), (("-o",), 0o707), (("-go",), 0o777)):
+        with start_bus(tmp_path, *flags) as bus:
+            assert stat.S_IMODE(os.stat(bus.address).st_mode) == mode, flags
+
+
+def test_stale_socket_needs_r(tmp_path: Path, short_tmp: Path) -> None:
+    path = str(short_tmp / "stale")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(path)
+    dead.close()
+    refused = subprocess.run(
+        [os.path.join(VENV_BIN, "sbusd"), "-f", "-a", path],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.decode().count("\n") == 1
+    assert "already exists" in refused.stderr.decode()
+    with start_bus(tmp_path, "-r", "-a", path) as bus, Client(bus.address, timeout=WAIT) as c:
+        assert c.whoami()
+
+
+def test_serve_reads_the_config_and_flags_override_it(tmp_path: Path, short_tmp: Path) -> None:
+    config = tmp_path / "bus.yaml"
+    config.write_text(
+        f"address: {short_tmp / 'from-file'}\ngroup_access: true\ninstance: from-file\n"
+    )
+    with start_bus(tmp_path, "-c", str(config), "--no-group-access", command="serve") as bus:
+        # start_bus passed -a: the flag wins over the file's address
+        assert not os.path.exists(short_tmp / "from-file")
+        assert stat.S_IMODE(os.stat(bus.address).st_mode) == 0o700
+        Client(bus.address).close()
+        # ... and the file's other keys still apply (the instance names every log line)
+        wait_for_text(bus.stderr_path, '"instance": "from-file"', WAIT, bus.proc)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("hard_limit_bytes: 16 potatoes\n", "hard_limit_bytes"),
+        ("nonsense: true\n", "nonsense"),
+        ("max_clients: -1\n", "max_clients"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, yaml_text: str, key: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text)
+    done = run_cli("serve", "-f", "-c", str(config), "-a", str(tmp_path / "never"))
+    assert done.returncode == 2
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert str(config) in lines[0] and key in lines[0]
+    assert not (tmp_path / "never").exists()
+
+
+def test_bad_flag_value_exits_2_naming_the_flag(tmp_path: Path) -> None:
+    done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), "--hard-limit-bytes", "lots")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "sbus-relay serve: command line: --hard-limit-bytes: 'lots' is not a size "
+        "(an integer, or e.g. 64KiB; B/KiB/MiB/GiB)"
+    ]
+
+
+@pytest.mark.parametrize("argv", [["-x"], ["-f", "-p", "/tmp/p"], ["-h"], ["extra"]])
+def test_sbusd_takes_only_the_reference_flags(argv: list[str]) -> None:
+    done = subprocess.run(
+        [os.path.join(VENV_BIN, "sbusd"), *argv],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert b"usage: sbusd [-a ADDRESS] [-f | -p PIDFILE] [-u USER]... [-cgor]" in done.stderr
+
+
+def test_sbusd_combined_short_flags(tmp_path: Path, short_tmp: Path) -> None:
+    path = str(short_tmp / "bus")
+    with start_bus(tmp_path, "-gcra" + path) as bus:
+        assert bus.address == path
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o770
+        Client(path).close()
+        assert bus.proc.wait(WAIT) == 0  # -c took effect too
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path) -> None:
+    directory = short_dir()
+    path, pidfile = os.path.join(directory, "bus"), os.path.join(directory, "pid")
+    with open(tmp_path / "daemon.err", "wb") as err:  # a file: the daemon keeps stderr
+        started = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", pidfile],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+            timeout=WAIT, check=False,
+        )  # fmt: skip
+    log = (tmp_path / "daemon.err").read_text()
+    assert started.returncode == 0, log
+    # The parent exits only once the daemon is ready: no waiting needed here.
+    pid = int(Path(pidfile).read_text())
+    try:
+        assert _alive(pid)
+        assert is_listening(path)
+        with Client(path, timeout=WAIT) as client:
+            assert client.whoami().startswith("!/cred/")
+        with open(f"/proc/{pid}/stat") as stat_file:  # detached: its own session
+            fields = stat_file.read().rsplit(")", 1)[1].split()
+        assert int(fields[3]) != os.getsid(0)
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + WAIT
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(pid)
+    assert not os.path.exists(pidfile)
+    assert not os.path.exists(path)
+    os.rmdir(directory)
+
+
+def test_sbusd_daemon_reports_a_bad_pid_file(tmp_path: Path, short_tmp: Path) -> None:
+    path = str(short_tmp / "bus")
+    with open(tmp_path / "daemon.err", "wb") as err:
+        started = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", "/nonexistent/dir/pid"],
+            stdin=subprocess.DEVNULL, stderr=err, timeout=WAIT, check=False,
+        )  # fmt: skip
+    assert started.returncode == 1
+    assert "pid file" in (tmp_path / "daemon.err").read_text()
+    deadline = time.monotonic() + WAIT
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(path)
