@@ -248,22 +248,81 @@ def test_hard_error_disconnects_only_the_slow_client(
     assert sub.recv_packet() == sent
 
 
-@pytest.mark.timeout(60)
-def test_hard_block_pauses_the_publisher_and_loses_nothing(
-    small: Callable[[], RawClient],
-) -> None:
-    stalled = stalled_client(small, b"fl/", b"blocking/hard/block")
+def blocked_flow(small: Callable[[], RawClient], mode: bytes, count: int) -> tuple[int, int]:
+    """A stalled client in a block ``mode`` holds back a publisher; then it reads.
+
+    Asserts nothing is lost anywhere; returns (messages routed while stalled, how
+    many of them sat in the stalled client's kernel buffer).
+    """
+    stalled = stalled_client(small, b"fl/", mode)
     sub, pub = small(), small()
     sub.cmsg(b"blocking/hard/block")  # so that a lagging reader thread cannot lose any
     sub.sub(b"fl/")
     pub.timeout = 60.0  # its sends are expected to block for a while
-    packets = numbered(b"fl/k", 1000, FLOOD_SIZE)
+    packets = numbered(b"fl/k", count, FLOOD_SIZE)
     reader = Reader(sub, len(packets), timeout=30.0)
     reader.start()
     publisher = threading.Thread(target=send_all, args=(pub, packets), daemon=True)
     publisher.start()
     # Wait until delivery to the live subscriber stops: the server stopped reading
-    # from the publisher because the stalled client is over its hard limit.
+    # from the publisher because of the stalled client.
+    deadline = time.monotonic() + 10
+    last = -1
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if len(reader.got) == last:
+            break
+        last = len(reader.got)
+    routed = len(reader.got)
+    in_kernel = settled_inq(stalled) // len(packets[0])
+    assert routed < len(packets), "nothing was held back"
+    assert publisher.is_alive(), "the publisher was never paused"
+    # The stalled client reads: everything flows again, nothing is lost.
+    got = [stalled.recv_packet(10) for _ in packets]
+    assert got == packets
+    publisher.join(30)
+    assert not publisher.is_alive()
+    assert reader.result() == packets
+    return routed, in_kernel
+
+
+@pytest.mark.timeout(60)
+def test_hard_block_pauses_the_publisher_and_loses_nothing(
+    small: Callable[[], RawClient],
+) -> None:
+    routed, in_kernel = blocked_flow(small, b"blocking/hard/block", 1000)
+    # It blocks only once the hard limit is reached: the queue was used up to it.
+    assert in_kernel + HARD_LIMIT_MESSAGES - 5 <= routed <= in_kernel + HARD_LIMIT_MESSAGES + 2
+
+
+@pytest.mark.timeout(60)
+def test_soft_block_pauses_the_publisher_and_loses_nothing(
+    small: Callable[[], RawClient],
+) -> None:
+    routed, in_kernel = blocked_flow(small, b"blocking/soft/block", 300)
+    # SPEC §4: the publisher waits "until this client's socket has taken the
+    # packet", so (almost) nothing waits in the server's queue.
+    assert routed <= in_kernel + 2, f"{routed} routed, {in_kernel} in the kernel"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [b"blocking/hard/block", b"blocking/soft/block"])
+def test_blocking_client_that_leaves_releases_the_publisher(
+    small: Callable[[], RawClient], mode: bytes
+) -> None:
+    # Not spelled out by the SPEC, but what any user expects: a paused publisher
+    # resumes when the client it waited for disconnects, and nothing is lost for
+    # the others.
+    stalled = stalled_client(small, b"fl/", mode)
+    sub, pub = small(), small()
+    sub.cmsg(b"blocking/hard/block")
+    sub.sub(b"fl/")
+    pub.timeout = 60.0
+    packets = numbered(b"fl/k", 600, FLOOD_SIZE)
+    reader = Reader(sub, len(packets), timeout=30.0)
+    reader.start()
+    publisher = threading.Thread(target=send_all, args=(pub, packets), daemon=True)
+    publisher.start()
     deadline = time.monotonic() + 10
     last = -1
     while time.monotonic() < deadline:
@@ -272,13 +331,52 @@ def test_hard_block_pauses_the_publisher_and_loses_nothing(
             break
         last = len(reader.got)
     assert len(reader.got) < len(packets), "nothing was held back"
-    assert publisher.is_alive(), "the publisher was never paused"
-    # The stalled client reads: everything flows again, nothing is lost.
-    got = [stalled.recv_packet(10) for _ in packets]
-    assert got == packets
+    stalled.close()
+    assert reader.result() == packets
     publisher.join(30)
     assert not publisher.is_alive()
-    assert reader.result() == packets
+    pub.sync()
+
+
+@pytest.mark.timeout(60)
+def test_hard_limit_counts_bytes(small: Callable[[], RawClient]) -> None:
+    # 100 KiB messages: the 1,000,000-byte limit binds long before 100 messages.
+    stalled = stalled_client(small, b"fl/", b"blocking/hard/discard")
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", 60, 100 * 1024)
+    assert publish_lockstep(pub, sub, packets, window=1) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert not closed
+    _, queued = split_kernel_part(got, inq)
+    assert got == packets[: len(got)]
+    limit = HARD_LIMIT_BYTES // len(packets[0])
+    assert limit - 1 <= len(queued) <= limit + 1, f"{len(queued)} queued, limit {limit}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "modes",
+    [(), (b"blocking/soft/discard", b"blocking/soft/queue")],
+    ids=["defaults", "last-mode-wins"],
+)
+def test_default_soft_queue_hard_discard(
+    small: Callable[[], RawClient], modes: tuple[bytes, ...]
+) -> None:
+    # SPEC §4: soft/queue and hard/discard are the defaults; the sbus-README says
+    # the most recently sent control message takes precedence.
+    stalled = stalled_client(small, b"fl/", *modes)
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", 400, FLOOD_SIZE)
+    assert publish_lockstep(pub, sub, packets) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    assert not closed
+    _, queued = split_kernel_part(got, inq)
+    assert got == packets[: len(got)]
+    assert HARD_LIMIT_MESSAGES - 5 <= len(queued) <= HARD_LIMIT_MESSAGES + 1
 
 
 @pytest.mark.timeout(60)

@@ -84,25 +84,30 @@ def test_150_kib_message_arrives_intact(connect: Callable[[], RawClient]) -> Non
     assert sub.recv_packet() == sent
 
 
-def test_packet_of_exactly_409600_bytes_is_legal(connect: Callable[[], RawClient]) -> None:
-    # SPEC §1: 409,600 bytes is the limit, so a packet of exactly that size is fine.
+@pytest.mark.parametrize("size", [212_000, 300_000, 409_600])
+def test_large_legal_packets_are_forwarded(connect: Callable[[], RawClient], size: int) -> None:
+    # SPEC §1: up to 409,600 bytes is legal (the reference limit), so a packet of
+    # exactly that size -- and anything between the default socket buffer (~208 KiB)
+    # and it -- must reach the subscriber intact, and nobody is disconnected.
     sub, pub = connect(), connect()
     pub.grow_sndbuf()
     sub.sub(b"max/")
     head = b"MSG max/x\0"
-    sent = pub.pub(b"max/x", os.urandom(409_600 - len(head)))
-    assert len(sent) == 409_600
+    sent = pub.pub(b"max/x", os.urandom(size - len(head)))
+    assert len(sent) == size
     assert sub.recv_packet() == sent
-    pub.sync()  # the publisher is still connected
+    sub.sync()
+    pub.sync()
 
 
+@pytest.mark.parametrize("size", [409_601, 1_000_000])
 def test_packet_over_409600_bytes_disconnects_only_its_sender(
-    connect: Callable[[], RawClient],
+    connect: Callable[[], RawClient], size: int
 ) -> None:
     big, sub, other = connect(), connect(), connect()
     fenced(sub, b"")
-    big.grow_sndbuf()
-    big.pub(b"huge/x", b"\xab" * (409_601 - len(b"MSG huge/x\0")))
+    big.grow_sndbuf(4 << 20)
+    big.pub(b"huge/x", b"\xab" * (size - len(b"MSG huge/x\0")))
     leftovers = big.expect_closed()
     assert leftovers == []
     # The oversized packet was not forwarded (it would precede the fence)...

@@ -70,6 +70,22 @@ def test_empty_credential_fields_are_filled_in(
     assert sub.recv_packet() == FENCE_PACKET
 
 
+def test_unsub_of_a_secret_pattern_with_empty_fields(connect: Callable[[], RawClient]) -> None:
+    # SPEC §3 fills empty fields in before storing the pattern.  A user would expect
+    # UNSUB with the very text they subscribed with to undo the SUB (and the filled-in
+    # form to name the same subscription); either way the client stays connected.
+    gid, uid, pid = own_creds()
+    sub, pub = connect(), connect()
+    fenced(sub, b"!/cred///%d/a" % pid, b"!/cred///%d/b" % pid)
+    key_a, key_b = secret_key(b"a"), secret_key(b"b")
+    sub.unsub(b"!/cred///%d/a" % pid)  # the text as subscribed
+    sub.unsub(b"!/cred/%d/%d/%d/b" % (gid, uid, pid))  # the filled-in form
+    pub.pub(key_a, b"1")
+    pub.pub(key_b, b"2")
+    pub.pub(FENCE, b"end")
+    assert sub.recv_packet() == FENCE_PACKET
+
+
 def test_secret_for_someone_else_is_not_delivered_to_own_secret_pattern(
     connect: Callable[[], RawClient],
 ) -> None:

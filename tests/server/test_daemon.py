@@ -1,0 +1,348 @@
+"""The ``sbusd`` command as a drop-in for the reference daemon (SPEC §3, §5)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.server.rawclient import (
+    RawClient,
+    connect_address,
+    wait_accepting,
+)
+from tests.support import VENV_BIN, short_dir, start_bus
+
+pytestmark = pytest.mark.timeout(30)
+
+NOBODY = 65534
+
+
+def pubsub_works(address: str | bytes) -> None:
+    """A subscriber gets a publisher's message through ``address``."""
+    with RawClient(address) as sub, RawClient(address) as pub:
+        sub.sub(b"d/")
+        sent = pub.pub(b"d/x", b"\0hello\xff")
+        assert sub.recv_packet() == sent
+
+
+# --- -c -------------------------------------------------------------------------
+
+
+def test_c_exits_zero_once_the_last_client_has_gone(tmp_path: Path) -> None:
+    bus = start_bus(tmp_path, "-c")
+    try:
+        first, second = RawClient(bus.address), RawClient(bus.address)
+        first.sync()
+        second.sync()
+        first.close()
+        # One client left: still serving.
+        second.sync()
+        assert bus.proc.poll() is None
+        second.close()
+        assert bus.proc.wait(10) == 0
+        # As a user would expect from a clean exit: no stale socket file left.
+        assert not os.path.exists(bus.address)
+    finally:
+        bus.stop(signal.SIGKILL)
+
+
+def test_without_c_the_server_outlives_its_clients(tmp_path: Path) -> None:
+    bus = start_bus(tmp_path)
+    try:
+        RawClient(bus.address).close()
+        with RawClient(bus.address) as client:
+            client.sync()
+        with RawClient(bus.address) as client:
+            assert client.whoami()
+        assert bus.proc.poll() is None
+    finally:
+        assert bus.stop(signal.SIGTERM) == 0
+
+
+# --- socket modes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "mode"),
+    [((), 0o700), (("-g",), 0o770), (("-o",), 0o707), (("-go",), 0o777), (("-g", "-o"), 0o777)],
+    ids=["default", "g", "o", "go", "g-o"],
+)
+def test_socket_mode(tmp_path: Path, flags: tuple[str, ...], mode: int) -> None:
+    bus = start_bus(tmp_path, *flags)
+    try:
+        st = os.stat(bus.address)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == mode, oct(stat.S_IMODE(st.st_mode))
+    finally:
+        bus.stop(signal.SIGTERM)
+
+
+# --- -u -------------------------------------------------------------------------
+
+
+def whoami_as_nobody(address: str) -> str:
+    """Fork a child that drops to uid/gid 65534 and asks whoami; report what happened."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only plain system calls, then _exit
+        result = "child-error"
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            result = _probe_whoami(address)
+        except BaseException as exc:
+            result = f"child-error {exc!r}"
+        finally:
+            os.write(write_end, result.encode("latin-1"))
+            os._exit(0)
+    os.close(write_end)
+    try:
+        chunks = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read_end], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(read_end, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode("latin-1")
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+
+
+def _probe_whoami(address: str) -> str:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(2.0)
+    try:
+        sock.connect(address)
+    except OSError as exc:
+        return f"connect-failed {exc.errno}"
+    try:
+        sock.send(b"CMSG !/cred/whoami")
+        data = sock.recv(409_601)
+    except TimeoutError:
+        return "no-answer"
+    except OSError as exc:
+        return f"closed {exc.errno}"
+    if not data:
+        return "closed eof"
+    return f"answer {os.getpid()} " + data.decode("latin-1")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
+def test_u_refuses_other_users(tmp_path: Path) -> None:
+    bus = start_bus(tmp_path, "-o", "-u", "root")
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)  # let uid 65534 reach the socket
+        with RawClient(bus.address) as root_client:  # root is allowed
+            assert root_client.whoami()
+        result = whoami_as_nobody(bus.address)
+        assert result.startswith(("connect-failed", "closed", "no-answer")), result
+        assert bus.proc.poll() is None
+    finally:
+        bus.stop(signal.SIGTERM)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
+def test_without_u_other_users_connect(tmp_path: Path) -> None:
+    # The control case of the test above: the same child gets in without -u.
+    bus = start_bus(tmp_path, "-o")
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        result = whoami_as_nobody(bus.address)
+        assert result.startswith("answer "), result
+        _, child_pid, reply = result.split(" ", 2)
+        assert reply == f"CMSG !/cred/whoami\0!/cred/{NOBODY}/{NOBODY}/{child_pid}"
+    finally:
+        bus.stop(signal.SIGTERM)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
+def test_u_accepts_a_listed_uid(tmp_path: Path) -> None:
+    # SPEC §5: -u is repeatable, and takes a name or a uid.
+    bus = start_bus(tmp_path, "-o", "-u", "root", "-u", str(NOBODY))
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        assert whoami_as_nobody(bus.address).startswith("answer "), bus.stderr_text()[-2000:]
+    finally:
+        bus.stop(signal.SIGTERM)
+
+
+# --- signals --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=str)
+def test_signal_removes_socket_and_exits_zero(tmp_path: Path, sig: int) -> None:
+    bus = start_bus(tmp_path)
+    try:
+        with RawClient(bus.address) as client:
+            client.sub(b"x/")  # a connected client must not hold up the exit
+            assert os.path.exists(bus.address)
+            bus.proc.send_signal(sig)
+            assert bus.proc.wait(10) == 0
+        assert not os.path.exists(bus.address)
+    finally:
+        bus.stop(signal.SIGKILL)
+
+
+# --- addresses ------------------------------------------------------------------
+
+ABSTRACT = "/dev/unix/abstract/"
+
+
+def test_abstract_address_is_printed_and_works(tmp_path: Path) -> None:
+    bus = start_bus(tmp_path, "-a", "/dev/unix/abstract")
+    try:
+        printed = bus.address
+        assert printed.startswith(ABSTRACT), printed
+        hex_name = printed[len(ABSTRACT) :]
+        assert len(hex_name) == 216, hex_name
+        name = bytes.fromhex(hex_name)
+        assert name[0] == 0, "an abstract name starts with NUL"
+        assert connect_address(printed) == name
+        pubsub_works(name)
+    finally:
+        assert bus.stop(signal.SIGTERM) == 0
+
+
+def test_given_abstract_address_works(tmp_path: Path) -> None:
+    name = b"\0sbus-test-" + os.urandom(8).hex().encode()
+    name = name.ljust(108, b"\0")
+    bus = start_bus(tmp_path, "-a", ABSTRACT + name.hex())
+    try:
+        pubsub_works(name)
+    finally:
+        assert bus.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
+def test_inherited_fd_address(listening: bool) -> None:
+    directory = short_dir()
+    path = os.path.join(directory, "fd.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    if listening:
+        listener.listen(16)
+    fd = listener.fileno()
+    err_path = os.path.join(directory, "stderr")
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [os.path.join(VENV_BIN, "sbusd"), "-f", "-a", f"/dev/fd/{fd}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=(fd,),
+        )
+    listener.close()  # only the server's copy is left
+    try:
+        wait_accepting(path, proc)
+        pubsub_works(path)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        status = proc.wait(10)
+    assert status == 0, Path(err_path).read_text(errors="replace")[-2000:]
+
+
+# --- -r and stale sockets -----------------------------------------------------
+
+
+def stale_socket() -> str:
+    path = os.path.join(short_dir(), "stale.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(path)
+    dead.close()  # the file stays, nobody listens: a stale socket
+    return path
+
+
+def test_r_removes_a_stale_socket(tmp_path: Path) -> None:
+    path = stale_socket()
+    bus = start_bus(tmp_path, "-r", "-a", path)
+    try:
+        pubsub_works(path)
+    finally:
+        assert bus.stop(signal.SIGTERM) == 0
+
+
+def test_without_r_a_stale_socket_is_not_clobbered() -> None:
+    # The reference sbusd fails to bind over an existing file without -r; a user
+    # would expect a clear non-zero exit rather than a silent takeover.
+    path = stale_socket()
+    result = subprocess.run(
+        [os.path.join(VENV_BIN, "sbusd"), "-f", "-a", path],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=15,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert os.path.exists(path)
+
+
+# --- daemonising ------------------------------------------------------------------
+
+
+def test_daemon_writes_pidfile_and_cleans_up_on_sigterm() -> None:
+    directory = short_dir()
+    path = os.path.join(directory, "bus")
+    pidfile = os.path.join(directory, "sbusd.pid")
+    err_path = os.path.join(directory, "stderr")
+    # The daemon may keep stderr for its logs, so give it a file, not a pipe.
+    with open(err_path, "wb") as err:
+        result = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", pidfile],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=15,
+            check=False,
+        )
+    assert result.returncode == 0, Path(err_path).read_text(errors="replace")[-2000:]
+    pid = 0
+    try:
+        deadline = time.monotonic() + 10
+        while not (os.path.exists(pidfile) and Path(pidfile).read_text().strip()):
+            assert time.monotonic() < deadline, "no pid file"
+            time.sleep(0.02)
+        pid = int(Path(pidfile).read_text().strip())
+        os.kill(pid, 0)  # alive
+        wait_accepting(path, None)
+        pubsub_works(path)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while os.path.exists(pidfile) or os.path.exists(path):
+            assert time.monotonic() < deadline, "pid file or socket left behind"
+            time.sleep(0.02)
+        while _alive(pid):
+            assert time.monotonic() < deadline, "daemon did not exit"
+            time.sleep(0.02)
+        pid = 0
+    finally:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited as far as we care.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
