@@ -1,0 +1,27 @@
+"""Entry point for ``spark-submit``: the ``analyze`` command as a script.
+
+    spark-submit --master spark://host:7077 sbus_relay/pipeline/submit.py \\
+        /shared/captures --out /shared/report
+
+Takes exactly the options of ``sbus-relay analyze``; without ``--master`` the
+master given to spark-submit is kept.  Only the driver runs Python here (the job
+uses built-in Spark SQL functions), so executors need no sbus_relay install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the analyze options and run the job (the script's whole life)."""
+    from sbus_relay.commands import analyze
+
+    parser = argparse.ArgumentParser(prog="submit.py", description="sbus capture analysis")
+    analyze.add_arguments(parser)
+    return analyze.run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
