@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "pub": "sbus_relay.commands.pub",
     "sub": "sbus_relay.commands.sub",
     "bench": "sbus_relay.commands.bench",
+    "record": "sbus_relay.commands.record",
+    "analyze": "sbus_relay.commands.analyze",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).

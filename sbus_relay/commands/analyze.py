@@ -20,7 +20,7 @@ LOCAL_SHUFFLE_PARTITIONS = "8"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (the CLI owns parsing)."""
-    from sbus_relay.pipeline import analyze as A  # light: pyspark is imported lazily there
+    from sbus_relay.pipeline import defaults as A  # no pyspark, no pyarrow
 
     parser.add_argument(
         "captures",

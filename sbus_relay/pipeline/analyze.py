@@ -26,21 +26,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .capture import CAPTURE_SUFFIX
+from .defaults import (
+    CAPTURE_SUFFIX,
+    DEFAULT_BURST_FACTOR,
+    DEFAULT_BURST_MIN_MESSAGES,
+    DEFAULT_DEPTH,
+    DEFAULT_TOP,
+    DEFAULT_WINDOW_SECONDS,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: Default prefix depth: ``service/topic`` is the usual key family in practice.
-DEFAULT_DEPTH = 2
-#: Default window, seconds: minute resolution reads well over hours to days.
-DEFAULT_WINDOW_SECONDS = 60.0
-#: Default number of top keys kept (by messages and by bytes).
-DEFAULT_TOP = 20
-#: Default burst threshold as a multiple of the median window.
-DEFAULT_BURST_FACTOR = 4.0
-#: Default floor for a burst, so that 1 -> 4 messages is not called a burst.
-DEFAULT_BURST_MIN_MESSAGES = 10
 #: Payload size percentiles reported.
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Most prefixes drawn as separate series in charts; the rest are summed as "(other)".

@@ -27,20 +27,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-#: Suffix of finished capture files; the only ones the analyser reads.
-CAPTURE_SUFFIX = ".parquet"
-#: Suffix of the file being written; renamed to CAPTURE_SUFFIX on close.
-PARTIAL_SUFFIX = ".parquet.partial"
+from .defaults import CAPTURE_SUFFIX, PARTIAL_SUFFIX, ROTATE_BYTES, ROTATE_SECONDS
+
 #: Parquet compression codec: zstd compresses keys and payloads well at low CPU cost.
 COMPRESSION = "zstd"
 #: Rows buffered before a row group is written; bounds memory and sets scan granularity.
 ROW_GROUP_ROWS = 65_536
 #: Payload bytes buffered before a row group is written; bounds memory with big payloads.
 ROW_GROUP_BYTES = 32 * 1024 * 1024
-#: Default rotation size: large enough for efficient Spark scans, small enough to copy.
-ROTATE_BYTES = 256 * 1024 * 1024
-#: Default rotation age, seconds: a crash loses at most this much (the open file).
-ROTATE_SECONDS = 300.0
 #: Longest instance-derived part of a file name; keeps names under NAME_MAX.
 MAX_NAME_PART = 64
 

@@ -1,0 +1,157 @@
+"""Record bus traffic to rotating Parquet files: sbus-relay record [PATTERN...] --out DIR.
+
+Subscribes to the patterns (default ``""``: everything that is not secret; the
+server never delivers ``!/cred/`` keys through it, SPEC §3) and writes zstd
+Parquet files (receive time in ns, key, payload size, payload, instance),
+rotated by size and age.  SIGINT/SIGTERM finish the open file cleanly; a crash
+leaves only a ``*.parquet.partial`` file, which ``analyze`` ignores.
+
+pyarrow is imported in ``run`` only: it is the optional ``spark`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from ..pipeline import defaults as D
+from . import add_address_argument, bus_address
+
+if TYPE_CHECKING:
+    from ..pipeline.recorder import Recorder
+
+#: Multipliers of the --rotate-size suffixes.
+SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+#: Exit status when the bus goes away under the recorder.
+EXIT_BUS_CLOSED = 1
+
+
+def _size(text: str) -> int:
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in SIZE_SUFFIXES and t[-1:] else ""
+    try:
+        value = int(float(t[: len(t) - len(unit)]) * SIZE_SUFFIXES[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 256M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the command's options (the CLI owns parsing)."""
+    add_address_argument(parser)
+    parser.add_argument(
+        "patterns",
+        nargs="*",
+        metavar="PATTERN",
+        help='routing key patterns (default: "", everything not secret)',
+    )
+    parser.add_argument(
+        "--out",
+        default="captures",
+        metavar="DIR",
+        help="directory for the capture files (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-payload", action="store_true", help="record sizes only, not payload bytes"
+    )
+    parser.add_argument(
+        "--rotate-size",
+        type=_size,
+        default=D.ROTATE_BYTES,
+        metavar="SIZE",
+        help="start a new file after this many bytes (default 256M)",
+    )
+    parser.add_argument(
+        "--rotate-seconds",
+        type=_positive_float,
+        default=D.ROTATE_SECONDS,
+        metavar="SEC",
+        help="... or after this many seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="bus instance name stored in every row (default HOST:ADDRESS)",
+    )
+    parser.add_argument(
+        "--duration", type=_positive_float, metavar="SEC", help="stop after this many seconds"
+    )
+    parser.add_argument("-n", "--count", type=int, metavar="N", help="stop after N messages")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+
+
+def _progress_line(recorder: Recorder) -> None:
+    s = recorder.writer.stats
+    elapsed = max(1e-9, time.monotonic() - recorder.status.started)
+    line = (
+        f"\r{s.messages:,} msgs  {s.payload_bytes / 1048576:,.1f} MiB  "
+        f"{s.messages / elapsed:,.0f} msg/s  {s.files_closed} files done  "
+        f"{os.path.basename(s.current_file) or '(idle)'}"
+    )
+    sys.stderr.write(line[:200] + "\033[K")
+    sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record until SIGINT/SIGTERM, --duration or --count; 0 on a clean stop."""
+    from ..addresses import parse_address
+    from ..errors import BusClosed
+    from ..pipeline.capture import RotatingCaptureWriter
+    from ..pipeline.recorder import Recorder
+
+    text = bus_address(args)
+    address = parse_address(text)
+    instance = args.instance or f"{socket.gethostname()}:{text}"
+    writer = RotatingCaptureWriter(
+        args.out,
+        instance=instance,
+        keep_payload=not args.no_payload,
+        rotate_bytes=args.rotate_size,
+        rotate_seconds=args.rotate_seconds,
+    )
+    recorder = Recorder(address, args.patterns or [""], writer)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()  # the loop sees it within one receive tick and closes the file
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    show = not args.quiet and sys.stderr.isatty()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        recorder.run(
+            stop,
+            progress=_progress_line if show else None,
+            max_messages=args.count,
+            deadline=deadline,
+        )
+    except BusClosed as exc:
+        print(f"\nsbus-relay record: {exc}", file=sys.stderr)
+        return EXIT_BUS_CLOSED
+    finally:
+        if show:
+            sys.stderr.write("\n")
+    s = writer.stats
+    print(
+        f"recorded {s.messages:,} messages ({s.payload_bytes:,} payload bytes) "
+        f"in {s.files_closed} file(s) under {args.out}",
+        file=sys.stderr,
+    )
+    return 0

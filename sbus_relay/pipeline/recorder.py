@@ -1,0 +1,102 @@
+"""The recorder: a bus client that writes what it receives into capture files.
+
+One blocking loop owns one ``Client`` and one ``RotatingCaptureWriter``: receive
+with a short timeout, append, and on each timeout rotate an old file and look at
+the stop flag.  Memory is bounded by the writer's row group; the server queues
+for us (SPEC §4: soft/queue, then hard/discard past 16 MiB) if we fall behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..addresses import Address
+from ..client import Client
+from .capture import RotatingCaptureWriter, decode_key
+
+if TYPE_CHECKING:
+    import threading
+
+#: Receive timeout, seconds: how soon a stop request or a due rotation is seen.
+TICK_SECONDS = 0.25
+#: Seconds to wait for the whoami reply that proves our SUBs are in place.
+READY_TIMEOUT = 5.0
+#: Seconds between progress callbacks (the terminal progress line).
+PROGRESS_INTERVAL = 0.5
+
+
+@dataclass
+class RecorderStatus:
+    """Live numbers for the progress line."""
+
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    control_messages: int = 0
+
+
+class Recorder:
+    """Subscribe to ``patterns`` on the bus at ``address`` and feed ``writer``."""
+
+    def __init__(
+        self,
+        address: str | Address,
+        patterns: Sequence[str | bytes],
+        writer: RotatingCaptureWriter,
+    ) -> None:
+        self.address = address
+        self.patterns = list(patterns)
+        self.writer = writer
+        self.status = RecorderStatus()
+
+    def run(
+        self,
+        stop: threading.Event | Callable[[], bool],
+        *,
+        progress: Callable[[Recorder], None] | None = None,
+        ready: threading.Event | None = None,
+        max_messages: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Record until ``stop`` is set, ``max_messages`` are written, the monotonic
+        ``deadline`` passes, or the bus closes (``BusClosed`` propagates).
+
+        The open file is always finished (renamed to ``*.parquet``) on the way out.
+        """
+        should_stop = stop.is_set if hasattr(stop, "is_set") else stop
+        writer = self.writer
+        next_progress = 0.0
+        try:
+            with Client(self.address) as client:
+                for pattern in self.patterns:
+                    client.subscribe(pattern)
+                # The server handles one client's packets in order: the whoami
+                # reply means every SUB above is in place.
+                client.whoami(timeout=READY_TIMEOUT)
+                self.status.ready = True
+                if ready is not None:
+                    ready.set()
+                while not should_stop():
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        break
+                    if progress is not None and now >= next_progress:
+                        progress(self)
+                        next_progress = now + PROGRESS_INTERVAL
+                    try:
+                        message = client.receive(TICK_SECONDS)
+                    except TimeoutError:
+                        writer.tick()
+                        continue
+                    if message.control:
+                        self.status.control_messages += 1
+                        continue
+                    writer.append(time.time_ns(), decode_key(message.key), message.payload)
+                    if max_messages is not None and writer.stats.messages >= max_messages:
+                        break
+        finally:
+            writer.close()
+            if progress is not None:
+                progress(self)
