@@ -292,6 +292,24 @@ def test_without_r_a_stale_socket_is_not_clobbered() -> None:
     assert os.path.exists(path)
 
 
+def test_r_does_not_take_over_a_live_bus(tmp_path: Path) -> None:
+    # "-r remove a *stale* socket file": a user would expect a second server to
+    # leave a live bus alone (fail), not steal its address.
+    first = start_bus(tmp_path)
+    try:
+        result = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-f", "-r", "-a", first.address],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=15,
+            check=False,
+        )
+        assert result.returncode != 0
+        pubsub_works(first.address)
+    finally:
+        assert first.stop(signal.SIGTERM) == 0
+
+
 # --- daemonising ------------------------------------------------------------------
 
 
@@ -333,6 +351,52 @@ def test_daemon_writes_pidfile_and_cleans_up_on_sigterm() -> None:
     finally:
         if pid and _alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone() -> None:
+    # SPEC §5: "/dev/null for none" -- and it must survive the daemon's cleanup.
+    path = os.path.join(short_dir(), "bus")
+    result = subprocess.run(
+        [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", "/dev/null"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=15,
+        check=False,
+    )
+    assert result.returncode == 0
+    pid = _owner_of(path)
+    try:
+        pubsub_works(path)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(pid):
+            assert time.monotonic() < deadline, "daemon did not exit"
+            time.sleep(0.02)
+        pid = 0
+        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+        assert not os.path.exists(path)
+    finally:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _owner_of(path: str) -> int:
+    """The pid of the daemon started with ``-a path`` (found through /proc).
+
+    Not SO_PEERCRED: that names whoever called listen(), which was before the fork.
+    """
+    wanted = os.fsencode(path)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in argv and _alive(int(entry)):
+            return int(entry)
+    raise AssertionError(f"no process serves {path}")
 
 
 def _alive(pid: int) -> bool:

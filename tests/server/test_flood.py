@@ -339,6 +339,39 @@ def test_blocking_client_that_leaves_releases_the_publisher(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [b"blocking/hard/block", b"blocking/soft/block"])
+def test_block_mode_client_flooding_itself_stays_bounded(
+    small: Callable[[], RawClient], mode: bytes
+) -> None:
+    # SPEC §4: "Nothing grows without bound", and the hard limit bounds every
+    # client's queue.  A client in a block mode that echoes its own flood to itself
+    # and never reads must not make its queue grow past the limit: the server may
+    # stop reading from it (its sends then block) or drop, but not queue forever.
+    me = small()
+    me.shrink_rcvbuf()
+    me.cmsg(mode)
+    me.sub(b"self/")
+    me.timeout = 2.0  # a send that blocks this long means the server stopped reading
+    packets = numbered(b"self/k", 1000, FLOOD_SIZE)
+    sent = 0
+    try:
+        for packet in packets:
+            me.send(packet)
+            sent += 1
+    except TimeoutError:
+        pass
+    in_kernel = settled_inq(me) // len(packets[0])
+    got, _ = drain(me)
+    # What it can get: its kernel backlog, a queue up to the limit, and what was
+    # still waiting unread in its own send buffer (~50 at most with 4 KiB packets).
+    bound = in_kernel + HARD_LIMIT_MESSAGES + 60
+    assert len(got) <= bound, (
+        f"sent {sent}, received {len(got)}: the server queued past the hard limit "
+        f"({in_kernel} in the kernel, limit {HARD_LIMIT_MESSAGES})"
+    )
+
+
+@pytest.mark.timeout(60)
 def test_hard_limit_counts_bytes(small: Callable[[], RawClient]) -> None:
     # 100 KiB messages: the 1,000,000-byte limit binds long before 100 messages.
     stalled = stalled_client(small, b"fl/", b"blocking/hard/discard")
