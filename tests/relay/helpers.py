@@ -62,6 +62,17 @@ class Bus:
             argv += ["--upstream", upstream]
         self.process: BusProcess = start_bus(tmp_path, *argv, *args, command="serve")
         self.address = address
+        # serve binds the bus socket first and starts /metrics a moment later
+        wait_until(self._metrics_up, f"/metrics of {address}")
+
+    def _metrics_up(self) -> bool:
+        if self.process.proc.poll() is not None:
+            raise AssertionError(f"{self.address} exited:\n{self.log()}")
+        try:
+            self.metrics()
+        except OSError:
+            return False
+        return True
 
     @property
     def pid(self) -> int:
@@ -89,7 +100,9 @@ class Bus:
 
     def wait_log(self, needle: str, timeout: float = WAIT) -> None:
         """Wait until the server has logged ``needle`` (an event name)."""
-        wait_until(lambda: needle in self.log(), f"{needle!r} in the log of {self.address}", timeout)
+        wait_until(
+            lambda: needle in self.log(), f"{needle!r} in the log of {self.address}", timeout
+        )
 
     def wait_metric(self, name: str, value: float, timeout: float = WAIT) -> None:
         """Wait until a sample equals ``value``; the failure shows the last value."""
