@@ -135,9 +135,16 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     show = not args.quiet and sys.stderr.isatty()
     deadline = None if args.duration is None else time.monotonic() + args.duration
+
+    def on_ready() -> None:
+        if not args.quiet:
+            patterns = " ".join(repr(p) for p in recorder.patterns)
+            print(f"recording {patterns} on {text} into {args.out}", file=sys.stderr, flush=True)
+
     try:
         recorder.run(
             stop,
+            on_ready=on_ready,
             progress=_progress_line if show else None,
             max_messages=args.count,
             deadline=deadline,

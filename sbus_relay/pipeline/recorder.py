@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 TICK_SECONDS = 0.25
 #: Seconds to wait for the whoami reply that proves our SUBs are in place.
 READY_TIMEOUT = 5.0
+#: On stop, keep recording until the bus is quiet this long (seconds): messages
+#: already on their way to us when the signal came are not lost.
+DRAIN_QUIET = 0.1
+#: ... but drain for no longer than this (seconds): a busy bus never goes quiet.
+DRAIN_MAX = 2.0
 #: Seconds between progress callbacks (the terminal progress line).
 PROGRESS_INTERVAL = 0.5
 
@@ -56,12 +61,14 @@ class Recorder:
         stop: threading.Event | Callable[[], bool],
         *,
         progress: Callable[[Recorder], None] | None = None,
-        ready: threading.Event | None = None,
+        on_ready: Callable[[], None] | None = None,
         max_messages: int | None = None,
         deadline: float | None = None,
     ) -> None:
         """Record until ``stop`` is set, ``max_messages`` are written, the monotonic
         ``deadline`` passes, or the bus closes (``BusClosed`` propagates).
+
+        ``on_ready`` is called once the subscriptions are in place.
 
         The open file is always finished (renamed to ``*.parquet``) on the way out.
         """
@@ -76,8 +83,8 @@ class Recorder:
                 # reply means every SUB above is in place.
                 client.whoami(timeout=READY_TIMEOUT)
                 self.status.ready = True
-                if ready is not None:
-                    ready.set()
+                if on_ready is not None:
+                    on_ready()
                 while not should_stop():
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
@@ -96,7 +103,20 @@ class Recorder:
                     writer.append(time.time_ns(), decode_key(message.key), message.payload)
                     if max_messages is not None and writer.stats.messages >= max_messages:
                         break
+                else:
+                    self._drain(client)
         finally:
             writer.close()
             if progress is not None:
                 progress(self)
+
+    def _drain(self, client: Client) -> None:
+        """After a stop request: record what is already in flight, briefly."""
+        end = time.monotonic() + DRAIN_MAX
+        while time.monotonic() < end:
+            try:
+                message = client.receive(DRAIN_QUIET)
+            except TimeoutError:
+                return
+            if not message.control:
+                self.writer.append(time.time_ns(), decode_key(message.key), message.payload)
