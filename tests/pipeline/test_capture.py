@@ -20,6 +20,8 @@ from sbus_relay.pipeline.capture import (
 
 pytestmark = pytest.mark.timeout(60)
 
+INST = "host:/run/sbus.socket"
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -37,7 +39,7 @@ def rows(directory: Path) -> list[dict[str, object]]:
 
 
 def test_rows_round_trip_with_exact_sizes(tmp_path: Path) -> None:
-    with RotatingCaptureWriter(tmp_path, instance="host:/run/sbus.socket") as w:
+    with RotatingCaptureWriter(tmp_path, instance=INST) as w:
         w.append(1, "a/b", b"")
         w.append(2, "a/c", b"x" * 409_590)
         w.append(3, decode_key(b"bad\xff/key"), b"\x00\x01")
@@ -47,11 +49,11 @@ def test_rows_round_trip_with_exact_sizes(tmp_path: Path) -> None:
     assert pq.read_metadata(f).row_group(0).column(0).compression == "ZSTD"
     assert table.to_pylist() == [
         {"time_ns": 1, "key": "a/b", "size": 0, "payload": b"",
-         "instance": "host:/run/sbus.socket"},
+         "instance": INST},
         {"time_ns": 2, "key": "a/c", "size": 409_590, "payload": b"x" * 409_590,
-         "instance": "host:/run/sbus.socket"},
+         "instance": INST},
         {"time_ns": 3, "key": "bad\\xff/key", "size": 2, "payload": b"\x00\x01",
-         "instance": "host:/run/sbus.socket"},
+         "instance": INST},
     ]  # fmt: skip
     assert not list(tmp_path.glob("*.partial"))
 
