@@ -13,7 +13,7 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 #: Programs built from ``<name>.c``; ``sbus_addr.h`` is shared by both.
 PROGRAMS = ("loadgen", "forwarder")
-HEADERS = ("sbus_addr.h",)
+HEADERS: tuple[str, ...] = ()
 CFLAGS = ("-O2", "-Wall", "-Wextra")
 #: Seconds one gcc run may take.
 COMPILE_TIMEOUT = 120.0

@@ -3,11 +3,12 @@
  *   forwarder ADDRESS
  *
  * The least a bus can do: accept SOCK_SEQPACKET clients (epoll, one thread),
- * make a client a subscriber when its first packet starts with "SUB ", and
+ * make a client a subscriber of everything at its first "SUB " packet, and
  * send every "MSG " packet to every subscriber with a blocking send.  No
  * routing, no queues, no flood control: a subscriber that stops reading
- * stalls everything (like the reference sbusd).  Any "CMSG " packet is
- * answered with "CMSG <key>\0" so that loadgen's whoami barrier works.
+ * stalls everything (like the reference sbusd).  "CMSG !/cred/whoami" is
+ * answered with "CMSG !/cred/whoami\0" so that loadgen's barrier works; other
+ * control messages are ignored.
  *
  * The figures it reaches under loadgen are the ceiling for any bus on this
  * machine; the benchmark reports the real servers as a ratio to them.
@@ -15,6 +16,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,16 +24,61 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
-#include "sbus_addr.h"
+/* ---- address handling: the same in loadgen.c and forwarder.c (each file
+ * stands alone: only *.c files are package data).  An address is a path, or
+ * /dev/unix/abstract/<hex of the sun_path bytes>: all 108 as sbusd prints
+ * them, or fewer, the name's length being the number of bytes given. ---- */
+#define SBUS_ABSTRACT_PREFIX "/dev/unix/abstract/"
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Fill *sa from text; return the address length for bind/connect, or -1. */
+static socklen_t sbus_parse_address(const char *text, struct sockaddr_un *sa)
+{
+	size_t plen = strlen(SBUS_ABSTRACT_PREFIX), n, i;
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	if (strncmp(text, SBUS_ABSTRACT_PREFIX, plen) == 0) {
+		const char *hex = text + plen;
+		n = strlen(hex);
+		if (n == 0 || n % 2 || n / 2 > sizeof(sa->sun_path))
+			return -1;
+		for (i = 0; i < n / 2; i++) {
+			int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+			if (hi < 0 || lo < 0)
+				return -1;
+			sa->sun_path[i] = (char)(hi * 16 + lo);
+		}
+		return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n / 2);
+	}
+	n = strlen(text);
+	if (n == 0 || n >= sizeof(sa->sun_path))
+		return -1;
+	memcpy(sa->sun_path, text, n);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+}
+/* ---- end of address handling ---- */
 
 #define MAX_PACKET 409600  /* the reference sbusd's limit (SPEC §1) */
 #define MAX_FDS 65536      /* client table size, indexed by fd */
 #define READ_BATCH 64      /* packets read from one client before the next */
 #define EVENTS 256
+#define WHOAMI "CMSG !/cred/whoami"
 
-enum role { FREE, NEW, PLAIN, SUBSCRIBER };
+enum role { FREE, PLAIN, SUBSCRIBER };
 
 static unsigned char role[MAX_FDS];
 static int subs[MAX_FDS];
@@ -95,16 +142,13 @@ static void serve_client(int ep, int fd)
 			drop(ep, fd);
 			return;
 		}
-		if (role[fd] == NEW) {
-			role[fd] = PLAIN;
-			if (n >= 4 && memcmp(buf, "SUB ", 4) == 0) {
-				role[fd] = SUBSCRIBER;
-				subs[nsubs++] = fd;
-			}
+		if (role[fd] != SUBSCRIBER && n >= 4 && memcmp(buf, "SUB ", 4) == 0) {
+			role[fd] = SUBSCRIBER;
+			subs[nsubs++] = fd;
 		}
 		if (n >= 4 && memcmp(buf, "MSG ", 4) == 0)
 			forward(ep, buf, (size_t)n);
-		else if (n >= 5 && memcmp(buf, "CMSG ", 5) == 0)
+		else if ((size_t)n >= strlen(WHOAMI) && memcmp(buf, WHOAMI, strlen(WHOAMI)) == 0)
 			reply_control(fd, buf, (size_t)n);
 		if (role[fd] == FREE)
 			return; /* it was a subscriber and sending to it failed */
@@ -176,7 +220,7 @@ int main(int argc, char **argv)
 						close(c);
 						continue;
 					}
-					role[c] = NEW;
+					role[c] = PLAIN;
 					ev.events = EPOLLIN;
 					ev.data.fd = c;
 					epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);

@@ -8,8 +8,9 @@
  *       "SBLG", the publisher id, a sequence number and the CLOCK_MONOTONIC
  *       send time.  With -w it prints "ready" once connected and waits for a
  *       line on stdin before sending.
- *   loadgen sub     -a ADDR -n N [-p PATTERN] [-t IDLE_S] [-T START_S]
- *       Subscribe to PATTERN, wait until the server has taken the subscription
+ *   loadgen sub     -a ADDR -n N [-p PATTERN] [-t IDLE_S] [-T START_S] [-m MODE]
+ *       Optionally send "CMSG blocking/MODE" (e.g. -m hard/block: SPEC §4),
+ *       subscribe to PATTERN, wait until the server has taken the subscription
  *       (see barrier()), print "ready", then count MSG packets until it has N,
  *       or none came for IDLE_S seconds (START_S before the first one).
  *   loadgen idle    -a ADDR -c CLIENTS -K PATTERNS [-P PREFIX] [-w]
@@ -33,17 +34,62 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "sbus_addr.h"
+/* ---- address handling: the same in loadgen.c and forwarder.c (each file
+ * stands alone: only *.c files are package data).  An address is a path, or
+ * /dev/unix/abstract/<hex of the sun_path bytes>: all 108 as sbusd prints
+ * them, or fewer, the name's length being the number of bytes given. ---- */
+#define SBUS_ABSTRACT_PREFIX "/dev/unix/abstract/"
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Fill *sa from text; return the address length for bind/connect, or -1. */
+static socklen_t sbus_parse_address(const char *text, struct sockaddr_un *sa)
+{
+	size_t plen = strlen(SBUS_ABSTRACT_PREFIX), n, i;
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	if (strncmp(text, SBUS_ABSTRACT_PREFIX, plen) == 0) {
+		const char *hex = text + plen;
+		n = strlen(hex);
+		if (n == 0 || n % 2 || n / 2 > sizeof(sa->sun_path))
+			return -1;
+		for (i = 0; i < n / 2; i++) {
+			int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+			if (hi < 0 || lo < 0)
+				return -1;
+			sa->sun_path[i] = (char)(hi * 16 + lo);
+		}
+		return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n / 2);
+	}
+	n = strlen(text);
+	if (n == 0 || n >= sizeof(sa->sun_path))
+		return -1;
+	memcpy(sa->sun_path, text, n);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+}
+/* ---- end of address handling ---- */
 
 #define MAGIC "SBLG"
 #define HEADER_SIZE 24          /* magic(4) + publisher id(4) + seq(8) + time(8) */
@@ -61,6 +107,7 @@ struct options {
 	const char *key;
 	const char *pattern;
 	const char *prefix;
+	const char *mode;
 	double idle_s;
 	double start_s;
 	long clients;
@@ -284,6 +331,10 @@ static int run_sub(const struct options *o)
 		msgs[i].msg_hdr.msg_iovlen = 1;
 	}
 	fd = connect_bus(o->address);
+	if (o->mode) {
+		snprintf(sub, sizeof(sub), "CMSG blocking/%s", o->mode);
+		send_text(fd, sub);
+	}
 	snprintf(sub, sizeof(sub), "SUB %s", o->pattern);
 	send_text(fd, sub);
 	ok = barrier(fd, 10.0);
@@ -440,13 +491,13 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: loadgen pub|sub|idle|stalled -a ADDRESS [-n N] [-s SIZE] [-r RATE]\n"
 		"       [-k KEY] [-p PATTERN] [-P PREFIX] [-t IDLE_S] [-T START_S]\n"
-		"       [-c CLIENTS] [-K PATTERNS] [-i ID] [-w]\n");
+		"       [-c CLIENTS] [-K PATTERNS] [-i ID] [-m FLOOD_MODE] [-w]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	struct options o = { NULL, 100000, 64, 0, "bench/data", "bench/data", "idle",
+	struct options o = { NULL, 100000, 64, 0, "bench/data", "bench/data", "idle", NULL,
 			     2.0, 30.0, 1, 0, 0, 0 };
 	const char *mode;
 	int c;
@@ -455,7 +506,7 @@ int main(int argc, char **argv)
 		usage();
 	mode = argv[1];
 	optind = 2;
-	while ((c = getopt(argc, argv, "a:n:s:r:k:p:P:t:T:c:K:i:w")) != -1) {
+	while ((c = getopt(argc, argv, "a:n:s:r:k:p:P:t:T:c:K:i:m:w")) != -1) {
 		switch (c) {
 		case 'a': o.address = optarg; break;
 		case 'n': o.count = atol(optarg); break;
@@ -469,6 +520,7 @@ int main(int argc, char **argv)
 		case 'c': o.clients = atol(optarg); break;
 		case 'K': o.patterns = atol(optarg); break;
 		case 'i': o.id = (unsigned)atol(optarg); break;
+		case 'm': o.mode = optarg; break;
 		case 'w': o.wait_go = 1; break;
 		default: usage();
 		}

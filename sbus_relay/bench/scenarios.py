@@ -25,6 +25,12 @@ from .procs import Child, ProcessSet, rss_bytes, wait_accepting
 
 #: Routing key of the measured traffic and the subscribers' pattern.
 KEY = "bench/data"
+#: Flood mode the reading subscribers ask for (SPEC §4): over the hard limit the
+#: server stops reading publishers instead of dropping, so every run is lossless
+#: like the reference sbusd (which always blocks) and deliveries = messages.
+#: The stalled subscriber keeps the defaults (queue, then discard): it must not
+#: be able to block anyone.
+SUB_FLOOD_MODE = "hard/block"
 #: Prefix of the idle clients' patterns: never matches ``KEY``.
 IDLE_PREFIX = "idle"
 #: Seconds for idle clients to connect, and again to subscribe everything.
@@ -192,7 +198,19 @@ def drive(
         for i in range(load.subscribers):
             sub = mine.start(
                 f"sub{i}",
-                _loadgen(tools, "sub", sub_address, "-n", sent_total, "-p", KEY, "-t", idle_s),
+                _loadgen(
+                    tools,
+                    "sub",
+                    sub_address,
+                    "-n",
+                    sent_total,
+                    "-p",
+                    KEY,
+                    "-t",
+                    idle_s,
+                    "-m",
+                    SUB_FLOOD_MODE,
+                ),
             )
             sub.expect("ready", READY_TIMEOUT)
             subs.append(sub)
