@@ -205,15 +205,6 @@ def secret_key(rest: bytes, creds: tuple[int, int, int] | None = None) -> bytes:
     return b"!/cred/%d/%d/%d/" % (gid, uid, pid) + rest
 
 
-def is_closed(client: RawClient, timeout: float = DEFAULT_TIMEOUT) -> bool:
-    """True if the server closes ``client`` within ``timeout`` (packets are discarded)."""
-    try:
-        client.expect_closed(timeout)
-    except AssertionError:
-        return False
-    return True
-
-
 # --- server processes --------------------------------------------------------
 
 
