@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "pub": "sbus_relay.commands.pub",
     "sub": "sbus_relay.commands.sub",
     "bench": "sbus_relay.commands.bench",
+    "up": "sbus_relay.commands.up",
     "record": "sbus_relay.commands.record",
     "analyze": "sbus_relay.commands.analyze",
 }

@@ -1,0 +1,442 @@
+"""Run a whole hierarchy of buses on one machine: ``sbus-relay up HIERARCHY.yaml``.
+
+Theory of operation.  A hierarchy file lists buses (a master and relays, each
+naming its parent by name).  ``load_hierarchy`` validates it once into frozen
+objects, with the same strictness as ``config.py``: unknown or duplicate keys,
+wrong types, unknown parents, a bus that is its own parent and cycles are all
+one ``ConfigError`` naming the file, the key and the reason.  The tree rule of
+SPEC §6 ("relays form a tree") is checked here, before anything runs.
+
+``Supervisor`` starts each bus as an ``sbus-relay serve -f`` child, parents
+first, and waits for each socket before starting its children.  A child that
+dies is restarted with capped exponential back-off (a relay whose master
+restarts reconnects by itself, SPEC §6.6).  ``stop()`` stops the children in
+reverse order -- relays before their upstream, so no relay logs a needless
+outage -- with SIGTERM, then SIGKILL after a grace period.
+
+Children run in their own session so that a Ctrl-C on the terminal reaches
+only the supervisor, which then stops them in order; and each asks the kernel
+for SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is orphaned.
+No argv parsing and no exits here (STYLE §6): ``commands/up.py`` does that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import yaml
+
+from .addresses import connect, parse_address
+from .config import config_from_mapping
+from .errors import AddressError, ConfigError, SbusError
+
+#: Keys of the hierarchy file and of each bus entry.
+TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max")
+BUS_KEYS = ("name", "address", "upstream", "metrics", "args")
+#: Seconds a bus gets to listen after it was started.
+START_TIMEOUT = 15.0
+#: Seconds a bus gets to exit after SIGTERM before it is killed.
+STOP_TIMEOUT = 10.0
+#: Seconds between checks of the children (how fast a death is noticed).
+POLL_INTERVAL = 0.1
+#: A child that ran this long before dying gets the shortest restart delay again.
+STABLE_AFTER = 10.0
+#: Default restart back-off, seconds (first delay, cap).
+RESTART_MIN = 0.5
+RESTART_MAX = 10.0
+#: prctl(2) option: signal to get when the parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+class SupervisorError(SbusError):
+    """A bus could not be started (it exited, or never listened)."""
+
+
+@dataclass(frozen=True)
+class BusSpec:
+    """One bus of the hierarchy, as validated from the file."""
+
+    name: str
+    address: str
+    upstream: str | None  # the parent's name, None for a master
+    metrics: str | None
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A validated hierarchy: ``buses`` in start order (every parent before its children)."""
+
+    buses: tuple[BusSpec, ...]
+    log_dir: str | None = None
+    restart_min: float = RESTART_MIN
+    restart_max: float = RESTART_MAX
+
+    def bus(self, name: str) -> BusSpec:
+        """The bus called ``name``."""
+        return next(b for b in self.buses if b.name == name)
+
+
+# --- loading ---------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice (line {mark.line + 1})", mark
+            )
+        seen.add(key)
+    return dict(loader.construct_pairs(node))
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_hierarchy(path: str) -> Hierarchy:
+    """Read and validate the hierarchy file at ``path``; raises ``ConfigError``."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = yaml.load(stream, Loader=_StrictLoader)
+    except OSError as exc:
+        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
+    return hierarchy_from_mapping(document, path)
+
+
+def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
+    """Validate an already parsed hierarchy document (``source`` names it in errors)."""
+    if not isinstance(document, Mapping):
+        raise ConfigError(source, "(file)", "expected a mapping with a 'buses' list")
+    for key in document:
+        if key not in TOP_KEYS:
+            raise ConfigError(source, str(key), f"unknown key (known keys: {', '.join(TOP_KEYS)})")
+    raw_buses = document.get("buses")
+    if not isinstance(raw_buses, list) or not raw_buses:
+        raise ConfigError(source, "buses", "expected a non-empty list of buses")
+    # The restart delays and log_dir follow config.py's rules for seconds and text.
+    timing = _checked(
+        source,
+        "",
+        {
+            "reconnect_min": document.get("restart_min", RESTART_MIN),
+            "reconnect_max": document.get("restart_max", RESTART_MAX),
+        },
+        rename={"reconnect_min": "restart_min", "reconnect_max": "restart_max"},
+    )
+    log_dir = document.get("log_dir")
+    if log_dir is not None and (not isinstance(log_dir, str) or not log_dir):
+        raise ConfigError(source, "log_dir", f"expected a directory path, got {log_dir!r}")
+    specs = [_bus(source, i, raw) for i, raw in enumerate(raw_buses)]
+    _check_tree(source, specs)
+    ordered = sorted(specs, key=lambda s: _depth(specs, s))  # stable: file order per level
+    return Hierarchy(tuple(ordered), log_dir, timing.reconnect_min, timing.reconnect_max)
+
+
+def _bus(source: str, i: int, raw: Any) -> BusSpec:
+    where = f"buses[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(source, where, "expected a mapping with name and address")
+    for key in raw:
+        if key not in BUS_KEYS:
+            known = ", ".join(BUS_KEYS)
+            raise ConfigError(source, f"{where}.{key}", f"unknown key (known keys: {known})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("-"):
+        raise ConfigError(source, f"{where}.name", f"expected a short name, got {name!r}")
+    where = f"buses[{name}]"
+    if "address" not in raw:
+        raise ConfigError(source, f"{where}.address", "missing (where the bus listens)")
+    checked = _checked(source, where, {"address": raw["address"], "metrics": raw.get("metrics")})
+    address = checked.address
+    try:
+        parsed = parse_address(address)
+    except AddressError as exc:
+        raise ConfigError(source, f"{where}.address", str(exc)) from None
+    if (parsed.kind == "abstract" and parsed.name is None) or parsed.kind == "fd":
+        raise ConfigError(source, f"{where}.address", "a supervised bus needs a fixed address")
+    upstream = raw.get("upstream")
+    if upstream is not None and (not isinstance(upstream, str) or not upstream):
+        raise ConfigError(source, f"{where}.upstream", "expected the name of another bus")
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(source, f"{where}.args", "expected a list of strings (serve flags)")
+    return BusSpec(name, address, upstream, checked.metrics, tuple(args))
+
+
+def _checked(
+    source: str, where: str, values: dict[str, Any], rename: Mapping[str, str] | None = None
+) -> Any:
+    """Validate ``values`` with config.py's own rules; errors name our key."""
+    try:
+        return config_from_mapping(values, source)
+    except ConfigError as exc:
+        key = (rename or {}).get(exc.key, exc.key)
+        raise ConfigError(source, f"{where}.{key}" if where else key, exc.reason) from None
+
+
+def _check_tree(source: str, specs: list[BusSpec]) -> None:
+    """SPEC §6: relays form a tree.  Unique names and addresses, known parents, no cycles."""
+    names: dict[str, BusSpec] = {}
+    addresses: dict[str, str] = {}
+    ports: dict[str, str] = {}
+    for spec in specs:
+        where = f"buses[{spec.name}]"
+        if spec.name in names:
+            raise ConfigError(source, f"{where}.name", "two buses have this name")
+        names[spec.name] = spec
+        path = os.path.abspath(spec.address)
+        if path in addresses:
+            other = addresses[path]
+            raise ConfigError(source, f"{where}.address", f"bus {other!r} listens there too")
+        addresses[path] = spec.name
+        if spec.metrics is not None:
+            port = spec.metrics.rsplit(":", 1)[1]
+            if port != "0" and port in ports:
+                other = ports[port]
+                raise ConfigError(source, f"{where}.metrics", f"port also used by bus {other!r}")
+            ports[port] = spec.name
+    for spec in specs:
+        where = f"buses[{spec.name}].upstream"
+        if spec.upstream is None:
+            continue
+        if spec.upstream == spec.name:
+            raise ConfigError(source, where, "a bus cannot be its own upstream (a loop)")
+        if spec.upstream not in names:
+            raise ConfigError(source, where, f"no bus named {spec.upstream!r} in this file")
+        seen = {spec.name}
+        parent: str | None = spec.upstream
+        while parent is not None:
+            if parent in seen:
+                raise ConfigError(source, where, f"cycle through {parent!r}: relays form a tree")
+            seen.add(parent)
+            parent = names[parent].upstream
+    if all(s.upstream is not None for s in specs):
+        raise ConfigError(source, "buses", "no master (a bus without upstream)")
+
+
+def _depth(specs: list[BusSpec], spec: BusSpec) -> int:
+    by_name = {s.name: s for s in specs}
+    depth = 0
+    while spec.upstream is not None:
+        spec = by_name[spec.upstream]
+        depth += 1
+    return depth
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{problem} at line {mark.line + 1}" if mark is not None else problem
+
+
+# --- running ---------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM us if the supervisor dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: children may outlive a killed supervisor
+
+
+class Child:
+    """One supervised bus process and its restart state."""
+
+    def __init__(self, spec: BusSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.delay = 0.0
+        self.restart_at: float | None = None
+        self.restarts = 0
+
+
+class Supervisor:
+    """Starts, watches and stops the buses of a ``Hierarchy``."""
+
+    def __init__(
+        self,
+        hierarchy: Hierarchy,
+        *,
+        command: Sequence[str] = (sys.executable, "-m", "sbus_relay", "serve"),
+        out: Callable[[str], None] | None = None,
+        err: Callable[[str], None] | None = None,
+    ) -> None:
+        self.hierarchy = hierarchy
+        self.command = tuple(command)
+        self.out = out or _printer(sys.stdout)
+        self.err = err or _printer(sys.stderr)
+        self.children = [Child(spec) for spec in hierarchy.buses]
+        self._stopping = False
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every bus, parents first, each listening before the next starts.
+
+        Raises ``SupervisorError`` (after stopping what was started) if one fails.
+        """
+        if self.hierarchy.log_dir:
+            os.makedirs(self.hierarchy.log_dir, exist_ok=True)
+        for child in self.children:
+            if self._stopping:
+                return
+            child.delay = self.hierarchy.restart_min
+            try:
+                self._spawn(child)
+            except SupervisorError:
+                self.stop()
+                raise
+        self.out(f"sbus-relay up: {len(self.children)} buses running; Ctrl-C stops them all")
+
+    def run(self) -> None:
+        """Watch the children until ``request_stop()``; restart those that die."""
+        while not self._stopping:
+            now = time.monotonic()
+            for child in self.children:
+                if self._stopping:
+                    break
+                self._watch(child, now)
+            time.sleep(POLL_INTERVAL)
+
+    def request_stop(self) -> None:
+        """Ask ``run`` to return (safe to call from a signal handler)."""
+        self._stopping = True
+
+    def stop(self) -> None:
+        """Stop every child: deepest relays first, the master last."""
+        self._stopping = True
+        for child in reversed(self.children):
+            self._terminate(child)
+
+    # --- one child ---------------------------------------------------------------
+
+    def argv(self, spec: BusSpec) -> list[str]:
+        """The ``serve`` command line for ``spec`` (-r: a crashed bus leaves its socket)."""
+        argv = [*self.command, "-f", "-r", "-a", spec.address, "--instance", spec.name]
+        if spec.upstream is not None:
+            argv += ["--upstream", self.hierarchy.bus(spec.upstream).address]
+        if spec.metrics is not None:
+            argv += ["--metrics", spec.metrics]
+        return [*argv, *spec.args]
+
+    def _log_path(self, spec: BusSpec) -> str | None:
+        log_dir = self.hierarchy.log_dir
+        return os.path.join(log_dir, f"{spec.name}.log") if log_dir else None
+
+    def _spawn(self, child: Child) -> None:
+        spec = child.spec
+        log_path = self._log_path(spec)
+        stderr: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
+        try:
+            child.proc = subprocess.Popen(
+                self.argv(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,  # Ctrl-C is for us; we stop the children in order
+                preexec_fn=_die_with_parent,  # safe: the supervisor runs no threads
+            )
+        finally:
+            if stderr is not None:
+                stderr.close()  # the child has its own copy
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        self._wait_listening(child)
+        where = [f"pid {child.proc.pid}"]
+        if spec.metrics:
+            where.append(f"metrics http://{spec.metrics}/metrics")
+        if log_path:
+            where.append(f"log {log_path}")
+        role = f"relay of {spec.upstream}" if spec.upstream else "master"
+        self.out(f"{spec.name} ({role}) listening at {spec.address} ({', '.join(where)})")
+
+    def _wait_listening(self, child: Child) -> None:
+        """Poll until the bus accepts a connection (or it exits, or we are stopped)."""
+        assert child.proc is not None
+        address = parse_address(child.spec.address)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self._stopping:
+            status = child.proc.poll()
+            if status is not None:
+                raise SupervisorError(
+                    f"bus {child.spec.name} exited with status {status} before listening"
+                    + (f" (see {self._log_path(child.spec)})" if self.hierarchy.log_dir else "")
+                )
+            try:
+                connect(address).close()
+                return
+            except (OSError, AddressError):
+                pass
+            if time.monotonic() > deadline:
+                raise SupervisorError(
+                    f"bus {child.spec.name} not listening at {child.spec.address}"
+                    f" after {START_TIMEOUT}s"
+                )
+            time.sleep(0.05)
+
+    def _watch(self, child: Child, now: float) -> None:
+        proc = child.proc
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restarts += 1
+                try:
+                    self._spawn(child)
+                except SupervisorError as exc:
+                    self._schedule(child, now, str(exc))
+            return
+        if proc is None or proc.poll() is None:
+            return
+        self._schedule(child, now, f"exited with status {proc.returncode}")
+
+    def _schedule(self, child: Child, now: float, why: str) -> None:
+        """Plan a restart with capped exponential back-off."""
+        if now - child.started_at >= STABLE_AFTER:
+            child.delay = self.hierarchy.restart_min  # it ran fine for a while
+        delay = child.delay
+        child.delay = min(delay * 2, self.hierarchy.restart_max)
+        child.restart_at = now + delay
+        self.err(f"sbus-relay up: {child.spec.name} {why}; restarting in {delay:g}s")
+
+    def _terminate(self, child: Child) -> None:
+        proc = child.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.err(f"sbus-relay up: {child.spec.name} ignored SIGTERM; killing it")
+                proc.kill()
+                proc.wait()
+        self.out(f"{child.spec.name} stopped")
+
+
+def _printer(stream: IO[str]) -> Callable[[str], None]:
+    def write(line: str) -> None:
+        stream.write(line + "\n")
+        stream.flush()
+
+    return write
