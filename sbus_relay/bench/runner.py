@@ -292,21 +292,26 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so every ``finally`` cleans up."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt so every ``finally`` cleans up.
+
+    SIGINT too: a shell starts background jobs with SIGINT ignored.
+    """
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    sigs = (signal.SIGTERM, signal.SIGINT)
     try:
-        old = signal.signal(signal.SIGTERM, handler)
+        old = {sig: signal.signal(sig, handler) for sig in sigs}
     except ValueError:  # not the main thread: nothing to install
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -335,7 +340,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
     }
     ok = False
     try:
-        with _sigterm_as_interrupt(), ProcessSet(workdir / "logs", child_env()) as procs:
+        with _signals_as_interrupt(), ProcessSet(workdir / "logs", child_env()) as procs:
             ctx = _Context(tools, procs, workdir, options, say, results)
             for sc in scenarios(options.n_messages):
                 if options.only and sc.name not in options.only:
