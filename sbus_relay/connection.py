@@ -154,8 +154,12 @@ class Connection:
         if self._writer is None:
             self._writer = gevent.spawn(self._write_loop)
 
-    def send_control(self, packet: bytes) -> None:
-        """Send a server-made CMSG; never dropped by soft modes (only the hard limit applies)."""
+    def send_control(self, packet: bytes, *, essential: bool = False) -> None:
+        """Send a server-made CMSG.  Soft modes never drop it; over the hard limit
+        the client's hard mode applies as for any message (SPEC §4), except that
+        an *essential* notice (interest/add, /remove, /ready), which a relay cannot
+        afford to miss, disconnects the client instead: it reconnects and resyncs.
+        """
         if not self.alive:
             return
         if not self.queue.count:
@@ -168,8 +172,13 @@ class Connection:
                 self.close("io_error", str(e))
                 return
         if self.queue.over_limit():
-            self.close("slow_client", "hard limit reached by control messages")
-            return
+            hard = self.queue.hard
+            if essential or hard == "error":
+                self.close("slow_client", "hard limit reached with a control message pending")
+                return
+            if hard == "discard":
+                self.dropped("hard_discard")
+                return
         self.enqueue(packet)
 
     def _write_loop(self) -> None:

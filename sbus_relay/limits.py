@@ -34,6 +34,11 @@ ACCEPT_BACKOFF_MIN = 0.01
 ACCEPT_BACKOFF_MAX = 1.0
 #: listen(2) backlog.
 LISTEN_BACKLOG = 128
+#: SO_SNDBUF asked for every socket we send on: a unix SEQPACKET send fails with
+#: EMSGSIZE unless the packet fits the send buffer, and the default (~208 KiB)
+#: is smaller than MAX_PACKET.  The kernel doubles the value and caps it at
+#: 2 x net.core.wmem_max (425,984 by default), which still fits MAX_PACKET.
+SEND_BUFFER = MAX_PACKET + 4096
 #: Seconds a publisher paused by a block mode sleeps between re-checks, in
 #: case a wake-up was missed; bounds the pause's latency, not its length.
 BLOCK_RECHECK = 0.05

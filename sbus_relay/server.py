@@ -33,6 +33,7 @@ from .limits import (
     ACCEPT_BACKOFF_MIN,
     MAX_PACKET,
     MAX_PATTERNS_PER_CLIENT,
+    SEND_BUFFER,
     STOP_TIMEOUT,
 )
 from .outbound import Action, parse_flood_control
@@ -156,6 +157,7 @@ class Server:
             sock.close()
             return
         sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._next_cid += 1
         conn = Connection(self, sock, self._next_cid, Credentials(gid, uid, pid))
         self.clients[conn.cid] = conn
@@ -217,7 +219,7 @@ class Server:
             conn.enqueue(packet)
         elif action in _NEEDS_BLOCK:
             conn.enqueue(packet)
-            if sender is not None and sender is not conn:
+            if sender is not None:  # even when it fills its own queue (echo)
                 sender.waits.append((conn, action is Action.QUEUE_AND_WAIT_EMPTY))
         elif action is Action.DISCONNECT:
             conn.dropped("slow_client_disconnected")
@@ -290,7 +292,7 @@ class Server:
 
     def _notify(self, notices: Any) -> None:
         for listener, verb, pattern in notices:
-            listener.send_control(codec.encode_cmsg(verb, pattern))
+            listener.send_control(codec.encode_cmsg(verb, pattern), essential=True)
 
     def _control(self, conn: Connection, key: bytes) -> None:
         if key == WHOAMI:
@@ -307,8 +309,8 @@ class Server:
                 conn.interest = True
                 self.interest.listeners[conn] = None
             for pattern in self.interest.snapshot(conn):
-                conn.send_control(codec.encode_cmsg(b"interest/add", pattern))
-            conn.send_control(codec.encode_cmsg(READY, b""))
+                conn.send_control(codec.encode_cmsg(b"interest/add", pattern), essential=True)
+            conn.send_control(codec.encode_cmsg(READY, b""), essential=True)
         elif key == b"interest/off":
             if conn.interest:
                 conn.interest = False

@@ -34,7 +34,7 @@ from .errors import AddressError, PeerError
 from .index import SubscriptionIndex
 from .interest import ADD, READY, REMOVE
 from .keys import WHOAMI
-from .limits import MAX_PACKET, READ_BATCH
+from .limits import MAX_PACKET, READ_BATCH, SEND_BUFFER
 
 if TYPE_CHECKING:
     from .server import Server
@@ -187,6 +187,7 @@ class UpstreamLink:
                 gevent.sleep(self._max)
                 continue
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             self._sock = sock
             self._connections += 1
             if self._connections > 1:
