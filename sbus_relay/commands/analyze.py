@@ -8,8 +8,11 @@ The same job runs under ``spark-submit`` through ``sbus_relay/pipeline/submit.py
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+from sbus_relay.pipeline import defaults as D
 
 #: Spark settings for every run: the console progress bar garbles our output.
 BASE_CONF = {"spark.ui.showConsoleProgress": "false"}
@@ -20,7 +23,6 @@ LOCAL_SHUFFLE_PARTITIONS = "8"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (the CLI owns parsing)."""
-    from sbus_relay.pipeline import defaults as A  # no pyspark, no pyarrow
 
     parser.add_argument(
         "captures",
@@ -37,29 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--depth",
         type=int,
-        default=A.DEFAULT_DEPTH,
+        default=D.DEFAULT_DEPTH,
         help="key prefix depth in '/'-separated segments (default %(default)s)",
     )
     parser.add_argument(
         "--window",
         type=float,
-        default=A.DEFAULT_WINDOW_SECONDS,
+        default=D.DEFAULT_WINDOW_SECONDS,
         metavar="SEC",
         help="time window in seconds (default %(default)s)",
     )
     parser.add_argument(
-        "--top", type=int, default=A.DEFAULT_TOP, help="top keys to keep (default %(default)s)"
+        "--top", type=int, default=D.DEFAULT_TOP, help="top keys to keep (default %(default)s)"
     )
     parser.add_argument(
         "--burst-factor",
         type=float,
-        default=A.DEFAULT_BURST_FACTOR,
+        default=D.DEFAULT_BURST_FACTOR,
         help="burst: window >= this x the median window (default %(default)s)",
     )
     parser.add_argument(
         "--burst-min-messages",
         type=int,
-        default=A.DEFAULT_BURST_MIN_MESSAGES,
+        default=D.DEFAULT_BURST_MIN_MESSAGES,
         help="burst: and at least this many messages (default %(default)s)",
     )
     parser.add_argument(
@@ -80,6 +82,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_local_captures(paths: list[str]) -> None:
+    """Fail early, in one line, on local paths that hold no capture files.
+
+    URLs (``hdfs://``, ``s3a://``...) are left to Spark: only it can list them.
+    """
+    local = [p for p in paths if "://" not in p]
+    for p in local:
+        if not os.path.exists(p):
+            raise ValueError(f"no such file or directory: {p}")
+    if local and len(local) == len(paths):
+        from sbus_relay.pipeline.capture import capture_files
+
+        if not capture_files(local):
+            raise ValueError(f"no *{D.CAPTURE_SUFFIX} capture files under {' '.join(paths)}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 2 on bad options."""
     from sbus_relay.pipeline import analyze as A
@@ -92,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
             burst_factor=args.burst_factor,
             burst_min_messages=args.burst_min_messages,
         )
-        conf = dict(kv.split("=", 1) for kv in args.conf)
+        conf = {}
+        for kv in args.conf:
+            key, eq, value = kv.partition("=")
+            if not eq or not key:
+                raise ValueError(f"--conf wants KEY=VALUE, got {kv!r}")
+            conf[key] = value
+        _check_local_captures(args.captures)
     except ValueError as e:
         print(f"sbus-relay analyze: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ CHART_SIZE = (11.0, 4.5)
 CHART_DPI = 100
 #: Longest key shown in full in tables and bar labels; longer ones are elided.
 MAX_LABEL = 60
+#: Series longer than this are drawn as plain lines: dots would blot them out.
+MAX_MARKED_POINTS = 120
 #: Keys drawn in the top-keys bar chart.
 MAX_CHART_KEYS = 15
 
@@ -89,7 +91,9 @@ def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
             break
         fig, ax = plt.subplots(figsize=CHART_SIZE)
         for name in names:
-            ax.plot(series[name]["t"], series[name][field], marker=".", lw=1, label=_label(name))
+            points = series[name]["t"]
+            marker = "." if len(points) <= MAX_MARKED_POINTS else None
+            ax.plot(points, series[name][field], marker=marker, lw=1, label=_label(name))
         ax.set_title(f"{what} per {width_s:g} s window, by key prefix")
         ax.set_ylabel(what)
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M:%S"))
