@@ -39,7 +39,7 @@ def test_master_killed_and_restarted_relay_resubscribes_within_5s(tree: Hierarch
 
     master.kill()  # SIGKILL: the socket file stays behind
     relay.wait_metric(CONNECTED, 0)
-    time.sleep(2.5)  # long enough for the relay's back-off to reach its cap
+    time.sleep(2.0)  # long enough for the relay's back-off to reach its cap
     # local delivery never stopped
     local = tree.peer(relay).pub(b"k/local")
     assert receiver.messages(1, drain=0) == [local]
@@ -180,7 +180,7 @@ def serve_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [os.path.join(VENV_BIN, "sbus-relay"), "serve", "-f", *args],
         capture_output=True,
         text=True,
-        timeout=3,
+        timeout=2,
         stdin=subprocess.DEVNULL,
         check=False,
     )
