@@ -2,7 +2,11 @@
 
 Theory of operation (after nats-server's sublist, SPEC §2):
 
-* Patterns live in a trie of '/'-separated segments.  Each node has a dict of
+* Patterns without ``*`` (the common case) live in two flat dicts keyed by
+  the pattern itself: exact ones, and those ending in '/' (prefixes).  A key
+  finds them with one lookup for itself and one per '/' it contains.  This
+  keeps a stored pattern to a few dict entries, with no node objects.
+* Patterns with ``*`` live in a trie of '/'-separated segments.  Each node has a dict of
   literal children, a ``*`` child, and rare "prefix*" children (``ab*``).
   A pattern ending in '/' is stored as a *tail* subscription on the node of
   its last segment: it matches any key that goes on past that node.
@@ -78,6 +82,8 @@ class SubscriptionIndex(Generic[C]):
         self._public = _Node()
         self._secret = _Node()
         self._everything: tuple = _EMPTY
+        self._exact: dict[bytes, tuple] = {}
+        self._prefix: dict[bytes, tuple] = {}
         self._dead: dict[bytes, tuple] = {}
         self._owned: dict[C, dict[bytes, int]] = {}
         self._cache: dict[bytes, tuple] = {}
@@ -95,12 +101,26 @@ class SubscriptionIndex(Generic[C]):
         if hit is not None:
             return hit
         out: set[C] = set()
-        segs = key.split(b"/")
-        if is_secret(key):
-            _walk(self._secret, segs, 0, out)
+        secret = is_secret(key)
+        hit = self._exact.get(key)
+        if hit:
+            out.update(hit)
+        prefixes = self._prefix
+        if prefixes:
+            slash = key.find(b"/")
+            while slash >= 0:
+                head = key[: slash + 1]
+                hit = prefixes.get(head)
+                if hit and (not secret or is_secret(head)):
+                    out.update(hit)
+                slash = key.find(b"/", slash + 1)
+        if secret:
+            if self._secret.children is not None:
+                _walk(self._secret, key.split(b"/"), 0, out)
         else:
             out.update(self._everything)
-            _walk(self._public, segs, 0, out)
+            if not self._public.empty():
+                _walk(self._public, key.split(b"/"), 0, out)
         result = tuple(out)
         cache = self._cache
         if len(cache) >= self._cache_size:
@@ -114,7 +134,11 @@ class SubscriptionIndex(Generic[C]):
         if slot is None:
             return _EMPTY
         node, attr = slot
-        return getattr(node, attr) if node is not None else self._dead.get(pattern, _EMPTY)
+        if node is not None:
+            return getattr(node, attr)
+        if attr == "everything":
+            return self._everything
+        return self._flat(attr).get(pattern, _EMPTY)
 
     def patterns_of(self, client: C) -> dict[bytes, int]:
         """A copy of ``client``'s patterns and their counts."""
@@ -196,10 +220,17 @@ class SubscriptionIndex(Generic[C]):
             if self.on_last is not None:
                 self.on_last(pattern)
 
+    def _flat(self, kind: str) -> dict[bytes, tuple]:
+        """The dict that holds patterns of ``kind`` outside the trie."""
+        return {"exact": self._exact, "prefix": self._prefix, "dead": self._dead}[kind]
+
     def _slot(self, pattern: bytes, *, create: bool) -> tuple[_Node | None, str] | None:
-        """(node, "exact"|"tail"|"everything") for a pattern; (None, "dead") if it never matches."""
+        """Where a pattern lives: (node, "exact"|"tail") in the trie, or (None, kind)
+        with kind "everything", "exact", "prefix" (no '*') or "dead" (never matches)."""
         if pattern == b"":
             return None, "everything"
+        if b"*" not in pattern:
+            return None, "prefix" if pattern.endswith(b"/") else "exact"
         split = _split(pattern)
         if split is None:
             return None, "dead"
@@ -242,8 +273,9 @@ class SubscriptionIndex(Generic[C]):
             before = self._everything
             self._everything = (*before, client)
         elif node is None:
-            before = self._dead.get(pattern, _EMPTY)
-            self._dead[pattern] = (*before, client)
+            flat = self._flat(attr)
+            before = flat.get(pattern, _EMPTY)
+            flat[pattern] = (*before, client)
         else:
             before = getattr(node, attr)
             setattr(node, attr, (*before, client))
@@ -253,13 +285,15 @@ class SubscriptionIndex(Generic[C]):
         if pattern == b"":
             self._everything = tuple(c for c in self._everything if c != client)
             return not self._everything
-        split = _split(pattern)
+        split = None if b"*" not in pattern else _split(pattern)
         if split is None:
-            left = tuple(c for c in self._dead.get(pattern, _EMPTY) if c != client)
+            kind = "dead" if b"*" in pattern else "prefix" if pattern.endswith(b"/") else "exact"
+            flat = self._flat(kind)
+            left = tuple(c for c in flat.get(pattern, _EMPTY) if c != client)
             if left:
-                self._dead[pattern] = left
+                flat[pattern] = left
             else:
-                self._dead.pop(pattern, None)
+                flat.pop(pattern, None)
             return not left
         segs, tail = split
         root = self._secret if is_secret(pattern) else self._public

@@ -200,12 +200,6 @@ def test_secret_pattern_of_one_relay_is_refused_on_the_other(tree: Hierarchy) ->
     assert not honest.is_closed(0.2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (core, index.py): SubscriptionIndex.holders(b'') returns () because "
-    "_slot('') is (None, 'everything') and holders() then reads _dead; so the interest "
-    "extension never advertises the empty pattern and relays drop messages for it",
-)
 def test_subscribe_to_everything_on_one_relay_sees_publishes_from_another(
     tree: Hierarchy,
 ) -> None:

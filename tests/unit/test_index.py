@@ -154,3 +154,14 @@ def test_trie_pruned_after_removal() -> None:
         ix.add("c", b"a/%d/b*/*/" % i)
     ix.remove_client("c")
     assert ix._public.empty()
+
+
+@pytest.mark.parametrize("pattern", [b"", b"a/b", b"a/", b"a/*/c", b"a*b"])
+def test_holders_for_every_kind_of_pattern(pattern: bytes) -> None:
+    """Interest notices are built from holders(): every kind must answer."""
+    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix.add("c", pattern)
+    ix.add("d", pattern)
+    assert set(ix.holders(pattern)) == {"c", "d"}
+    ix.remove_client("c")
+    assert ix.holders(pattern) == ("d",)
