@@ -211,3 +211,15 @@ def test_merged_checks_keys_together() -> None:
 def test_merged_refuses_unknown_fields() -> None:
     with pytest.raises(UsageError):
         ServerConfig().merged(adress="/tmp/typo")
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "master.yaml"])
+def test_shipped_configs_load(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "configs" / name
+    config = load_config(str(path))
+    if name == "default.yaml":
+        # `make run` must work without root (README).
+        assert config.address.startswith("/tmp/") and config.foreground
+        assert config.pidfile == "/dev/null"
+    else:
+        assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9810")

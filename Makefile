@@ -1,0 +1,35 @@
+# Two entry points (README.md): `make run` and `make test`.
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?= -m "not slow"
+
+.PHONY: run test install lint clean
+
+# Created only when missing.  Debian splits venv support into python3-venv:
+# install it (as root) if creating the venv fails, then try once more.
+$(PY):
+	python3 -m venv $(VENV) || { rm -rf $(VENV); \
+	  if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update </dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv </dev/null; fi; \
+	  python3 -m venv $(VENV); }
+
+install: $(PY)
+	$(PY) -m pip install -q -e .
+
+run: install
+	$(VENV)/bin/sbus-relay serve -c configs/default.yaml -f
+
+test: $(PY)
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	bash .ci/system-deps.sh
+	$(VENV)/bin/ruff check sbus_relay tests
+	$(VENV)/bin/mypy sbus_relay
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(PY)
+	$(VENV)/bin/ruff check sbus_relay tests
+	$(VENV)/bin/mypy sbus_relay
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
