@@ -1,4 +1,4 @@
-"""Run a bus (a master, or a relay with --upstream); shared by ``sbusd``.
+"""Run a bus: a master, or a relay with --upstream (also what ``sbusd`` runs).
 
 The order matters (SPEC §5): resolve the listener and bind it *before*
 daemonising, so an address in use is reported on the terminal with a non-zero

@@ -370,3 +370,48 @@ def test_sbusd_daemon_reports_a_bad_pid_file(tmp_path: Path, short_tmp: Path) ->
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not os.path.exists(path)
+
+
+def test_systemd_socket_activation(tmp_path: Path, short_tmp: Path) -> None:
+    path = str(short_tmp / "activated")
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    bound.bind(path)
+    bound.listen()
+    # As systemd does it: the socket is descriptor 3 and LISTEN_PID is the server's.
+    script = f'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" -f 3<&{bound.fileno()}'
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(
+            ["bash", "-c", script, os.path.join(VENV_BIN, "sbusd")],
+            pass_fds=(bound.fileno(),), stdin=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    bound.close()
+    try:
+        with Client(path, timeout=WAIT) as client:
+            assert client.whoami().startswith("!/cred/")
+        # It did not fall back to the default address.
+        assert "/run/sbus.socket" not in (tmp_path / "err").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0, (tmp_path / "err").read_text()
+    assert os.path.exists(path)  # systemd's socket: not ours to remove
+
+
+def test_serve_with_metrics(tmp_path: Path) -> None:
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port, released for the server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with start_bus(tmp_path, "--metrics", f"127.0.0.1:{port}", command="serve") as bus:
+        Client(bus.address).close()
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        assert "sbus_" in body
