@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -44,8 +45,16 @@ class Connection:
         self.queue = OutboundQueue(
             server.config.hard_limit_bytes, server.config.hard_limit_messages
         )
-        #: (client, wait-until-empty?) pairs this client's reader must wait on (block modes)
-        self.waits: list[tuple[Connection, bool]] = []
+        #: (event, still-busy?) pairs this client's reader must wait on before it
+        #: reads again: block modes (SPEC §4) and a slow upstream (SPEC §6)
+        self.waits: list[tuple[Event, Callable[[], bool]]] = []
+        #: drop reason while new messages for this client are shed without a
+        #: send attempt (soft discard with a full socket, or hard discard over
+        #: the limit); the fan-out checks it first so a stalled client costs
+        #: the others two increments per message
+        self.shed: str | None = None
+        self.episode_drops = 0
+        self._drop_reason = ""  # the latest drop reason, for the episode's log line
         self.blocked = False
         self.space = Event()  # set by the writer whenever the backlog shrinks
         self.log = server.log.bind(client=cid, pid=creds.pid, uid=creds.uid, gid=creds.gid)
@@ -54,8 +63,7 @@ class Connection:
         self._read_watcher = hub.loop.io(sock.fileno(), 1)
         self._write_watcher = hub.loop.io(sock.fileno(), 2)
         self._writer: gevent.Greenlet | None = None
-        self._drops = 0
-        self._drop_reason = ""
+        self._shed_watcher: Any = None
         self._drop_timer: Any = None
         self.reader = gevent.spawn(self._read_loop)
 
@@ -134,17 +142,25 @@ class Connection:
             self.close("protocol_error", "empty packet")
 
     def _wait_for_space(self) -> None:
-        """Pause this publisher until the clients it filled can take more (block modes)."""
+        """Pause this publisher until what it filled can take more (block modes)."""
         waits, self.waits = self.waits, []
         self.blocked = True
         try:
-            for target, until_empty in waits:
-                q = target.queue
-                while target.alive and self.alive and (q.count if until_empty else q.over_limit()):
-                    target.space.clear()
-                    target.space.wait(BLOCK_RECHECK)
+            for space, busy in waits:
+                while self.alive and busy():
+                    space.clear()
+                    space.wait(BLOCK_RECHECK)
         finally:
             self.blocked = False
+
+    def wait_for(self, target: Connection, *, until_empty: bool) -> None:
+        """After this packet, pause until ``target``'s queue is empty or below its limit."""
+        q = target.queue
+
+        def busy() -> bool:
+            return target.alive and bool(q.count if until_empty else q.over_limit())
+
+        self.waits.append((target.space, busy))
 
     # --- writing ---------------------------------------------------------
 
@@ -177,7 +193,7 @@ class Connection:
                 self.close("slow_client", "hard limit reached with a control message pending")
                 return
             if hard == "discard":
-                self.dropped("hard_discard")
+                self.count_drop("hard_discard")
                 return
         self.enqueue(packet)
 
@@ -201,6 +217,8 @@ class Connection:
                     stats.observe_queue_wait(time.monotonic() - t)
                 stats.delivered += sent
                 stats.bytes_out += nbytes
+                if self.shed is not None and not q.over_limit():
+                    self.shed = None  # below the hard limit again: stop shedding
                 self.space.set()
         except OSError as e:
             self.close("io_error", str(e))
@@ -210,22 +228,46 @@ class Connection:
 
     # --- drops and closing ----------------------------------------------------
 
-    def dropped(self, reason: str) -> None:
-        """Count one dropped message; log once per episode, not per message."""
+    def start_shedding(self, reason: str) -> None:
+        """Drop this message and the next ones without trying, until the client
+        can take messages again; the episode is logged once, with its count."""
         self.server.stats.drops[reason] += 1
-        self._drops += 1
-        self._drop_reason = reason
+        self.episode_drops += 1
+        self._drop_reason = self.shed = reason
+        if reason == "soft_discard" and not self.queue.count:
+            # nothing queued, so no writer will notice the socket drain: watch it
+            if self._shed_watcher is None:
+                self._shed_watcher = self._hub.loop.io(self.sock.fileno(), 2)
+            self._shed_watcher.start(self._writable)
         if self._drop_timer is None:
             self._drop_timer = gevent.spawn_later(DROP_EPISODE_QUIET, self._drop_episode, 0)
 
+    def _writable(self) -> None:
+        """libev callback: the socket can take packets again."""
+        self._shed_watcher.stop()
+        if self.queue.soft != "discard" or not self.queue.count:
+            self.shed = None
+
+    def reset_shedding(self) -> None:
+        """A flood-control mode changed: decide afresh on the next message."""
+        self.shed = None
+        if self._shed_watcher is not None:
+            self._shed_watcher.stop()
+
+    def count_drop(self, reason: str) -> None:
+        """Count one dropped message (no shedding state)."""
+        self.server.stats.drops[reason] += 1
+        self.episode_drops += 1
+        self._drop_reason = reason
+
     def _drop_episode(self, seen: int) -> None:
-        if self._drops != seen and self.alive:  # still dropping: look again later
+        if self.episode_drops != seen and self.alive:  # still dropping: look again later
             self._drop_timer = gevent.spawn_later(
-                DROP_EPISODE_QUIET, self._drop_episode, self._drops
+                DROP_EPISODE_QUIET, self._drop_episode, self.episode_drops
             )
             return
-        self.log.warning("flood.drop", count=self._drops, reason=self._drop_reason)
-        self._drops = 0
+        self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
+        self.episode_drops = 0
         self._drop_timer = None
 
     def close(self, reason: str, detail: str = "") -> None:
@@ -241,8 +283,10 @@ class Connection:
             stats.drops[why] += lost
         if self._drop_timer is not None:
             self._drop_timer.kill(block=False)
-            if self._drops:
-                self.log.warning("flood.drop", count=self._drops, reason=self._drop_reason)
+            if self.episode_drops:
+                self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
+        if self._shed_watcher is not None:
+            self._shed_watcher.close()
         level = self.log.info if reason in ("closed", "server_stopping") else self.log.warning
         level("client.disconnected", reason=reason, detail=detail, lost=lost)
         self.space.set()

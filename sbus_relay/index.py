@@ -86,8 +86,9 @@ class SubscriptionIndex(Generic[C]):
         self._prefix: dict[bytes, tuple] = {}
         self._dead: dict[bytes, tuple] = {}
         self._owned: dict[C, dict[bytes, int]] = {}
-        self._cache: dict[bytes, tuple] = {}
-        self._cache_size = cache_size
+        #: key -> recipients; bounded, cleared on every change of a recipient set
+        self.cache: dict[bytes, tuple] = {}
+        self.cache_size = cache_size
         self._distinct = 0
         self._total = 0
         self.on_first = on_first
@@ -97,7 +98,7 @@ class SubscriptionIndex(Generic[C]):
 
     def match(self, key: bytes) -> tuple[C, ...]:
         """Every client with at least one pattern matching ``key``, each once."""
-        hit = self._cache.get(key)
+        hit = self.cache.get(key)
         if hit is not None:
             return hit
         out: set[C] = set()
@@ -122,8 +123,8 @@ class SubscriptionIndex(Generic[C]):
             if not self._public.empty():
                 _walk(self._public, key.split(b"/"), 0, out)
         result = tuple(out)
-        cache = self._cache
-        if len(cache) >= self._cache_size:
+        cache = self.cache
+        if len(cache) >= self.cache_size:
             del cache[next(iter(cache))]  # oldest first; bounded either way
         cache[key] = result
         return result
@@ -177,7 +178,7 @@ class SubscriptionIndex(Generic[C]):
         if n:
             return  # a duplicate: recipients unchanged
         first = self._attach(client, pattern)
-        self._cache.clear()
+        self.cache.clear()
         if first:
             self._distinct += 1
             if self.on_first is not None:
@@ -214,7 +215,7 @@ class SubscriptionIndex(Generic[C]):
 
     def _detach_and_notify(self, client: C, pattern: bytes) -> None:
         last = self._detach(client, pattern)
-        self._cache.clear()
+        self.cache.clear()
         if last:
             self._distinct -= 1
             if self.on_last is not None:

@@ -50,6 +50,10 @@ STOP_TIMEOUT = 2.0
 UPSTREAM_QUEUE_MESSAGES = 10_000
 #: (config) ... and their bytes.
 UPSTREAM_QUEUE_BYTES = 16 * 1024 * 1024
+#: Upward messages queued while the upstream is connected but slow, beyond
+#: which the local publisher is paused (back-pressure, not loss: SPEC §6's
+#: bounded drop is for outages only).
+UPSTREAM_HIGH_WATER = 1024
 #: (config) Reconnect back-off: first delay and cap, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0

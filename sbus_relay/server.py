@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -66,6 +67,9 @@ class Server:
             on_first=self._first_subscriber, on_last=self._last_subscriber
         )
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)
+        #: the index's key -> recipients cache, read directly on the hot path
+        #: (the dict object lives as long as the index; it is only ever cleared)
+        self._cached: Callable[[bytes], tuple[Connection, ...] | None] = self.index.cache.get
         #: one receive buffer for every reader: a greenlet copies out its packet
         #: before it can yield, so they never share it at the same time
         self.recv_buffer = bytearray(MAX_PACKET)
@@ -186,12 +190,20 @@ class Server:
         if b"!" in key and not valid_key(key):
             self.stats.drops["reserved_key"] += 1
             return
-        recipients = self.index.match(key)
+        recipients = self._cached(key)
+        if recipients is None:
+            recipients = self.index.match(key)
         if recipients:
             delivered = nbytes = 0
             size = len(packet)
+            drops = self.stats.drops
             for conn in recipients:
                 if conn is sender and not conn.echo:
+                    continue
+                shed = conn.shed
+                if shed is not None:
+                    drops[shed] += 1
+                    conn.episode_drops += 1
                     continue
                 if not conn.queue.count:
                     try:
@@ -210,7 +222,7 @@ class Server:
             stats.bytes_out += nbytes
         upstream = self.upstream
         if upstream is not None and sender is not None:
-            upstream.forward(key, packet)
+            upstream.forward(key, packet, sender)
 
     def _backlog(self, conn: Connection, packet: bytes, sender: Connection | None) -> None:
         """The slow path: ``conn`` cannot take ``packet`` now (SPEC §4)."""
@@ -220,15 +232,15 @@ class Server:
         elif action in _NEEDS_BLOCK:
             conn.enqueue(packet)
             if sender is not None:  # even when it fills its own queue (echo)
-                sender.waits.append((conn, action is Action.QUEUE_AND_WAIT_EMPTY))
+                sender.wait_for(conn, until_empty=action is Action.QUEUE_AND_WAIT_EMPTY)
         elif action is Action.DISCONNECT:
-            conn.dropped("slow_client_disconnected")
+            conn.count_drop("slow_client_disconnected")
             conn.close(
                 "slow_client",
                 "blocking/%s/error" % ("soft" if conn.queue.soft == "error" else "hard"),
             )
         else:
-            conn.dropped(action.value)
+            conn.start_shedding(action.value)
 
     # --- everything but MSG ----------------------------------------------------
 
@@ -320,6 +332,7 @@ class Server:
             if setting is None:
                 return  # unknown control messages are ignored (SPEC §4)
             what, value = setting
+            conn.reset_shedding()
             if what == "soft":
                 conn.queue.soft = value
             elif what == "hard":

@@ -26,6 +26,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import gevent
+from gevent.event import Event
 
 from . import codec
 from .addresses import connect
@@ -34,9 +35,10 @@ from .errors import AddressError, PeerError
 from .index import SubscriptionIndex
 from .interest import ADD, READY, REMOVE
 from .keys import WHOAMI
-from .limits import MAX_PACKET, READ_BATCH, SEND_BUFFER
+from .limits import MAX_PACKET, READ_BATCH, SEND_BUFFER, UPSTREAM_HIGH_WATER
 
 if TYPE_CHECKING:
+    from .connection import Connection
     from .server import Server
 
 _MSG = b"MSG "
@@ -69,6 +71,8 @@ class UpstreamLink:
         self._writer: gevent.Greenlet | None = None
         self._stopping = False
         self._connections = 0
+        #: set whenever the outbox shrinks; publishers paused by back-pressure wait on it
+        self.space = Event()
 
     # --- what the server sees --------------------------------------------------
 
@@ -104,11 +108,20 @@ class UpstreamLink:
         if self.connected:
             self._send(codec.UNSUB + pattern, msg=False)
 
-    def forward(self, key: bytes, packet: bytes) -> None:
-        """A local publish: send it up if someone outside may want it (SPEC §6.4)."""
+    def forward(self, key: bytes, packet: bytes, sender: Connection) -> None:
+        """A local publish: send it up if someone outside may want it (SPEC §6.4).
+
+        While the upstream is up but slow, the publisher is paused rather than
+        its messages dropped; the bounded drop is for outages only.
+        """
         if self.ready and self.interest_complete and not self.interest.match(key):
             return
         self._send(packet, msg=True)
+        if self.ready and self._out_msgs > UPSTREAM_HIGH_WATER:
+            sender.waits.append((self.space, self._busy))
+
+    def _busy(self) -> bool:
+        return self.ready and self._out_msgs > UPSTREAM_HIGH_WATER // 2
 
     # --- sending -------------------------------------------------------------------
 
@@ -125,7 +138,8 @@ class UpstreamLink:
             except OSError:
                 self._lost("send failed")
         if msg:
-            if self._out_msgs >= self._max_messages or self._out_bytes >= self._max_bytes:
+            full = self._out_msgs >= self._max_messages or self._out_bytes >= self._max_bytes
+            if full and not self.ready:
                 self.server.stats.drops["upstream_queue_overflow"] += 1
                 return
             self._out_msgs += 1
@@ -166,8 +180,11 @@ class UpstreamLink:
                     self._out_msgs -= 1
                     self._out_bytes -= len(packet)
                     self.server.stats.forwarded_up += 1
+                    if self._out_msgs == UPSTREAM_HIGH_WATER // 2:
+                        self.space.set()
         finally:
             self._writer = None
+            self.space.set()
 
     # --- the connection's life ------------------------------------------------------
 

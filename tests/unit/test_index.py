@@ -145,7 +145,7 @@ def test_cache_is_bounded() -> None:
     ix.add("c", b"")
     for i in range(100):
         ix.match(b"k%d" % i)
-    assert len(ix._cache) <= 8
+    assert len(ix.cache) <= 8
 
 
 def test_trie_pruned_after_removal() -> None:
