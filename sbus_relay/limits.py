@@ -27,8 +27,9 @@ MATCH_CACHE_SIZE = 4096
 # --- server ----------------------------------------------------------------
 #: (config) Most clients connected at once; further peers are closed at accept.
 MAX_CLIENTS = 4096
-#: Packets read from one client before yielding to others (fairness).
-READ_BATCH = 64
+#: Packets read from one client before yielding to others (fairness); each
+#: yield costs a trip through the hub, so not every packet.
+READ_BATCH = 128
 #: Accept-loop back-off after an error (EMFILE, ENFILE...): first and cap, seconds.
 ACCEPT_BACKOFF_MIN = 0.01
 ACCEPT_BACKOFF_MAX = 1.0

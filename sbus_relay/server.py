@@ -226,7 +226,11 @@ class Server:
 
     def _backlog(self, conn: Connection, packet: bytes, sender: Connection | None) -> None:
         """The slow path: ``conn`` cannot take ``packet`` now (SPEC §4)."""
-        action = conn.queue.decide()
+        q = conn.queue
+        if q.soft == "queue" and q.count < q.max_messages and q.nbytes < q.max_bytes:
+            conn.enqueue(packet)  # the default mode below the limit: skip decide()
+            return
+        action = q.decide()
         if action is Action.QUEUE:
             conn.enqueue(packet)
         elif action in _NEEDS_BLOCK:
@@ -235,10 +239,8 @@ class Server:
                 sender.wait_for(conn, until_empty=action is Action.QUEUE_AND_WAIT_EMPTY)
         elif action is Action.DISCONNECT:
             conn.count_drop("slow_client_disconnected")
-            conn.close(
-                "slow_client",
-                "blocking/%s/error" % ("soft" if conn.queue.soft == "error" else "hard"),
-            )
+            mode = "soft" if q.soft == "error" else "hard"
+            conn.close("slow_client", "blocking/%s/error" % mode)
         else:
             conn.start_shedding(action.value)
 
