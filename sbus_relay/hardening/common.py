@@ -144,6 +144,13 @@ class ServerProc:
         """Open descriptors (/proc/PID/fd)."""
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def settled_fd_count(self) -> int:
+        """Descriptors once the event loop exists (it is made after the listener)."""
+        with Conn(self.address) as probe:
+            probe.whoami()
+        time.sleep(0.1)
+        return self.fd_count()
+
     def stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The counters of a ``host`` server (asked with SIGUSR1, or left at exit)."""
         if self.kind != "host":
