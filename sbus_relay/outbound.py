@@ -34,14 +34,19 @@ class Action(Enum):
 class OutboundQueue:
     """Packets waiting for one client, bounded by bytes and messages.
 
-    Items are ``(packet, enqueued_at)``.  ``count`` and ``nbytes`` are plain
-    attributes so the server's hot path reads them without a call.
+    Packets and their enqueue times sit in two parallel deques rather than a
+    deque of tuples: bytes and floats are not tracked by the garbage
+    collector, so a stalled client's 65,536 queued messages do not make every
+    full collection scan them (only ``order/random`` keeps heap tuples).
+    ``count`` and ``nbytes`` are plain attributes so the hot path reads them
+    without a call.
     """
 
     __slots__ = (
-        "_deque",
         "_heap",
+        "_packets",
         "_seq",
+        "_times",
         "count",
         "hard",
         "max_bytes",
@@ -59,7 +64,8 @@ class OutboundQueue:
         self.order = "queue"
         self.count = 0
         self.nbytes = 0
-        self._deque: deque[tuple[bytes, float]] = deque()
+        self._packets: deque[bytes] = deque()
+        self._times: deque[float] = deque()
         self._heap: list[tuple[int, int, bytes, float]] = []
         self._seq = 0
 
@@ -93,23 +99,28 @@ class OutboundQueue:
             self._seq += 1
             heapq.heappush(self._heap, (-len(packet), self._seq, packet, now))
         else:
-            self._deque.append((packet, now))
+            self._packets.append(packet)
+            self._times.append(now)
 
     def peek(self) -> tuple[bytes, float]:
         """The next packet to send, without removing it."""
         if self.order == "random":
             _, _, packet, t = self._heap[0]
             return packet, t
-        return self._deque[-1] if self.order == "stack" else self._deque[0]
+        if self.order == "stack":
+            return self._packets[-1], self._times[-1]
+        return self._packets[0], self._times[0]
 
     def pop(self) -> None:
         """Remove the packet ``peek`` returned (it was sent)."""
         if self.order == "random":
             packet = heapq.heappop(self._heap)[2]
         elif self.order == "stack":
-            packet = self._deque.pop()[0]
+            packet = self._packets.pop()
+            self._times.pop()
         else:
-            packet = self._deque.popleft()[0]
+            packet = self._packets.popleft()
+            self._times.popleft()
         self.count -= 1
         self.nbytes -= len(packet)
 
@@ -119,7 +130,8 @@ class OutboundQueue:
             return
         items = self._items_oldest_first()
         self.order = order
-        self._deque.clear()
+        self._packets.clear()
+        self._times.clear()
         self._heap.clear()
         self.count = self.nbytes = 0
         for packet, t in items:
@@ -128,7 +140,8 @@ class OutboundQueue:
     def clear(self) -> int:
         """Drop everything; returns how many packets were dropped."""
         n = self.count
-        self._deque.clear()
+        self._packets.clear()
+        self._times.clear()
         self._heap.clear()
         self.count = self.nbytes = 0
         return n
@@ -136,7 +149,7 @@ class OutboundQueue:
     def _items_oldest_first(self) -> list[tuple[bytes, float]]:
         if self.order == "random":
             return [(p, t) for _, _, p, t in sorted(self._heap, key=lambda e: e[1])]
-        return list(self._deque)
+        return list(zip(self._packets, self._times, strict=True))
 
 
 def parse_flood_control(key: bytes) -> tuple[str, str] | None:
