@@ -223,3 +223,14 @@ def test_shipped_configs_load(name: str) -> None:
         assert config.pidfile == "/dev/null"
     else:
         assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9810")
+
+
+def test_upstream_cannot_be_the_servers_own_address(tmp_path: Path) -> None:
+    path = write(tmp_path, "address: /tmp/self\nupstream: /tmp/self\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert (caught.value.key, caught.value.source) == ("upstream", path)
+    assert "/tmp/self" in caught.value.reason
+    with pytest.raises(ConfigError) as caught:
+        ServerConfig(address="/tmp/a").merged(upstream="/tmp/a")
+    assert caught.value.key == "upstream"
