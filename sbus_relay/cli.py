@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "up": "sbus_relay.commands.up",
     "record": "sbus_relay.commands.record",
     "analyze": "sbus_relay.commands.analyze",
+    "harden": "sbus_relay.commands.harden",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).

@@ -1,0 +1,93 @@
+"""``sbus-relay harden``: fuzz, fault, load and soak runs against real servers (issue 7).
+
+Each run starts its own servers on Unix sockets under /tmp, prints its figures
+and exits 1 if any promise was broken.  ``--quick`` runs the short versions
+that ``tests/hardening`` also runs.  See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RUNS = ("fuzz", "faults", "load", "soak", "all")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", choices=RUNS, help="what to run")
+    parser.add_argument("--quick", action="store_true", help="the short versions (seconds)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the fuzz and secret runs")
+    parser.add_argument(
+        "--soak-seconds", type=float, metavar="S", help="soak length (default 120, quick 10)"
+    )
+
+
+def _fuzz(args: argparse.Namespace) -> dict[str, Any]:
+    from ..hardening.fuzz import run_fuzz
+    from ..hardening.secret import run_secret
+
+    if args.quick:
+        live = run_fuzz(inputs=20_000, fuzzers=4, good_messages=300, seed=args.seed)
+        secret = run_secret(rounds=20, seed=args.seed)
+    else:
+        live = run_fuzz(inputs=400_000, fuzzers=8, good_messages=5000, seed=args.seed)
+        secret = run_secret(rounds=300, seed=args.seed)
+    return {"live_fuzz": live, "secret_rounds": secret}
+
+
+def _faults(args: argparse.Namespace) -> dict[str, Any]:
+    from ..hardening.faults import run_faults
+
+    return run_faults(quick=args.quick)
+
+
+def _load(args: argparse.Namespace) -> dict[str, Any]:
+    from ..hardening.load import run_load
+
+    return {"load": run_load(clients=1000, shared=20 if args.quick else 200)}
+
+
+def _soak(args: argparse.Namespace) -> dict[str, Any]:
+    from ..hardening.soak import run_soak
+
+    seconds = args.soak_seconds or (10.0 if args.quick else 120.0)
+    return {"soak": run_soak(duration=seconds)}
+
+
+def _failures(figures: dict[str, Any]) -> list[str]:
+    out = []
+    for name, part in figures.items():
+        if isinstance(part, dict):
+            out += [f"{name}: {f}" for f in part.get("failures", [])]
+            out += [f"{name}.{f}" for f in _failures({k: v for k, v in part.items()
+                                                      if isinstance(v, dict)})]  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen hardening runs; print figures; 1 if any promise was broken."""
+    chosen = ("fuzz", "faults", "load", "soak") if args.run == "all" else (args.run,)
+    table = {"fuzz": _fuzz, "faults": _faults, "load": _load, "soak": _soak}
+    figures: dict[str, Any] = {}
+    started = time.monotonic()
+    for name in chosen:
+        t0 = time.monotonic()
+        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        part = table[name](args)
+        figures.update(part)
+        print(json.dumps(part, indent=2), flush=True)
+        print(f"-- {name}: {time.monotonic() - t0:.1f} s", flush=True)
+    figures["total_seconds"] = round(time.monotonic() - started, 1)
+    failures = _failures(figures)
+    if args.json:
+        args.json.write_text(json.dumps({**figures, "failures": failures}, indent=2) + "\n")
+    if failures:
+        print("FAILED:", *failures, sep="\n  ", file=sys.stderr)
+        return 1
+    print(f"all promises held ({figures['total_seconds']} s)")
+    return 0
