@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, cast
 
@@ -146,7 +147,13 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _serve(config: ServerConfig, sock: socket.socket, printable: str, log: Any, ready: Any) -> None:
+def _serve(
+    config: ServerConfig,
+    sock: socket.socket,
+    printable: str,
+    log: Any,
+    ready: Callable[[], None] | None,
+) -> None:
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
 
