@@ -186,11 +186,6 @@ def serve_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (config.py _check_together): --upstream equal to the listening address "
-    "is not refused; serve runs and retries its own socket forever",
-)
 def test_serve_refuses_an_upstream_equal_to_its_own_address(tree: Hierarchy) -> None:
     address = tree.path("self")
     try:
