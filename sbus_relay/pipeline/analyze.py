@@ -165,7 +165,10 @@ class Frames:
 
 
 def compute(df: DataFrame, opts: AnalyzeOptions) -> Frames:
-    """The analysis of capture rows ``df`` as lazy DataFrames."""
+    """The analysis of capture rows ``df`` as DataFrames.
+
+    Lazy, except the top-key tables: ranking ``top`` rows runs one job here.
+    """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 

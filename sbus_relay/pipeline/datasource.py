@@ -104,18 +104,23 @@ class SbusDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format name, ``"sbus"``."""
         return FORMAT
 
     def schema(self) -> str:
+        """Rows of the source: receive time (ns), key, payload."""
         return READ_SCHEMA
 
     def simpleStreamReader(self, schema: StructType) -> SbusStreamReader:
+        """The driver-side live reader (at-most-once)."""
         return SbusStreamReader(dict(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SbusStreamWriter:
+        """The streaming sink (at-least-once)."""
         return SbusStreamWriter(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> SbusBatchWriter:
+        """The batch sink: ``df.write.format("sbus")``."""
         return SbusBatchWriter(dict(self.options), schema)
 
 
@@ -137,6 +142,7 @@ class _Listener:
         self.thread = threading.Thread(target=self._run, name="sbus-source", daemon=True)
 
     def start(self) -> None:
+        """Start the thread and wait until the bus has confirmed the subscription."""
         self.thread.start()
         if not self.ready.wait(READY_TIMEOUT) and self.error is None:
             self.error = TimeoutError(f"no reply from the bus at {self.address}")
@@ -176,6 +182,7 @@ class _Listener:
             self.buffered_bytes += size
 
     def take(self, limit: int) -> list[tuple[int, str, bytes]]:
+        """Remove and return up to ``limit`` buffered rows, oldest first."""
         with self.lock:
             n = min(limit, len(self.buffer))
             rows = [self.buffer.popleft() for _ in range(n)]
@@ -183,6 +190,7 @@ class _Listener:
             return rows
 
     def stop(self) -> None:
+        """Ask the thread to end (it closes its client) and wait briefly."""
         self.stopping.set()
         self.thread.join(TICK_SECONDS * 4)
 
@@ -215,6 +223,7 @@ class SbusStreamReader(SimpleDataSourceStreamReader):
         return self._listener
 
     def initialOffset(self) -> dict[str, int]:
+        """Subscribe (once) and start counting at 0."""
         # Subscribing here, not in __init__: the reader is built before the query
         # starts and may be pickled; only the driver's live instance listens.
         self._ensure_listening()
@@ -238,6 +247,7 @@ class SbusStreamReader(SimpleDataSourceStreamReader):
     def readBetweenOffsets(
         self, start: dict[str, int], end: dict[str, int]
     ) -> Iterator[tuple[int, str, bytes]]:
+        """Replay a batch: always empty, its rows are gone (at-most-once)."""
         # Only a replay after a restart lands here; those rows are gone (at-most-once).
         if start != end:
             log.warning("sbus source cannot replay offsets %s..%s: rows lost", start, end)
@@ -273,6 +283,7 @@ class _Publisher:
             raise ValueError(f"sbus sink needs column(s) {sorted(missing)}; have {sorted(names)}")
 
     def publish(self, rows: Iterator[Row]) -> PublishedMessage:
+        """Publish every row with a key; the client is opened on the first one."""
         client: Client | None = None  # opened lazily, on the executor
         count = 0
         try:
@@ -300,6 +311,7 @@ class SbusStreamWriter(DataSourceStreamWriter):
         self.publisher = _Publisher(options, schema)
 
     def write(self, iterator: Iterator[Row]) -> PublishedMessage:
+        """Publish this task's rows (runs on an executor)."""
         return self.publisher.publish(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -316,4 +328,5 @@ class SbusBatchWriter(DataSourceWriter):
         self.publisher = _Publisher(options, schema)
 
     def write(self, iterator: Iterator[Row]) -> PublishedMessage:
+        """Publish this task's rows (runs on an executor)."""
         return self.publisher.publish(iterator)

@@ -252,3 +252,15 @@ def test_options_are_validated() -> None:
     with pytest.raises(ValueError):
         A.AnalyzeOptions(burst_factor=1.0)
     assert A.percentile_name(0.999) == "p99_9"
+
+
+def test_empty_capture_gives_an_empty_report(spark: Any, tmp_path: Path) -> None:
+    """A capture of an idle bus: zero rows, no crash, a report that says so."""
+    (tmp_path / "cap").mkdir()
+    pq.write_table(CAPTURE_SCHEMA.empty_table(), tmp_path / "cap" / "capture-0.parquet")
+    result = A.run(spark, [str(tmp_path / "cap")], tmp_path / "out", OPTS)
+    report = write_report(result, tmp_path / "out").read_text()
+    assert result.summary["messages"] == 0 and result.summary["first_ns"] is None
+    assert result.summary["size_percentiles"] == {"p50": None, "p90": None, "p99": None}
+    assert read(tmp_path / "out", "prefix_windows") == []
+    assert "Messages: **0**" in report and "No bursts." in report
