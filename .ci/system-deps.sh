@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: a real Prometheus
-# (tests/metrics).  Installed with apt-get only when missing and only as root;
-# otherwise those tests skip themselves.
+# System packages the test suite needs beyond Python, installed with apt-get
+# only when missing and only as root (otherwise the tests that need them skip
+# with a loud reason):
+#   prometheus, promtool   tests/metrics: a real Prometheus scrapes real buses
+#   java (JRE 17+)         tests/pipeline: PySpark runs on the JVM
+#   gcc                    the benchmark's C load generator (tests/bench)
 set -euo pipefail
 
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+
+if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-    echo "system-deps: prometheus/promtool missing and not root; skipping (those tests will skip)" >&2
-    exit 0
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "system-deps: no apt-get; install prometheus yourself to run tests/metrics" >&2
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "system-deps: missing ${missing[*]} and cannot apt-get install them here;" \
+         "the tests that need them will skip" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update </dev/null
-apt-get install -y --no-install-recommends prometheus </dev/null
+apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
