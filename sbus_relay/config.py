@@ -281,11 +281,15 @@ _StrictLoader.add_constructor(
 )
 
 
-def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:
-    """Read and validate the YAML file at ``path`` over ``base`` (defaults)."""
+def read_yaml(path: str) -> Any:
+    """Parse the YAML file at ``path`` strictly; every failure is one ``ConfigError``.
+
+    Shared by every YAML file the project reads (server configs, the dev
+    hierarchy), so they all refuse duplicate keys and word errors alike.
+    """
     try:
         with open(path, encoding="utf-8") as stream:
-            document = yaml.load(stream, Loader=_StrictLoader)
+            return yaml.load(stream, Loader=_StrictLoader)
     except OSError as exc:
         raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -295,7 +299,11 @@ def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:
         raise ConfigError(path, str(exc.key), reason) from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
-    return config_from_mapping(document, path, base)
+
+
+def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:
+    """Read and validate the YAML file at ``path`` over ``base`` (defaults)."""
+    return config_from_mapping(read_yaml(path), path, base)
 
 
 def config_from_mapping(

@@ -32,10 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-import yaml
-
 from .addresses import connect, parse_address
-from .config import config_from_mapping
+from .config import config_from_mapping, read_yaml
 from .errors import AddressError, ConfigError, SbusError
 
 #: Keys of the hierarchy file and of each bus entry.
@@ -88,38 +86,9 @@ class Hierarchy:
 # --- loading ---------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice (line {mark.line + 1})", mark
-            )
-        seen.add(key)
-    return dict(loader.construct_pairs(node))
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
 def load_hierarchy(path: str) -> Hierarchy:
     """Read and validate the hierarchy file at ``path``; raises ``ConfigError``."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            document = yaml.load(stream, Loader=_StrictLoader)
-    except OSError as exc:
-        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
-    return hierarchy_from_mapping(document, path)
+    return hierarchy_from_mapping(read_yaml(path), path)
 
 
 def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
@@ -240,12 +209,6 @@ def _depth(specs: list[BusSpec], spec: BusSpec) -> int:
         spec = by_name[spec.upstream]
         depth += 1
     return depth
-
-
-def _yaml_reason(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    return f"{problem} at line {mark.line + 1}" if mark is not None else problem
 
 
 # --- running ---------------------------------------------------------------------
