@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,24 +18,12 @@ from tests.server.rawclient import (
     WHOAMI,
     Closed,
     RawClient,
-    client_factory,
     fenced,
-    module_bus,
     own_creds,
     publish_then_fence,
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    yield from module_bus(tmp_path_factory)
-
-
-@pytest.fixture
-def connect(bus: Any) -> Iterator[Callable[[], RawClient]]:
-    yield from client_factory(bus)
 
 
 # --- byte-for-byte forwarding -------------------------------------------------

@@ -5,8 +5,7 @@ Negative checks use a fence (``rawclient.fenced``) instead of sleeping.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -14,23 +13,11 @@ from tests.server.rawclient import (
     FENCE,
     FENCE_PACKET,
     RawClient,
-    client_factory,
     fenced,
-    module_bus,
     publish_then_fence,
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    yield from module_bus(tmp_path_factory)
-
-
-@pytest.fixture
-def connect(bus: Any) -> Iterator[Callable[[], RawClient]]:
-    yield from client_factory(bus)
 
 
 # --- routing ----------------------------------------------------------------------

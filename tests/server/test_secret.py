@@ -6,8 +6,7 @@ All clients here live in the test process, so the server sees the same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -15,24 +14,12 @@ from tests.server.rawclient import (
     FENCE,
     FENCE_PACKET,
     RawClient,
-    client_factory,
     fenced,
-    module_bus,
     own_creds,
     secret_key,
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    yield from module_bus(tmp_path_factory)
-
-
-@pytest.fixture
-def connect(bus: Any) -> Iterator[Callable[[], RawClient]]:
-    yield from client_factory(bus)
 
 
 def test_own_secret_subscription_receives_the_secret(connect: Callable[[], RawClient]) -> None:
