@@ -1,0 +1,59 @@
+"""Server bugs found by the hardening runs, each as a test that fails until it is fixed.
+
+Marked ``xfail(strict=True)``: the suite stays green while the bug is open and
+turns red (XPASS) the day it is fixed, so the mark is removed with the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from sbus_relay.hardening.common import Conn, ServerProc, cleanup_dir, short_dir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def server() -> Iterator[ServerProc]:
+    workdir = short_dir()
+    proc = ServerProc(os.path.join(workdir, "bus"))
+    yield proc
+    proc.kill()
+    cleanup_dir(workdir)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server bug: Server._notify iterates InterestTracker.after() lazily while "
+    "send_control may close a listener, and forget() then deletes it from "
+    "interest.listeners: RuntimeError 'dictionary changed size during iteration' kills "
+    "the reader greenlet of the client whose UNSUB triggered the notice",
+)
+def test_unsub_while_a_relay_disconnects_keeps_the_client_alive(server: ServerProc) -> None:
+    """SPEC §6 interest + STYLE §2: a relay vanishing must not harm any other client.
+
+    Found by ``harden fuzz`` (secret rounds: the relay stopped while children left).
+    Expected: the client's whoami is answered and the log has no traceback.
+    Actual: the whoami is never answered; the log shows the RuntimeError.
+    """
+    client = Conn(server.address, timeout=5.0)
+    listeners = [Conn(server.address) for _ in range(4)]
+    for listener in listeners:
+        listener.cmsg(b"interest/on")
+        listener.whoami()
+    client.sub(b"p")
+    client.whoami()
+    for listener in listeners:  # the relays go away ...
+        listener.close()
+    client.unsub(b"p")  # ... while a notice about 'p' is being sent to them
+    try:
+        client.whoami(timeout=2.0)
+        answered = True
+    except TimeoutError:
+        answered = False
+    assert server.alive()
+    assert "Traceback" not in server.log_text(), server.log_text()[-2000:]
+    assert answered, "the client is never served again"
