@@ -33,6 +33,7 @@ from .errors import AddressError
 from .limits import (
     ABSTRACT_BIND_ATTEMPTS,
     LISTEN_BACKLOG,
+    SEND_BUFFER,
     STALE_PROBE_TIMEOUT,
     SUN_PATH_SIZE,
 )
@@ -119,7 +120,11 @@ def format_abstract(name: bytes) -> str:
 def _new_socket() -> socket.socket:
     # Looked up on the module at call time so that gevent's monkey-patching
     # (which replaces socket.socket) gives cooperative sockets.
-    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # A SEQPACKET send larger than the send buffer fails with EMSGSIZE; the
+    # default (~208 KiB) is below MAX_PACKET.  Accepted sockets inherit it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    return sock
 
 
 def listen(
@@ -244,9 +249,7 @@ def connect(address: Address | str) -> socket.socket:
         return _adopt(address.fd)
     if address.kind == "abstract" and address.name is None:
         raise AddressError(f"{ABSTRACT_PREFIX} picks a name when listening; connect needs one")
-    target: bytes = (
-        address.name if address.name is not None else os.fsencode(address.path)
-    )
+    target: bytes = address.name if address.name is not None else os.fsencode(address.path)
     sock = _new_socket()
     try:
         sock.connect(target)

@@ -415,3 +415,21 @@ def test_serve_with_metrics(tmp_path: Path) -> None:
                     raise
                 time.sleep(0.05)
         assert "sbus_" in body
+
+
+def test_client_sends_and_receives_the_largest_legal_packet(sbusd: BusProcess) -> None:
+    """SPEC §1: packets up to 409,600 bytes are legal, in both directions.
+
+    A SEQPACKET send larger than the socket's send buffer fails with EMSGSIZE,
+    and the default buffer is about half this size, so the client must ask for
+    a bigger one (as the server does for its side).
+    """
+    payload = bytes(range(256)) * 1600  # 409,600 bytes, minus the header below
+    payload = payload[: 409_600 - len(b"MSG big\0")]
+    with Client(sbusd.address, timeout=10) as sub, Client(sbusd.address, timeout=10) as pub:
+        sub.subscribe(b"big")
+        sub.whoami()  # the subscription is in place
+        pub.publish(b"big", payload)
+        got = sub.receive()
+    assert len(got.packet) == 409_600
+    assert got.payload == payload
