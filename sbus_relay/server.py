@@ -305,7 +305,9 @@ class Server:
             self._notify(self.interest.after(pattern, before))
 
     def _notify(self, notices: Any) -> None:
-        for listener, verb, pattern in notices:
+        # Collect first: sending may disconnect a slow listener, and its
+        # forget() changes the listener set the notices are computed from.
+        for listener, verb, pattern in list(notices):
             listener.send_control(codec.encode_cmsg(verb, pattern), essential=True)
 
     def _control(self, conn: Connection, key: bytes) -> None:

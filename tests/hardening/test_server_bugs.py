@@ -1,7 +1,7 @@
-"""Server bugs found by the hardening runs, each as a test that fails until it is fixed.
+"""Regression tests for server bugs the hardening runs found.
 
-Marked ``xfail(strict=True)``: the suite stays green while the bug is open and
-turns red (XPASS) the day it is fixed, so the mark is removed with the fix.
+Each was first committed as a strict xfail that reproduced the bug; the mark
+went with the fix, so each now guards against the bug's return.
 """
 
 from __future__ import annotations
@@ -25,13 +25,6 @@ def server() -> Iterator[ServerProc]:
     cleanup_dir(workdir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: Server._notify iterates InterestTracker.after() lazily while "
-    "send_control may close a listener, and forget() then deletes it from "
-    "interest.listeners: RuntimeError 'dictionary changed size during iteration' kills "
-    "the reader greenlet of the client whose UNSUB triggered the notice",
-)
 def test_unsub_while_a_relay_disconnects_keeps_the_client_alive(server: ServerProc) -> None:
     """SPEC §6 interest + STYLE §2: a relay vanishing must not harm any other client.
 
