@@ -119,7 +119,8 @@ class Connection:
                 msgs = nbytes = 0
                 wait(watcher)
         except PeerError as e:
-            self.server.stats.packets_in["invalid"] += 1
+            if e.reason == "protocol_error":  # a refused SUB was counted as a SUB
+                stats.packets_in["invalid"] += 1
             self.close(e.reason, e.detail)
         except OSError as e:
             self.close("io_error", str(e))
