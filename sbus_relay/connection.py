@@ -124,6 +124,11 @@ class Connection:
             self.close(e.reason, e.detail)
         except OSError as e:
             self.close("io_error", str(e))
+        except gevent.GreenletExit:
+            raise
+        except Exception as e:  # a bug of ours: cost this one client, never the server
+            self.log.exception("client.internal_error")
+            self.close("internal_error", repr(e))
         finally:  # the last batch's counts, whichever way the loop ended
             stats.packets_in["msg"] += msgs
             stats.bytes_in += nbytes

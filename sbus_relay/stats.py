@@ -31,6 +31,7 @@ DISCONNECT_REASONS = (
     "too_many_patterns",  # over MAX_PATTERNS_PER_CLIENT
     "slow_client",  # blocking/soft/error or blocking/hard/error
     "io_error",  # send/recv failed (ECONNRESET, EPIPE ...)
+    "internal_error",  # a bug of ours while serving this client (logged with traceback)
     "server_stopping",  # the server shut down
 )
 

@@ -216,6 +216,10 @@ class UpstreamLink:
                 self.log.warning("upstream.protocol_error", reason=e.reason, detail=e.detail)
             except OSError as e:
                 self.log.warning("upstream.io_error", error=str(e))
+            except gevent.GreenletExit:
+                raise
+            except Exception:  # a bug of ours must not end reconnection for good
+                self.log.exception("upstream.internal_error")
             if self._stopping:
                 return
             if self.ready:

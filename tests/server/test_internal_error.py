@@ -1,0 +1,64 @@
+"""A bug of ours while serving one client costs that client only (STYLE §2).
+
+The server runs in this process under gevent so that a fault can be injected
+into its packet handler; the clients are cooperative sockets.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+import gevent
+import pytest
+from gevent import socket as gsocket
+
+from sbus_relay.config import ServerConfig
+from sbus_relay.server import Server
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _client(path: str) -> Any:
+    s = gsocket.socket(gsocket.AF_UNIX, gsocket.SOCK_SEQPACKET)
+    s.connect(path)
+    s.settimeout(5)
+    return s
+
+
+def test_an_exception_in_a_handler_disconnects_only_that_client() -> None:
+    folder = tempfile.mkdtemp(dir="/tmp")
+    path = folder + "/bus"
+    listener = gsocket.socket(gsocket.AF_UNIX, gsocket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(16)
+    server = Server(ServerConfig(address=path), listener)
+    real_handle = server.handle
+
+    def faulty(conn: Any, packet: bytes) -> None:
+        if packet == b"CMSG boom":
+            raise RuntimeError("injected")
+        real_handle(conn, packet)
+
+    server.handle = faulty  # type: ignore[method-assign]
+    server.start()
+    try:
+        victim, bystander = _client(path), _client(path)
+        bystander.send(b"SUB k")
+        bystander.send(b"CMSG !/cred/whoami")
+        assert bystander.recv(1000).startswith(b"CMSG !/cred/whoami\0")
+        victim.send(b"CMSG boom")
+        assert victim.recv(1000) == b""  # disconnected, not left hanging
+        victim.close()
+        fresh = _client(path)
+        fresh.send(b"MSG k\0still here")
+        assert bystander.recv(1000) == b"MSG k\0still here"
+        assert server.stats.disconnects["internal_error"] == 1
+        assert len(server.clients) == 2  # the victim's fd and patterns are gone
+        fresh.close()
+        bystander.close()
+    finally:
+        server.stop()
+        gevent.sleep(0)
+        shutil.rmtree(folder, ignore_errors=True)
