@@ -14,20 +14,28 @@ $(PY):
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv </dev/null; fi; \
 	  python3 -m venv $(VENV); }
 
-install: $(PY)
+# Editable installs: code changes need no reinstall, so each is redone only when
+# pyproject.toml changes (a stamp file per set of extras).
+$(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
 
 run: install
 	$(VENV)/bin/sbus-relay serve -c configs/default.yaml -f
 
-test: $(PY)
-	$(PY) -m pip install -q -e '.[dev,spark]'
+test: $(VENV)/.installed-dev
 	bash .ci/system-deps.sh
 	$(VENV)/bin/ruff check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-lint: $(PY)
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
 
