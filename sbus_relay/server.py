@@ -108,16 +108,25 @@ class Server:
         self.stopped.wait()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop accepting, disconnect every client, drop the upstream link."""
+        """Stop accepting, disconnect every client, drop the upstream link.
+
+        As gevent's servers do: close everything, give the client greenlets
+        ``timeout`` seconds to finish, then kill what is left.
+        """
         if self.stopped.is_set():
             return
         if self._accepter is not None:
             self._accepter.kill(block=False)
-        for conn in list(self.clients.values()):
+        conns = list(self.clients.values())
+        for conn in conns:
             conn.close("server_stopping")
         if self.upstream is not None:
             self.upstream.stop()
         self.listener.close()
+        current = gevent.getcurrent()
+        greenlets = [c.reader for c in conns if c.reader is not current]
+        gevent.joinall(greenlets, timeout=timeout)
+        gevent.killall([g for g in greenlets if not g.dead], block=False)
         self.log.info("server.stopped")
         self.stopped.set()
 
