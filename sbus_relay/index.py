@@ -145,6 +145,10 @@ class SubscriptionIndex(Generic[C]):
         """A copy of ``client``'s patterns and their counts."""
         return dict(self._owned.get(client, {}))
 
+    def distinct_of(self, client: C) -> int:
+        """How many distinct patterns ``client`` holds (no copy)."""
+        return len(self._owned.get(client, ()))
+
     def count_of(self, client: C, pattern: bytes) -> int:
         """How many times ``client`` holds ``pattern``."""
         return self._owned.get(client, {}).get(pattern, 0)

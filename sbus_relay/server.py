@@ -281,7 +281,7 @@ class Server:
         stored = check_pattern(pattern, conn.creds, self._own_prefix(pattern))
         if (
             self.index.count_of(conn, stored) == 0
-            and len(self.index.patterns_of(conn)) >= MAX_PATTERNS_PER_CLIENT
+            and self.index.distinct_of(conn) >= MAX_PATTERNS_PER_CLIENT
         ):
             raise PeerError("too_many_patterns", "over %d patterns" % MAX_PATTERNS_PER_CLIENT)
         self._change(conn, stored, add=True)

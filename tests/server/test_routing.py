@@ -165,3 +165,20 @@ def test_echo_is_on_by_default_and_switchable(connect: Callable[[], RawClient]) 
     sent = me.pub(b"e/4", b"four")
     assert me.recv_packet() == sent
     assert other.recv_packet() == sent
+
+
+def test_pattern_limit_per_client(connect: Callable[[], RawClient]) -> None:
+    """limits.MAX_PATTERNS_PER_CLIENT bounds one client's memory: one more distinct
+    pattern disconnects it; duplicates of a held pattern do not count."""
+    from sbus_relay.limits import MAX_PATTERNS_PER_CLIENT
+
+    greedy, other = connect(), connect()
+    for i in range(MAX_PATTERNS_PER_CLIENT):
+        greedy.send(b"SUB p/%d" % i)
+    greedy.send(b"SUB p/0")  # a duplicate is fine
+    greedy.sync(timeout=30)
+    greedy.send(b"SUB one/too/many")
+    greedy.expect_closed()
+    other.sub(b"still")  # nobody else notices
+    other.send(b"MSG still\0ok")
+    assert other.recv_packet() == b"MSG still\0ok"

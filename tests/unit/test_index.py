@@ -132,6 +132,7 @@ def test_duplicates_counted_and_unknown_remove() -> None:
     ix: SubscriptionIndex[str] = SubscriptionIndex()
     ix.add("c", b"x")
     ix.add("c", b"x")
+    assert ix.distinct_of("c") == 1 and ix.distinct_of("nobody") == 0
     assert ix.remove("c", b"x")
     assert ix.match(b"x") == ("c",)
     assert ix.remove("c", b"x")
