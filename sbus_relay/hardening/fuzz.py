@@ -236,7 +236,9 @@ def run_fuzz(
         alive = server.alive()
         fresh = alive and fresh_client_works(address)
         log = server.log_text()
-        crashes = log.count(" failed with ")  # gevent: a greenlet died of an exception
+        # a greenlet that died of an exception (gevent's report), or one the
+        # server contained by closing that client (client.internal_error)
+        crashes = log.count(" failed with ") + log.count("client.internal_error")
         known = {name: log.count(line) for name, line in KNOWN_SERVER_BUGS.items()}
         rss = server.rss_kib() if alive else 0
         fds = server.fd_count() if alive else 0
