@@ -28,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_address_argument(parser)
     parser.add_argument("patterns", metavar="PATTERN", nargs="+", help="routing key patterns")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument(
-        "-n", "--count", type=_positive, metavar="N", help="exit after N messages"
-    )
+    parser.add_argument("-n", "--count", type=_positive, metavar="N", help="exit after N messages")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log (to stderr) when subscribed"
     )
