@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from sbus_relay.rawclient import seqpacket_listening
+
 #: The venv's bin directory (the server commands live beside the interpreter).
 VENV_BIN = os.path.dirname(sys.executable)
 #: Seconds a server gets to start listening before the test fails.
@@ -33,9 +35,6 @@ START_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 #: Seconds to read the abstract address a server prints on stdout.
 PRINT_TIMEOUT = 15.0
-#: /proc/net/unix: the flag of a listening socket and the SEQPACKET type.
-_SO_ACCEPTCON = 0x10000
-_SOCK_SEQPACKET = 5
 #: Most bytes read back from a child's stdout or stderr in a helper.
 _READ_LIMIT = 1 << 20
 
@@ -90,15 +89,7 @@ def is_listening(address: str) -> bool:
     name = _proc_net_unix_name(address)
     if name is None:
         return True  # an inherited listener was listening before we started
-    with open("/proc/net/unix", encoding="latin-1") as table:
-        next(table)
-        for line in table:
-            parts = line.rstrip("\n").split(None, 7)
-            if len(parts) == 8 and parts[7] == name:
-                flags, kind = int(parts[3], 16), int(parts[4], 16)
-                if flags & _SO_ACCEPTCON and kind == _SOCK_SEQPACKET:
-                    return True
-    return False
+    return seqpacket_listening(name)
 
 
 def read_line(stream: int, timeout: float) -> bytes:

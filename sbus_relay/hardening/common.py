@@ -17,16 +17,19 @@ import resource
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+# WHOAMI and Closed are re-exported: the hardening modules take them from here.
+from ..rawclient import WHOAMI as WHOAMI
+from ..rawclient import Closed as Closed
+from ..rawclient import RawConnection, seqpacket_listening
 
 #: The venv's bin directory: ``sbusd`` and ``sbus-relay`` live beside the interpreter.
 VENV_BIN = os.path.dirname(sys.executable)
@@ -34,15 +37,10 @@ VENV_BIN = os.path.dirname(sys.executable)
 START_TIMEOUT = 15.0
 #: Seconds a server gets to exit after SIGINT before it counts as hung.
 STOP_TIMEOUT = 10.0
-#: Receive buffer: one byte over the largest legal packet (SPEC §1) so truncation shows.
-RECV_BUFFER = 409_601
 #: Largest legal packet (SPEC §1).
 MAX_PACKET = 409_600
 #: Seconds a raw client waits for a packet that must come.
 DEFAULT_TIMEOUT = 10.0
-WHOAMI = b"!/cred/whoami"
-_SO_ACCEPTCON = 0x10000
-_SOCK_SEQPACKET = 5
 #: Bytes per page, for /proc/PID/statm.
 _PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -63,16 +61,7 @@ def raise_nofile(want: int) -> int:
 
 def is_listening(path: str) -> bool:
     """True when a SEQPACKET socket listens on the file ``path`` (per /proc/net/unix)."""
-    name = os.path.abspath(path)
-    with open("/proc/net/unix", encoding="latin-1") as table:
-        next(table)
-        for line in table:
-            parts = line.rstrip("\n").split(None, 7)
-            if len(parts) == 8 and parts[7] == name:
-                flags, kind = int(parts[3], 16), int(parts[4], 16)
-                if flags & _SO_ACCEPTCON and kind == _SOCK_SEQPACKET:
-                    return True
-    return False
+    return seqpacket_listening(os.path.abspath(path))
 
 
 class ServerProc:
@@ -188,23 +177,15 @@ class ServerProc:
         self.proc.wait()
 
 
-class Closed(Exception):
-    """The server closed this connection."""
+class Conn(RawConnection):
+    """A raw sbus connection: packets out, packets in, nothing hidden.
 
-
-class Conn:
-    """A raw sbus connection: packets out, packets in, nothing hidden."""
+    A send to a server that has closed us raises ``Closed``; ``recv`` and
+    ``whoami`` wait ``timeout`` seconds unless told otherwise.
+    """
 
     def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.settimeout(timeout)
-        self.timeout = timeout
-        try:
-            self.sock.connect(address)
-        except BaseException:
-            self.sock.close()
-            raise
-        self.pending: deque[bytes] = deque()
+        super().__init__(address, timeout)
 
     def send(self, packet: bytes) -> None:
         try:
@@ -218,62 +199,15 @@ class Conn:
     def unsub(self, pattern: bytes) -> None:
         self.send(b"UNSUB " + pattern)
 
-    def pub(self, key: bytes, payload: bytes = b"") -> bytes:
-        packet = b"MSG " + key + b"\0" + payload
-        self.send(packet)
-        return packet
-
-    def cmsg(self, key: bytes, payload: bytes | None = None) -> None:
-        self.send(b"CMSG " + key + (b"" if payload is None else b"\0" + payload))
-
     def recv(self, timeout: float | None = None) -> bytes:
         """The next packet; ``TimeoutError`` or ``Closed``."""
-        if self.pending:
-            return self.pending.popleft()
-        return self._recv(self.timeout if timeout is None else timeout)
-
-    def _recv(self, timeout: float) -> bytes:
-        self.sock.settimeout(timeout)
-        try:
-            data, _anc, flags, _addr = self.sock.recvmsg(RECV_BUFFER)
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            raise Closed(str(exc)) from exc
-        finally:
-            self.sock.settimeout(self.timeout)
-        if not data:
-            raise Closed("EOF")
-        if flags & socket.MSG_TRUNC:
-            raise AssertionError("the server sent a packet over 409,600 bytes")
-        return data
+        return self._next_packet(self.timeout if timeout is None else timeout)
 
     def whoami(self, timeout: float | None = None) -> bytes:
         """Our identity chain; packets that arrive meanwhile stay pending, in order."""
-        self.cmsg(WHOAMI)
-        prefix = b"CMSG " + WHOAMI + b"\0"
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        held: list[bytes] = []
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no whoami reply")
-                packet = self._recv(left)
-                if packet.startswith(prefix):
-                    return packet[len(prefix) :]
-                held.append(packet)
-        finally:
-            self.pending.extend(held)
+        return self._whoami(self.timeout if timeout is None else timeout)
 
     sync = whoami  # the server handles one client's packets in order
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> Conn:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def connect_retry(address: str, timeout: float = 10.0) -> Conn:

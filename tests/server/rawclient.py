@@ -18,29 +18,28 @@ import socket
 import subprocess
 import termios
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sbus_relay.rawclient import WHOAMI as WHOAMI
+from sbus_relay.rawclient import Closed as Closed
+from sbus_relay.rawclient import RawConnection
 from tests.support import start_bus
 
-#: One byte more than the largest legal packet (SPEC §1), so truncation shows.
-RECV_BUFFER = 409_601
 #: Seconds a test waits for a packet that must come.
 DEFAULT_TIMEOUT = 5.0
 #: Seconds a test listens for a packet that must not come.
 QUIET_WINDOW = 0.3
 
-WHOAMI = b"!/cred/whoami"
 
+class RawClient(RawConnection):
+    """One connection to the bus, speaking raw packets.
 
-class Closed(Exception):
-    """The server closed this connection (EOF or ECONNRESET)."""
-
-
-class RawClient:
-    """One connection to the bus, speaking raw packets."""
+    The socket work (receiving with truncation detection, whoami with packets
+    held pending) is ``sbus_relay.rawclient.RawConnection``, shared with the
+    hardening runs; this adds what tests need.
+    """
 
     def __init__(
         self,
@@ -50,13 +49,7 @@ class RawClient:
         sock: socket.socket | None = None,
     ) -> None:
         """Connect to ``address`` (a path, or a whole abstract sun_path), or wrap ``sock``."""
-        self.sock = sock or socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.timeout = timeout
-        self.sock.settimeout(timeout)
-        if address is not None:
-            self.sock.connect(address)
-        # Packets read while waiting for something else (see ``sync``).
-        self._pending: deque[bytes] = deque()
+        super().__init__(address, timeout, sock=sock)
 
     # --- sending -----------------------------------------------------------
     def send(self, packet: bytes) -> None:
@@ -88,37 +81,10 @@ class RawClient:
         if sync:
             self.sync()
 
-    def pub(self, key: bytes, payload: bytes = b"") -> bytes:
-        """Publish; returns the packet sent (what subscribers must receive)."""
-        packet = b"MSG " + key + b"\0" + payload
-        self.send(packet)
-        return packet
-
-    def cmsg(self, key: bytes, payload: bytes | None = None) -> None:
-        self.send(b"CMSG " + key if payload is None else b"CMSG " + key + b"\0" + payload)
-
     # --- receiving ---------------------------------------------------------
     def recv_packet(self, timeout: float = DEFAULT_TIMEOUT) -> bytes:
         """The next packet; raises ``TimeoutError`` or ``Closed``."""
-        if self._pending:
-            return self._pending.popleft()
-        return self._recv_raw(timeout)
-
-    def _recv_raw(self, timeout: float) -> bytes:
-        self.sock.settimeout(timeout)
-        try:
-            data, _anc, flags, _addr = self.sock.recvmsg(RECV_BUFFER)
-        except TimeoutError:
-            raise
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            raise Closed(str(exc)) from exc
-        finally:
-            self.sock.settimeout(self.timeout)
-        # The server never sends an empty packet, so b"" is EOF.
-        if not data:
-            raise Closed("EOF")
-        assert not flags & socket.MSG_TRUNC, "server sent a packet over 409,600 bytes"
-        return data
+        return self._next_packet(timeout)
 
     def expect_nothing(self, window: float = QUIET_WINDOW) -> None:
         """Assert that no packet arrives within ``window`` seconds."""
@@ -147,8 +113,7 @@ class RawClient:
 
     def whoami(self, timeout: float = DEFAULT_TIMEOUT) -> bytes:
         """Ask for credentials; returns the reply's payload (other packets stay pending)."""
-        self.cmsg(WHOAMI)
-        return self._await_whoami(timeout)
+        return self._whoami(timeout)
 
     def sync(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Round-trip a whoami so everything sent before it has been processed.
@@ -159,22 +124,6 @@ class RawClient:
         """
         self.whoami(timeout)
 
-    def _await_whoami(self, timeout: float) -> bytes:
-        prefix = b"CMSG " + WHOAMI + b"\0"
-        deadline = time.monotonic() + timeout
-        held: list[bytes] = []
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no whoami answer")
-                packet = self._recv_raw(left)
-                if packet.startswith(prefix):
-                    return packet[len(prefix) :]
-                held.append(packet)
-        finally:
-            self._pending.extend(held)
-
     def inq(self) -> int:
         """Bytes waiting in this socket's kernel receive queue (FIONREAD)."""
         buf = array.array("i", [0])
@@ -184,15 +133,6 @@ class RawClient:
     def shrink_rcvbuf(self) -> None:
         """Ask for the smallest receive buffer the kernel allows."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> RawClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def own_creds() -> tuple[int, int, int]:
