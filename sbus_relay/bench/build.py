@@ -11,9 +11,10 @@ from pathlib import Path
 
 #: The C sources live beside this module (package data, see pyproject.toml).
 SOURCE_DIR = Path(__file__).resolve().parent
-#: Programs built from ``<name>.c``; ``sbus_addr.h`` is shared by both.
+#: Programs built from ``<name>.c``; ``common.h`` is shared by both.
 PROGRAMS = ("loadgen", "forwarder")
-HEADERS: tuple[str, ...] = ()
+#: Headers the programs include: part of the cache key, so editing one rebuilds.
+HEADERS: tuple[str, ...] = ("common.h",)
 CFLAGS = ("-O2", "-Wall", "-Wextra")
 #: Seconds one gcc run may take.
 COMPILE_TIMEOUT = 120.0
