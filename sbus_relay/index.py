@@ -28,6 +28,7 @@ Theory of operation (after nats-server's sublist, SPEC §2):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
@@ -36,6 +37,13 @@ from .limits import MATCH_CACHE_SIZE
 
 C = TypeVar("C", bound=Hashable)
 _EMPTY: tuple = ()
+_STARS = re.compile(rb"\*{2,}")
+
+
+def canonical(pattern: bytes) -> bytes:
+    """The one spelling of a pattern: a run of '*' matches what one '*' does
+    (it is greedy), so ``a**/b`` is stored, counted and advertised as ``a*/b``."""
+    return _STARS.sub(b"*", pattern) if b"**" in pattern else pattern
 
 
 class _Node:
@@ -131,6 +139,7 @@ class SubscriptionIndex(Generic[C]):
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
         """The clients holding ``pattern`` (each once)."""
+        pattern = canonical(pattern)
         slot = self._slot(pattern, create=False)
         if slot is None:
             return _EMPTY
@@ -151,6 +160,7 @@ class SubscriptionIndex(Generic[C]):
 
     def count_of(self, client: C, pattern: bytes) -> int:
         """How many times ``client`` holds ``pattern``."""
+        pattern = canonical(pattern)
         return self._owned.get(client, {}).get(pattern, 0)
 
     def patterns(self) -> Iterator[bytes]:
@@ -175,6 +185,7 @@ class SubscriptionIndex(Generic[C]):
 
     def add(self, client: C, pattern: bytes) -> None:
         """Subscribe ``client`` to ``pattern`` once more."""
+        pattern = canonical(pattern)
         owned = self._owned.setdefault(client, {})
         n = owned.get(pattern, 0)
         owned[pattern] = n + 1
@@ -190,6 +201,7 @@ class SubscriptionIndex(Generic[C]):
 
     def remove(self, client: C, pattern: bytes) -> bool:
         """Remove one subscription; False if ``client`` did not hold ``pattern``."""
+        pattern = canonical(pattern)
         owned = self._owned.get(client)
         n = owned.get(pattern, 0) if owned else 0
         if not n:

@@ -26,7 +26,7 @@ from . import codec
 from .config import ServerConfig
 from .connection import Connection
 from .errors import PeerError
-from .index import SubscriptionIndex
+from .index import SubscriptionIndex, canonical
 from .interest import READY, InterestTracker
 from .keys import WHOAMI, Credentials, check_pattern, valid_key
 from .limits import (
@@ -278,7 +278,7 @@ class Server:
         return self.prefix or b""
 
     def _subscribe(self, conn: Connection, pattern: bytes) -> None:
-        stored = check_pattern(pattern, conn.creds, self._own_prefix(pattern))
+        stored = canonical(check_pattern(pattern, conn.creds, self._own_prefix(pattern)))
         if (
             self.index.count_of(conn, stored) == 0
             and self.index.distinct_of(conn) >= MAX_PATTERNS_PER_CLIENT
@@ -288,7 +288,7 @@ class Server:
 
     def _unsubscribe(self, conn: Connection, pattern: bytes) -> None:
         try:
-            stored = check_pattern(pattern, conn.creds, self._own_prefix(pattern))
+            stored = canonical(check_pattern(pattern, conn.creds, self._own_prefix(pattern)))
         except PeerError:
             stored = pattern  # cannot be held; counted as unknown below
         if self.index.count_of(conn, stored) == 0:

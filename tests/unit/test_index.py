@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +11,12 @@ from hypothesis import strategies as st
 from sbus_relay.index import SubscriptionIndex
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def same(pattern: bytes) -> bytes:
+    """Patterns that match the same keys are one pattern: '*' is greedy, so a
+    run of them is one (written apart from the index's own ``canonical``)."""
+    return re.sub(rb"\*+", b"*", pattern)
 
 
 def ref_match(pattern: bytes, key: bytes) -> bool:
@@ -103,16 +111,17 @@ def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) ->
     model: dict[tuple[int, bytes], int] = {}
     for add, client, pattern in ops:
         ix.match(key)  # fill the cache between changes
+        name = same(pattern)
         if add:
             ix.add(client, pattern)
-            model[client, pattern] = model.get((client, pattern), 0) + 1
+            model[client, name] = model.get((client, name), 0) + 1
         else:
-            held = model.get((client, pattern), 0)
+            held = model.get((client, name), 0)
             assert ix.remove(client, pattern) is bool(held)
             if held > 1:
-                model[client, pattern] = held - 1
+                model[client, name] = held - 1
             elif held:
-                del model[client, pattern]
+                del model[client, name]
     assert len(ix) == sum(model.values())
     live = {p for (_, p) in model}
     assert ix.distinct == len(live)
@@ -166,3 +175,20 @@ def test_holders_for_every_kind_of_pattern(pattern: bytes) -> None:
     assert set(ix.holders(pattern)) == {"c", "d"}
     ix.remove_client("c")
     assert ix.holders(pattern) == ("d",)
+
+
+def test_equivalent_spellings_are_one_pattern() -> None:
+    """'*' and '**' match the same keys: one pattern, counted twice, so the relay's
+    upstream UNSUB waits for the last of them (SPEC §6.3)."""
+    events: list[tuple[str, bytes]] = []
+    ix: SubscriptionIndex[str] = SubscriptionIndex(
+        on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
+    )
+    ix.add("c", b"a/*")
+    ix.add("c", b"a/**")
+    assert ix.distinct == 1 and len(ix) == 2 and ix.count_of("c", b"a/***") == 2
+    assert ix.match(b"a/b") == ("c",)
+    assert ix.remove("c", b"a/*")
+    assert events == [("+", b"a/*")]  # still held through 'a/**'
+    assert ix.remove("c", b"a/**")
+    assert events == [("+", b"a/*"), ("-", b"a/*")]
