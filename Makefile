@@ -32,11 +32,13 @@ run: install
 test: $(VENV)/.installed-dev
 	bash .ci/system-deps.sh
 	$(VENV)/bin/ruff check sbus_relay tests
+	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests
+	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
 
 clean:
