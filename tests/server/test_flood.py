@@ -248,11 +248,14 @@ def test_hard_error_disconnects_only_the_slow_client(
     assert sub.recv_packet() == sent
 
 
-def blocked_flow(small: Callable[[], RawClient], mode: bytes, count: int) -> tuple[int, int]:
-    """A stalled client in a block ``mode`` holds back a publisher; then it reads.
+def paused_flow(
+    small: Callable[[], RawClient], mode: bytes, count: int
+) -> tuple[RawClient, RawClient, list[bytes], Reader, threading.Thread]:
+    """A stalled client in ``mode``, a live subscriber and a publisher of ``count``
+    packets to both, run until delivery to the live subscriber stops (the server
+    stopped reading the publisher because of the stalled client).
 
-    Asserts nothing is lost anywhere; returns (messages routed while stalled, how
-    many of them sat in the stalled client's kernel buffer).
+    Returns (stalled, publisher client, packets, reader of the live one, publisher thread).
     """
     stalled = stalled_client(small, b"fl/", mode)
     sub, pub = small(), small()
@@ -264,8 +267,6 @@ def blocked_flow(small: Callable[[], RawClient], mode: bytes, count: int) -> tup
     reader.start()
     publisher = threading.Thread(target=send_all, args=(pub, packets), daemon=True)
     publisher.start()
-    # Wait until delivery to the live subscriber stops: the server stopped reading
-    # from the publisher because of the stalled client.
     deadline = time.monotonic() + 10
     last = -1
     while time.monotonic() < deadline:
@@ -273,6 +274,16 @@ def blocked_flow(small: Callable[[], RawClient], mode: bytes, count: int) -> tup
         if len(reader.got) == last:
             break
         last = len(reader.got)
+    return stalled, pub, packets, reader, publisher
+
+
+def blocked_flow(small: Callable[[], RawClient], mode: bytes, count: int) -> tuple[int, int]:
+    """A stalled client in a block ``mode`` holds back a publisher; then it reads.
+
+    Asserts nothing is lost anywhere; returns (messages routed while stalled, how
+    many of them sat in the stalled client's kernel buffer).
+    """
+    stalled, _pub, packets, reader, publisher = paused_flow(small, mode, count)
     routed = len(reader.got)
     in_kernel = settled_inq(stalled) // len(packets[0])
     assert routed < len(packets), "nothing was held back"
@@ -313,23 +324,7 @@ def test_blocking_client_that_leaves_releases_the_publisher(
     # Not spelled out by the SPEC, but what any user expects: a paused publisher
     # resumes when the client it waited for disconnects, and nothing is lost for
     # the others.
-    stalled = stalled_client(small, b"fl/", mode)
-    sub, pub = small(), small()
-    sub.cmsg(b"blocking/hard/block")
-    sub.sub(b"fl/")
-    pub.timeout = 60.0
-    packets = numbered(b"fl/k", 600, FLOOD_SIZE)
-    reader = Reader(sub, len(packets), timeout=30.0)
-    reader.start()
-    publisher = threading.Thread(target=send_all, args=(pub, packets), daemon=True)
-    publisher.start()
-    deadline = time.monotonic() + 10
-    last = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if len(reader.got) == last:
-            break
-        last = len(reader.got)
+    stalled, pub, packets, reader, publisher = paused_flow(small, mode, 600)
     assert len(reader.got) < len(packets), "nothing was held back"
     stalled.close()
     assert reader.result() == packets
