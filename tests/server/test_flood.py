@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -204,19 +205,44 @@ FLOOD_SIZE = 4096
 FLOOD_COUNT = 2000
 
 
+@dataclass
+class Flood:
+    """What a stalled client was left with after a lockstep flood."""
+
+    sub: RawClient  # the live subscriber (it received every packet)
+    pub: RawClient
+    packets: list[bytes]
+    got: list[bytes]  # what the stalled client read once it started reading
+    closed: bool  # whether the server disconnected it
+    inq: int  # its kernel backlog, in bytes, before it read
+
+
+def flood_stalled(
+    small: Callable[[], RawClient],
+    *modes: bytes,
+    count: int = FLOOD_COUNT,
+    size: int = FLOOD_SIZE,
+    window: int = 16,
+) -> Flood:
+    """Flood a stalled client in ``modes`` beside a live subscriber, then drain it."""
+    stalled = stalled_client(small, b"fl/", *modes)
+    sub, pub = small(), small()
+    sub.sub(b"fl/")
+    packets = numbered(b"fl/k", count, size)
+    assert publish_lockstep(pub, sub, packets, window=window) == packets
+    inq = settled_inq(stalled)
+    got, closed = drain(stalled)
+    return Flood(sub, pub, packets, got, closed, inq)
+
+
 @pytest.mark.timeout(60)
 def test_hard_discard_keeps_the_oldest_up_to_the_limit(
     small: Callable[[], RawClient],
 ) -> None:
-    stalled = stalled_client(small, b"fl/", b"blocking/hard/discard")
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
-    assert publish_lockstep(pub, sub, packets) == packets
-    inq = settled_inq(stalled)
-    got, closed = drain(stalled)
-    assert not closed
-    kernel, queued = split_kernel_part(got, inq)
+    f = flood_stalled(small, b"blocking/hard/discard")
+    packets, got, sub, pub = f.packets, f.got, f.sub, f.pub
+    assert not f.closed
+    kernel, queued = split_kernel_part(got, f.inq)
     # "Drop new messages": what survives is the oldest, in order.
     assert got == packets[: len(got)]
     assert len(got) < len(packets)
@@ -232,15 +258,10 @@ def test_hard_discard_keeps_the_oldest_up_to_the_limit(
 def test_hard_error_disconnects_only_the_slow_client(
     small: Callable[[], RawClient],
 ) -> None:
-    stalled = stalled_client(small, b"fl/", b"blocking/hard/error")
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
-    assert publish_lockstep(pub, sub, packets) == packets
-    inq = settled_inq(stalled)
-    got, closed = drain(stalled)
-    assert closed, "the slow client should have been disconnected"
-    kernel, _ = split_kernel_part(got, inq)
+    f = flood_stalled(small, b"blocking/hard/error")
+    packets, got, sub, pub = f.packets, f.got, f.sub, f.pub
+    assert f.closed, "the slow client should have been disconnected"
+    kernel, _ = split_kernel_part(got, f.inq)
     assert got == packets[: len(got)]
     assert len(got) <= len(kernel) + HARD_LIMIT_MESSAGES + 1
     # The others keep going.
@@ -395,15 +416,10 @@ def test_control_request_from_a_client_at_its_hard_limit_does_not_disconnect_it(
 @pytest.mark.timeout(60)
 def test_hard_limit_counts_bytes(small: Callable[[], RawClient]) -> None:
     # 100 KiB messages: the 1,000,000-byte limit binds long before 100 messages.
-    stalled = stalled_client(small, b"fl/", b"blocking/hard/discard")
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", 60, 100 * 1024)
-    assert publish_lockstep(pub, sub, packets, window=1) == packets
-    inq = settled_inq(stalled)
-    got, closed = drain(stalled)
-    assert not closed
-    _, queued = split_kernel_part(got, inq)
+    f = flood_stalled(small, b"blocking/hard/discard", count=60, size=100 * 1024, window=1)
+    packets, got = f.packets, f.got
+    assert not f.closed
+    _, queued = split_kernel_part(got, f.inq)
     assert got == packets[: len(got)]
     limit = HARD_LIMIT_BYTES // len(packets[0])
     assert limit - 1 <= len(queued) <= limit + 1, f"{len(queued)} queued, limit {limit}"
@@ -420,30 +436,20 @@ def test_default_soft_queue_hard_discard(
 ) -> None:
     # SPEC §4: soft/queue and hard/discard are the defaults; the sbus-README says
     # the most recently sent control message takes precedence.
-    stalled = stalled_client(small, b"fl/", *modes)
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", 400, FLOOD_SIZE)
-    assert publish_lockstep(pub, sub, packets) == packets
-    inq = settled_inq(stalled)
-    got, closed = drain(stalled)
-    assert not closed
-    _, queued = split_kernel_part(got, inq)
+    f = flood_stalled(small, *modes, count=400)
+    packets, got = f.packets, f.got
+    assert not f.closed
+    _, queued = split_kernel_part(got, f.inq)
     assert got == packets[: len(got)]
     assert HARD_LIMIT_MESSAGES - 5 <= len(queued) <= HARD_LIMIT_MESSAGES + 1
 
 
 @pytest.mark.timeout(60)
 def test_soft_discard_queues_nothing(small: Callable[[], RawClient]) -> None:
-    stalled = stalled_client(small, b"fl/", b"blocking/soft/discard")
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
-    assert publish_lockstep(pub, sub, packets) == packets
-    inq = settled_inq(stalled)
-    got, closed = drain(stalled)
-    assert not closed
-    _, queued = split_kernel_part(got, inq)
+    f = flood_stalled(small, b"blocking/soft/discard")
+    packets, got = f.packets, f.got
+    assert not f.closed
+    _, queued = split_kernel_part(got, f.inq)
     assert got == packets[: len(got)]
     assert len(got) < len(packets), "nothing was dropped"
     # Whatever the socket could not take was dropped, not queued.  (One packet of
@@ -453,13 +459,9 @@ def test_soft_discard_queues_nothing(small: Callable[[], RawClient]) -> None:
 
 @pytest.mark.timeout(60)
 def test_soft_error_disconnects_the_slow_client(small: Callable[[], RawClient]) -> None:
-    stalled = stalled_client(small, b"fl/", b"blocking/soft/error")
-    sub, pub = small(), small()
-    sub.sub(b"fl/")
-    packets = numbered(b"fl/k", FLOOD_COUNT, FLOOD_SIZE)
-    assert publish_lockstep(pub, sub, packets) == packets
-    got, closed = drain(stalled)
-    assert closed, "the slow client should have been disconnected"
+    f = flood_stalled(small, b"blocking/soft/error")
+    packets, got, sub, pub = f.packets, f.got, f.sub, f.pub
+    assert f.closed, "the slow client should have been disconnected"
     assert got == packets[: len(got)]
     assert len(got) < len(packets)
     sub.sync()
