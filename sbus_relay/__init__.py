@@ -1,10 +1,14 @@
 """sbus_relay: a local sbus message bus on gevent, with slave relays.
 
-The protocol is ``shared/sbus-README.txt`` as settled by ``shared/SPEC.md``.
-Sans-I/O modules (no socket, no gevent): ``codec``, ``keys``, ``index``,
-``interest``, ``outbound``.  I/O modules: ``server``, ``connection``,
-``upstream``, ``addresses``, ``client``.  Only ``cli`` reads argv or
-configures logging.
+Layers, each importing only those below it:
+
+* ``protocol``: the sans-I/O core (codec, keys, index, interest, flood control);
+* ``ops``: config, addresses, daemon, logging, metrics, supervisor;
+* ``bus``: the gevent server, its connections and the upstream link;
+* ``client``, ``pipeline`` and ``bench``: users of the bus;
+* ``cli``: the commands, the only code that reads argv or configures logging.
+
+docs/design.md draws them; docs/protocol.md describes the protocol.
 """
 
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from sbus_relay.rawclient import seqpacket_listening
+from tests.rawsocket import seqpacket_listening
 
 #: The venv's bin directory (the server commands live beside the interpreter).
 VENV_BIN = os.path.dirname(sys.executable)

@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-#: The C sources live beside this module (package data, see pyproject.toml).
-SOURCE_DIR = Path(__file__).resolve().parent
+#: The C sources live in csrc/ beside this module (package data, see pyproject.toml).
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 #: Programs built from ``<name>.c``; ``common.h`` is shared by both.
 PROGRAMS = ("loadgen", "forwarder")
 #: Headers the programs include: part of the cache key, so editing one rebuilds.

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
     from pyspark.sql.types import StructType
 
-    from ..client import Client
+    from sbus_relay.client import Client
 
 log = logging.getLogger("sbus_relay.pipeline.datasource")
 
@@ -154,7 +154,7 @@ class _Listener:
             raise RuntimeError(f"sbus source: {self.error}") from self.error
 
     def _run(self) -> None:
-        from ..client import Client
+        from sbus_relay.client import Client
 
         try:
             with Client(self.address, timeout=READY_TIMEOUT) as client:
@@ -293,7 +293,7 @@ class _Publisher:
                 if key is None:
                     continue  # a message needs a key; null keys are skipped, not sent as ""
                 if client is None:
-                    from ..client import Client
+                    from sbus_relay.client import Client
 
                     client = Client(self.address, timeout=WRITE_TIMEOUT)
                 client.publish(key, b"" if payload is None else payload)

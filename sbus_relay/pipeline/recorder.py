@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..addresses import Address
-from ..client import Client
+from sbus_relay.client import Client
+from sbus_relay.ops.addresses import Address
+
 from .capture import RotatingCaptureWriter, decode_key
 
 if TYPE_CHECKING:

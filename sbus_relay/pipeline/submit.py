@@ -16,7 +16,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the analyze options and run the job (the script's whole life)."""
-    from sbus_relay.commands import analyze
+    from sbus_relay.cli import analyze
 
     parser = argparse.ArgumentParser(prog="submit.py", description="sbus capture analysis")
     analyze.add_arguments(parser)

@@ -20,12 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sbus_relay import codec
-from sbus_relay.errors import PeerError
-from sbus_relay.hardening.packets import generate, mutate, secret, valid
-from sbus_relay.index import SubscriptionIndex
-from sbus_relay.keys import Credentials, check_pattern, is_secret, valid_key
-from sbus_relay.outbound import parse_flood_control
+from sbus_relay.protocol import codec
+from sbus_relay.protocol.errors import PeerError
+from sbus_relay.protocol.flood import parse_flood_control
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.keys import Credentials, check_pattern, is_secret, valid_key
+from tests.hardening.harness.packets import generate, mutate, secret, valid
 
 pytestmark = pytest.mark.timeout(120)
 

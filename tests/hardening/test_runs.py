@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sbus_relay.hardening import faults, fuzz, load, soak
+from .harness import faults, fuzz, load, soak
 
 
 @pytest.mark.timeout(90)

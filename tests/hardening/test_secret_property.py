@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbus_relay.hardening.secret import (
+from tests.hardening.harness.secret import (
     RESTS,
     SAFE,
     SERVERS,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sbus_relay.hardening.common import Conn, ServerProc, cleanup_dir, short_dir
+from tests.hardening.harness.common import Conn, ServerProc, cleanup_dir, short_dir
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,15 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from sbus_relay import __version__
-from sbus_relay.errors import ConfigError
-from sbus_relay.metrics import (
+from sbus_relay.ops.metrics import (
     MetricsCollector,
     build_registry,
     parse_host_port,
     serve,
     serve_from_config,
 )
-from sbus_relay.stats import (
+from sbus_relay.protocol.errors import ConfigError
+from sbus_relay.protocol.stats import (
     DISCONNECT_REASONS,
     DROP_REASONS,
     PACKET_TYPES,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sbus_relay.config import load_config
-from sbus_relay.errors import ConfigError
-from sbus_relay.supervisor import hierarchy_from_mapping, load_hierarchy
+from sbus_relay.ops.config import load_config
+from sbus_relay.ops.supervisor import hierarchy_from_mapping, load_hierarchy
+from sbus_relay.protocol.errors import ConfigError
 from tests.relay.helpers import WAIT, Peer, free_port, wait_until
 from tests.support import VENV_BIN, read_line, run_cli, short_dir
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sbus_relay.rawclient import WHOAMI as WHOAMI
-from sbus_relay.rawclient import Closed as Closed
-from sbus_relay.rawclient import RawConnection
+from tests.rawsocket import WHOAMI as WHOAMI
+from tests.rawsocket import Closed as Closed
+from tests.rawsocket import RawConnection
 from tests.support import start_bus
 
 #: Seconds a test waits for a packet that must come.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.client import Client
-from sbus_relay.errors import BusClosed, UsageError
+from sbus_relay.protocol.errors import BusClosed, UsageError
 from tests.support import (
     VENV_BIN,
     BusProcess,

@@ -14,8 +14,8 @@ import gevent
 import pytest
 from gevent import socket as gsocket
 
-from sbus_relay.config import ServerConfig
-from sbus_relay.server import Server
+from sbus_relay.bus.server import Server
+from sbus_relay.ops.config import ServerConfig
 
 pytestmark = pytest.mark.timeout(30)
 

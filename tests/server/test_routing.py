@@ -170,7 +170,7 @@ def test_echo_is_on_by_default_and_switchable(connect: Callable[[], RawClient]) 
 def test_pattern_limit_per_client(connect: Callable[[], RawClient]) -> None:
     """limits.MAX_PATTERNS_PER_CLIENT bounds one client's memory: one more distinct
     pattern disconnects it; duplicates of a held pattern do not count."""
-    from sbus_relay.limits import MAX_PATTERNS_PER_CLIENT
+    from sbus_relay.protocol.limits import MAX_PATTERNS_PER_CLIENT
 
     greedy, other = connect(), connect()
     for i in range(MAX_PATTERNS_PER_CLIENT):

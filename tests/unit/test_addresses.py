@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sbus_relay.addresses import (
+from sbus_relay.ops.addresses import (
     Address,
     connect,
     format_abstract,
@@ -20,7 +20,7 @@ from sbus_relay.addresses import (
     parse_address,
     printable_name,
 )
-from sbus_relay.errors import AddressError
+from sbus_relay.protocol.errors import AddressError
 from tests.support import short_dir
 
 pytestmark = pytest.mark.timeout(30)
@@ -265,7 +265,7 @@ def test_connect_to_an_inherited_connected_fd() -> None:
 
 _SYSTEMD_CHILD = """
 import os, socket, sys
-from sbus_relay.addresses import printable_name, systemd_listeners
+from sbus_relay.ops.addresses import printable_name, systemd_listeners
 os.environ["LISTEN_PID"] = sys.argv[1] if sys.argv[1] != "self" else str(os.getpid())
 os.environ["LISTEN_FDS"] = "1"
 found = systemd_listeners()

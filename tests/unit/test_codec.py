@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbus_relay import codec
-from sbus_relay.errors import PeerError, UsageError
+from sbus_relay.protocol import codec
+from sbus_relay.protocol.errors import PeerError, UsageError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sbus_relay import limits
-from sbus_relay.config import COMMAND_LINE, ServerConfig, load_config
-from sbus_relay.errors import ConfigError, UsageError
+from sbus_relay.ops.config import COMMAND_LINE, ServerConfig, load_config
+from sbus_relay.protocol import limits
+from sbus_relay.protocol.errors import ConfigError, UsageError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbus_relay.index import SubscriptionIndex
+from sbus_relay.protocol.index import SubscriptionIndex
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sbus_relay.index import SubscriptionIndex
-from sbus_relay.interest import ADD, REMOVE, InterestTracker
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.interest import ADD, REMOVE, InterestTracker
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbus_relay.errors import PeerError
-from sbus_relay.keys import Credentials, check_pattern, valid_key
+from sbus_relay.protocol.errors import PeerError
+from sbus_relay.protocol.keys import Credentials, check_pattern, valid_key
 
 pytestmark = pytest.mark.timeout(60)
 ME = Credentials(gid=10, uid=20, pid=30)

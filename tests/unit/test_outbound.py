@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sbus_relay.outbound import Action, OutboundQueue, parse_flood_control
+from sbus_relay.protocol.flood import Action, OutboundQueue, parse_flood_control
 
 pytestmark = pytest.mark.timeout(30)
 

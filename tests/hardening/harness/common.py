@@ -27,10 +27,14 @@ from pathlib import Path
 from typing import Any
 
 # WHOAMI and Closed are re-exported: the hardening modules take them from here.
-from ..rawclient import WHOAMI as WHOAMI
-from ..rawclient import Closed as Closed
-from ..rawclient import RawConnection, seqpacket_listening
+from tests.rawsocket import WHOAMI as WHOAMI
+from tests.rawsocket import Closed as Closed
+from tests.rawsocket import RawConnection, seqpacket_listening
 
+#: The checkout this harness lives in.
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 #: The venv's bin directory: ``sbusd`` and ``sbus-relay`` live beside the interpreter.
 VENV_BIN = os.path.dirname(sys.executable)
 #: Seconds a server gets to start listening.
@@ -86,7 +90,13 @@ class ServerProc:
         elif kind == "serve":
             argv = [os.path.join(VENV_BIN, "sbus-relay"), "serve"]
         elif kind == "host":
-            argv = [sys.executable, "-m", "sbus_relay.hardening.host", "--stats", self.stats_path]
+            argv = [
+                sys.executable,
+                "-m",
+                "tests.hardening.harness.host",
+                "--stats",
+                self.stats_path,
+            ]
         else:
             raise ValueError(f"unknown server kind {kind!r}")
         self.argv = [*argv, "-f", "-a", address, *(["-r"] if remove_stale else []), *args]
@@ -103,6 +113,7 @@ class ServerProc:
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 preexec_fn=preexec if nofile is not None else None,
+                cwd=REPO_ROOT,  # ``-m tests.hardening.harness.host`` imports from the checkout
             )
         self.pid = self.proc.pid
         deadline = time.monotonic() + START_TIMEOUT

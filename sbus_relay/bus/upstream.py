@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING
 import gevent
 from gevent.event import Event
 
-from . import codec
-from .addresses import connect
-from .config import ServerConfig
-from .errors import AddressError, PeerError
-from .index import SubscriptionIndex
-from .interest import ADD, READY, REMOVE
-from .keys import WHOAMI
-from .limits import MAX_PACKET, READ_BATCH, SEND_BUFFER, UPSTREAM_HIGH_WATER
+from sbus_relay.ops.addresses import connect
+from sbus_relay.ops.config import ServerConfig
+from sbus_relay.protocol import codec
+from sbus_relay.protocol.errors import AddressError, PeerError
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.interest import ADD, READY, REMOVE
+from sbus_relay.protocol.keys import WHOAMI
+from sbus_relay.protocol.limits import MAX_PACKET, READ_BATCH, SEND_BUFFER, UPSTREAM_HIGH_WATER
 
 if TYPE_CHECKING:
     from .connection import Connection

@@ -20,10 +20,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
-from .addresses import Address, connect
-from .codec import Control, Publish, decode, encode_cmsg, encode_msg, encode_sub, encode_unsub
-from .errors import BusClosed, PeerError, UsageError
-from .limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
+from sbus_relay.ops.addresses import Address, connect
+from sbus_relay.protocol.codec import (
+    Control,
+    Publish,
+    decode,
+    encode_cmsg,
+    encode_msg,
+    encode_sub,
+    encode_unsub,
+)
+from sbus_relay.protocol.errors import BusClosed, PeerError, UsageError
+from sbus_relay.protocol.limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
 
 #: The credentials request and reply key (sbus-README "Secret messages"; SPEC §3).
 WHOAMI_KEY = b"!/cred/whoami"

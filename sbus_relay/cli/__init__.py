@@ -13,20 +13,19 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from . import __version__
-from .errors import AddressError, ConfigError, UsageError
+from sbus_relay import __version__
+from sbus_relay.protocol.errors import AddressError, ConfigError, UsageError
 
 #: name -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 #: One entry per line: other commands are added here by their authors.
 COMMANDS: dict[str, str] = {
-    "serve": "sbus_relay.commands.serve",
-    "pub": "sbus_relay.commands.pub",
-    "sub": "sbus_relay.commands.sub",
-    "bench": "sbus_relay.commands.bench",
-    "up": "sbus_relay.commands.up",
-    "record": "sbus_relay.commands.record",
-    "analyze": "sbus_relay.commands.analyze",
-    "harden": "sbus_relay.commands.harden",
+    "serve": "sbus_relay.cli.serve",
+    "pub": "sbus_relay.cli.pub",
+    "sub": "sbus_relay.cli.sub",
+    "bench": "sbus_relay.cli.bench",
+    "up": "sbus_relay.cli.up",
+    "record": "sbus_relay.cli.record",
+    "analyze": "sbus_relay.cli.analyze",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).
@@ -79,7 +78,7 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
 
 def sbusd_main(argv: Sequence[str] | None = None) -> int:
     """``sbusd``: the drop-in daemon (SPEC §5); returns the exit status."""
-    from .commands import sbusd
+    from . import sbusd
 
     args = sbusd.parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     return _run("sbusd", sbusd, args)

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import BinaryIO
 
-from . import add_address_argument, bus_address
+from .options import add_address_argument, bus_address
 
 #: Seconds to wait for the whoami reply that confirms our subscriptions are in
 #: place; a relay whose upstream is away answers late, and we still print.
@@ -80,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
     """Subscribe, then print messages until --count is reached or the bus closes."""
     import structlog
 
-    from .. import logsetup
-    from ..addresses import parse_address
-    from ..client import Client
-    from ..errors import AddressError, BusClosed
+    from sbus_relay.client import Client
+    from sbus_relay.ops import logsetup
+    from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.protocol.errors import AddressError, BusClosed
 
     logsetup.configure("info" if args.verbose else "warning")
     log = structlog.get_logger("sbus_relay.sub")

@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from sbus_relay.protocol.errors import AddressError, ConfigError, SbusError
+
 from .addresses import connect, parse_address
 from .config import config_from_mapping, read_yaml
-from .errors import AddressError, ConfigError, SbusError
 
 #: Keys of the hierarchy file and of each bus entry.
 TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max")

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, cast
 
-from .. import logsetup
-from ..addresses import (
+from sbus_relay.ops import logsetup
+from sbus_relay.ops.addresses import (
     MODE_GROUP,
     MODE_OTHER,
     MODE_OWNER,
@@ -29,9 +29,9 @@ from ..addresses import (
     printable_name,
     systemd_listeners,
 )
-from ..config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
-from ..daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
-from ..errors import AddressError
+from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
+from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
+from sbus_relay.protocol.errors import AddressError
 
 #: Signals that stop the server cleanly (SPEC §5).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -157,7 +157,7 @@ def _serve(
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
 
-    from ..server import Server
+    from sbus_relay.bus.server import Server
 
     server = Server(config, sock, log=log)
 
@@ -169,7 +169,9 @@ def _serve(
         gevent.signal_handler(signum, stop, signum)
     web = None
     if config.metrics:
-        from .. import metrics  # only when asked: prometheus_client is not free to import
+        from sbus_relay.ops import (
+            metrics,  # only when asked: prometheus_client is not free to import
+        )
 
         # cast: metrics declares its config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.

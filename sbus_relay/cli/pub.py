@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import add_address_argument, bus_address
+from .options import add_address_argument, bus_address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Connect, publish, close."""
-    from ..addresses import parse_address
-    from ..client import Client
-    from ..errors import AddressError, BusClosed, UsageError
-    from ..limits import MAX_PACKET
+    from sbus_relay.client import Client
+    from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.protocol.errors import AddressError, BusClosed, UsageError
+    from sbus_relay.protocol.limits import MAX_PACKET
 
     address = parse_address(bus_address(args))  # a malformed address: usage error (2)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from . import limits
-from .errors import ConfigError, UsageError
+from sbus_relay.protocol import limits
+from sbus_relay.protocol.errors import ConfigError, UsageError
 
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"

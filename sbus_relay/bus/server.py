@@ -22,14 +22,14 @@ import gevent
 import structlog
 from gevent.event import Event
 
-from . import codec
-from .config import ServerConfig
-from .connection import Connection
-from .errors import PeerError
-from .index import SubscriptionIndex, canonical
-from .interest import READY, InterestTracker
-from .keys import WHOAMI, Credentials, check_pattern, valid_key
-from .limits import (
+from sbus_relay.ops.config import ServerConfig
+from sbus_relay.protocol import codec
+from sbus_relay.protocol.errors import PeerError
+from sbus_relay.protocol.flood import Action, parse_flood_control
+from sbus_relay.protocol.index import SubscriptionIndex, canonical
+from sbus_relay.protocol.interest import READY, InterestTracker
+from sbus_relay.protocol.keys import WHOAMI, Credentials, check_pattern, valid_key
+from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
     MAX_PACKET,
@@ -37,8 +37,9 @@ from .limits import (
     SEND_BUFFER,
     STOP_TIMEOUT,
 )
-from .outbound import Action, parse_flood_control
-from .stats import Gauges, Stats
+from sbus_relay.protocol.stats import Gauges, Stats
+
+from .connection import Connection
 
 if TYPE_CHECKING:
     from .upstream import UpstreamLink

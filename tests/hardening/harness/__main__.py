@@ -1,8 +1,10 @@
-"""``sbus-relay harden``: fuzz, fault, load and soak runs against real servers (issue 7).
+"""``python -m tests.hardening.harness RUN``: fuzz, fault, load and soak runs.
 
-Each run starts its own servers on Unix sockets under /tmp, prints its figures
-and exits 1 if any promise was broken.  ``--quick`` runs the short versions
-that ``tests/hardening`` also runs.  See docs/reliability.md.
+Run from the repository root with the project's venv.  Each run starts its own
+servers on Unix sockets under /tmp, prints its figures and exits 1 if any
+promise was broken.  ``--quick`` runs the short versions that
+``tests/hardening/test_runs.py`` also runs; ``pytest -m slow tests/hardening``
+runs the full ones.  See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ RUNS = ("fuzz", "faults", "load", "soak", "all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The runs and their options."""
     parser.add_argument("run", choices=RUNS, help="what to run")
     parser.add_argument("--quick", action="store_true", help="the short versions (seconds)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
@@ -28,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fuzz(args: argparse.Namespace) -> dict[str, Any]:
-    from ..hardening.fuzz import run_fuzz
-    from ..hardening.secret import run_secret
+    from tests.hardening.harness.fuzz import run_fuzz
+    from tests.hardening.harness.secret import run_secret
 
     if args.quick:
         live = run_fuzz(inputs=20_000, fuzzers=4, good_messages=300, seed=args.seed)
@@ -41,19 +44,19 @@ def _fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _faults(args: argparse.Namespace) -> dict[str, Any]:
-    from ..hardening.faults import run_faults
+    from tests.hardening.harness.faults import run_faults
 
     return run_faults(quick=args.quick)
 
 
 def _load(args: argparse.Namespace) -> dict[str, Any]:
-    from ..hardening.load import run_load
+    from tests.hardening.harness.load import run_load
 
     return {"load": run_load(clients=1000, shared=20 if args.quick else 200)}
 
 
 def _soak(args: argparse.Namespace) -> dict[str, Any]:
-    from ..hardening.soak import run_soak
+    from tests.hardening.harness.soak import run_soak
 
     seconds = args.soak_seconds or (10.0 if args.quick else 120.0)
     return {"soak": run_soak(duration=seconds)}
@@ -94,3 +97,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"all promises held ({figures['total_seconds']} s)")
     return 0
+
+
+def main() -> int:
+    """Parse argv and run."""
+    parser = argparse.ArgumentParser(prog="python -m tests.hardening.harness", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

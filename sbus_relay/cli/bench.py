@@ -63,10 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench.build import BuildError
-    from ..bench.profile import format_summary
-    from ..bench.report import format_table
-    from ..bench.runner import BenchOptions, run_bench
+    from sbus_relay.bench.build import BuildError
+    from sbus_relay.bench.profile import format_summary
+    from sbus_relay.bench.report import format_table
+    from sbus_relay.bench.runner import BenchOptions, run_bench
 
     for name in ("messages", "repeat"):
         value = getattr(args, name)

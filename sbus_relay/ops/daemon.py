@@ -18,8 +18,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from .errors import SbusError
-from .limits import DAEMON_READY_TIMEOUT
+from sbus_relay.protocol.errors import SbusError
+from sbus_relay.protocol.limits import DAEMON_READY_TIMEOUT
 
 #: A pid file path that means "no pid file" (SPEC §5).
 NO_PIDFILE = os.devnull

@@ -31,9 +31,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sbus_relay import __version__
-from sbus_relay.errors import ConfigError
-from sbus_relay.outbound import HARD_MODES, SOFT_MODES
-from sbus_relay.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
+from sbus_relay.protocol.errors import ConfigError
+from sbus_relay.protocol.flood import HARD_MODES, SOFT_MODES
+from sbus_relay.protocol.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment

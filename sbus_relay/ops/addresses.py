@@ -29,8 +29,8 @@ import stat
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import AddressError
-from .limits import (
+from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.limits import (
     ABSTRACT_BIND_ATTEMPTS,
     LISTEN_BACKLOG,
     SEND_BUFFER,

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, start every bus, supervise until a stop signal."""
-    from ..supervisor import Supervisor, SupervisorError, load_hierarchy
+    from sbus_relay.ops.supervisor import Supervisor, SupervisorError, load_hierarchy
 
     hierarchy = load_hierarchy(args.hierarchy)  # ConfigError -> one line, status 2 (cli)
     supervisor = Supervisor(hierarchy)

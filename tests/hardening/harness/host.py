@@ -33,9 +33,9 @@ def _dump(server: Any, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse serve's flags plus ``--stats``; serve until SIGINT/SIGTERM/SIGHUP."""
-    from .. import logsetup
-    from ..commands import serve
-    from ..config import ServerConfig, load_config
+    from sbus_relay.cli import serve
+    from sbus_relay.ops import logsetup
+    from sbus_relay.ops.config import ServerConfig, load_config
 
     parser = argparse.ArgumentParser(prog="sbus-harden-host")
     parser.add_argument("--stats", required=True, help="write counters here on SIGUSR1")
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import gevent
     import structlog
 
-    from ..server import Server
+    from sbus_relay.bus.server import Server
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
     sock, printable, socket_file = serve._listener(config)

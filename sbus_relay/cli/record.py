@@ -21,11 +21,12 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ..pipeline import defaults as D
-from . import add_address_argument, bus_address
+from sbus_relay.pipeline import defaults as D
+
+from .options import add_address_argument, bus_address
 
 if TYPE_CHECKING:
-    from ..pipeline.recorder import Recorder
+    from sbus_relay.pipeline.recorder import Recorder
 
 #: Multipliers of the --rotate-size suffixes.
 SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -110,10 +111,10 @@ def _progress_line(recorder: Recorder) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Record until SIGINT/SIGTERM, --duration or --count; 0 on a clean stop."""
-    from ..addresses import parse_address
-    from ..errors import BusClosed
-    from ..pipeline.capture import RotatingCaptureWriter
-    from ..pipeline.recorder import Recorder
+    from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.pipeline.capture import RotatingCaptureWriter
+    from sbus_relay.pipeline.recorder import Recorder
+    from sbus_relay.protocol.errors import BusClosed
 
     text = bus_address(args)
     address = parse_address(text)

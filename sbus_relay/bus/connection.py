@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import gevent
 from gevent.event import Event
 
-from .errors import PeerError
-from .keys import Credentials
-from .limits import BLOCK_RECHECK, DROP_EPISODE_QUIET, MAX_PACKET, READ_BATCH
-from .outbound import OutboundQueue
+from sbus_relay.protocol.errors import PeerError
+from sbus_relay.protocol.flood import OutboundQueue
+from sbus_relay.protocol.keys import Credentials
+from sbus_relay.protocol.limits import BLOCK_RECHECK, DROP_EPISODE_QUIET, MAX_PACKET, READ_BATCH
 
 if TYPE_CHECKING:
     from .server import Server
