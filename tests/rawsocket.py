@@ -39,6 +39,10 @@ def seqpacket_listening(name: str) -> bool:
     return False
 
 
+#: What the server sends just before it closes a client, the reason after it.
+DISCONNECT = b"CMSG disconnect\0"
+
+
 class Closed(Exception):
     """The server closed this connection (EOF or ECONNRESET)."""
 
@@ -72,6 +76,8 @@ class RawConnection:
                 raise
         # Packets read while waiting for something else (see ``_whoami``).
         self.pending: deque[bytes] = deque()
+        #: the reason the server gave when it closed us, if it did
+        self.disconnect_reason: str | None = None
 
     def send(self, packet: bytes) -> None:
         raise NotImplementedError
@@ -105,6 +111,10 @@ class RawConnection:
             raise Closed("EOF")
         if flags & socket.MSG_TRUNC:
             raise AssertionError("the server sent a packet over 409,600 bytes")
+        if data.startswith(DISCONNECT):
+            # The server says why it closes us, then closes (docs/protocol.md).
+            self.disconnect_reason = data[len(DISCONNECT) :].decode("utf-8", "replace")
+            raise Closed("disconnect: " + self.disconnect_reason)
         return data
 
     def _whoami(self, timeout: float) -> bytes:

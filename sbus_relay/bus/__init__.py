@@ -1,6 +1,7 @@
 """The bus on gevent: the server, its client connections and the upstream link.
 
-``ports`` defines the narrow interface through which a connection and the
-upstream link reach the server; the server implements it, so the lower
-modules never import ``server``.
+A connection and the upstream link each define the narrow interface they need
+from the server (``connection.Router``, ``upstream.UpstreamHost``, both
+``typing.Protocol``); the server implements both and builds them, so every
+import points down: ``server`` -> ``connection``, ``upstream`` -> ``protocol``.
 """

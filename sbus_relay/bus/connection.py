@@ -1,140 +1,223 @@
-"""One client of the server: its socket, reader greenlet, outbound queue and writer.
+"""One client of the server: its socket, its outbound queue and its pauses.
 
-The reader loop is the hot path: it reads packets in batches into one shared
-buffer, hands MSG packets straight to ``Server.publish`` and everything else to
-``Server.handle``.  The writer greenlet exists only while the client has a
-backlog (SPEC §4); it drains the queue in the client's chosen order.
+Theory of operation.  A connection has no greenlet of its own: the gevent
+hub calls ``_on_readable`` when its socket has packets and ``_on_writable``
+when a socket with a backlog can take more.  An idle client therefore costs
+one socket, one watcher and this object.
+
+Reading (the hot path): up to ``READ_BATCH`` packets per wake-up into the
+router's shared buffer; a ``MSG`` goes to ``Router.publish``, anything else to
+``Router.handle``.  The router routes inline and calls ``deliver`` on each
+recipient, which sends straight to the socket when nothing is queued before
+the packet; otherwise ``protocol.flood`` decides and ``deliver`` carries the
+decision out: queue, queue and pause the publisher, drop (and shed), or
+disconnect.
+
+Pauses: a publisher is paused (its socket is no longer read, so its own
+sends block in the kernel) while a client in a block mode it filled is
+``still_blocked``, and a relay's client while the server waits for its
+identity prefix.  Pauses are counted, so each release resumes exactly one.
+
+Writing: the backlog is drained in the client's order from
+``_on_writable``; interest notices for a relay wait, coalesced per pattern,
+in ``notices`` and go first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import gevent
-from gevent.event import Event
 
+from sbus_relay.protocol import codec, flood
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import OutboundQueue
+from sbus_relay.protocol.flood import Action, OutboundQueue
 from sbus_relay.protocol.keys import Credentials
-from sbus_relay.protocol.limits import BLOCK_RECHECK, DROP_EPISODE_QUIET, MAX_PACKET, READ_BATCH
-
-if TYPE_CHECKING:
-    from .server import Server
+from sbus_relay.protocol.limits import (
+    DROP_EPISODE_QUIET,
+    LOG_REPEAT_INTERVAL,
+    MAX_PACKET,
+    NOTICE_BATCH,
+    READ_BATCH,
+    WRITE_BATCH,
+)
+from sbus_relay.protocol.quota import Account
+from sbus_relay.protocol.stats import Stats
 
 _MSG = b"MSG "
 _NUL = b"\0"
 _TRUNC = socket.MSG_TRUNC
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
+_READ = 1
+_WRITE = 2
+_ADD = b"interest/add"
+_REMOVE = b"interest/remove"
+_READY = b"interest/ready"
+_DISCONNECT = b"disconnect"
+#: reasons a client ends by itself or by the server's own shutdown: logged at info
+_ORDINARY = frozenset({"closed", "server_stopping"})
+
+
+class Router(Protocol):
+    """What a connection needs from the server: it hands every packet over."""
+
+    stats: Stats
+    recv_buffer: bytearray
+    recv_view: memoryview
+
+    def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
+        """Route one ``MSG`` packet whose routing key is ``key``."""
+
+    def handle(self, conn: Connection, packet: bytes) -> None:
+        """Act on one ``SUB``, ``UNSUB`` or ``CMSG`` packet."""
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` has closed: drop its patterns and interest."""
 
 
 class Connection:
-    """A connected client.  Created by ``Server`` at accept time."""
+    """A connected client.  Created by the server at accept time."""
 
-    def __init__(self, server: Server, sock: socket.socket, cid: int, creds: Credentials) -> None:
-        self.server = server
+    __slots__ = (
+        "__weakref__",
+        "_base_log",
+        "_drop_reason",
+        "_drop_timer",
+        "_held",
+        "_log",
+        "_loop",
+        "_read_watcher",
+        "_repeats",
+        "_write_watcher",
+        "account",
+        "alive",
+        "cid",
+        "creds",
+        "dropped",
+        "echo",
+        "episode_drops",
+        "interest",
+        "notices",
+        "pattern_bytes",
+        "pauses",
+        "queue",
+        "ready_owed",
+        "relay",
+        "router",
+        "send",
+        "shed",
+        "sock",
+        "waiters",
+    )
+
+    def __init__(
+        self,
+        router: Router,
+        sock: socket.socket,
+        cid: int,
+        creds: Credentials,
+        queue: OutboundQueue,
+        account: Account,
+        log: Any,
+    ) -> None:
+        self.router = router
         self.sock = sock
         self.send = sock.send  # bound once: the fan-out calls it per recipient
         self.cid = cid
         self.creds = creds
+        self.queue = queue
+        self.account = account
         self.echo = True
-        self.interest = False
+        self.interest = False  # sent interest/on: a relay listening for notices
+        self.relay = False  # declared itself a relay (its pattern limit is the relay one)
         self.alive = True
-        self.queue = OutboundQueue(
-            server.config.hard_limit_bytes, server.config.hard_limit_messages
-        )
-        #: (event, still-busy?) pairs this client's reader must wait on before it
-        #: reads again: block modes (SPEC §4) and a slow upstream (SPEC §6)
-        self.waits: list[tuple[Event, Callable[[], bool]]] = []
         #: drop reason while new messages for this client are shed without a
-        #: send attempt (soft discard with a full socket, or hard discard over
-        #: the limit); the fan-out checks it first so a stalled client costs
-        #: the others two increments per message
+        #: send attempt; the fan-out checks it first, so a stalled client costs
+        #: the others a counter increment per message
         self.shed: str | None = None
         self.episode_drops = 0
-        self._drop_reason = ""  # the latest drop reason, for the episode's log line
-        self.blocked = False
-        self.space = Event()  # set by the writer whenever the backlog shrinks
-        self.log = server.log.bind(client=cid, pid=creds.pid, uid=creds.uid, gid=creds.gid)
-        hub = gevent.get_hub()
-        self._hub = hub
-        self._read_watcher = hub.loop.io(sock.fileno(), 1)
-        self._write_watcher = hub.loop.io(sock.fileno(), 2)
-        self._writer: gevent.Greenlet | None = None
-        self._shed_watcher: Any = None
+        self.dropped = 0  # messages dropped for this client since it connected
+        self.pattern_bytes = 0  # bytes of the distinct patterns it holds
+        self._drop_reason = ""
         self._drop_timer: Any = None
-        self.reader = gevent.spawn(self._read_loop)
+        #: how many reasons this connection is not being read for (block modes,
+        #: a relay's prefix); read again when it falls back to 0
+        self.pauses = 0
+        #: publishers paused on this client, with the action that paused them
+        self.waiters: list[tuple[Connection, Action]] | None = None
+        #: interest notices not yet sent: pattern -> present (net state, coalesced)
+        self.notices: dict[bytes, bool] | None = None
+        self.ready_owed = False  # interest/ready goes after the pending notices
+        self._held: bytes | None = None  # a packet that waits for the server's prefix
+        self._repeats: dict[str, list[Any]] | None = None  # rate-limited log lines
+        self._base_log = log
+        self._log: Any = None
+        loop = gevent.get_hub().loop
+        self._loop = loop
+        self._write_watcher: Any = None
+        self._read_watcher = loop.io(sock.fileno(), _READ)
+        self._read_watcher.start(self._on_readable)
 
-    # --- reading ---------------------------------------------------------
+    @property
+    def log(self) -> Any:
+        """This client's logger (bound on first use: an idle client never pays for it)."""
+        if self._log is None:
+            c = self.creds
+            self._log = self._base_log.bind(client=self.cid, pid=c.pid, uid=c.uid, gid=c.gid)
+        return self._log
 
-    def _read_loop(self) -> None:
-        server = self.server
-        stats = server.stats
-        buf = server.recv_buffer
-        view = server.recv_view
+    # --- reading ---------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        """The hub's callback: read a batch of packets and hand them over."""
+        router = self.router
+        stats = router.stats
+        buf = router.recv_buffer
+        view = router.recv_view
         recv_into = self.sock.recv_into
-        publish = server.publish
-        handle = server.handle
-        wait = self._hub.wait
-        watcher = self._read_watcher
+        publish = router.publish
         msgs = nbytes = 0
         try:
-            while self.alive:
-                for _ in range(READ_BATCH):
-                    try:
-                        n = recv_into(buf, MAX_PACKET, _TRUNC)
-                    except BlockingIOError:
-                        break
-                    if n == 0:
-                        self._zero_length()
-                        return
-                    if n > MAX_PACKET:
-                        raise PeerError(
-                            "protocol_error", "packet longer than %d bytes" % MAX_PACKET
-                        )
-                    packet = bytes(view[:n])
-                    nbytes += n
-                    if packet.startswith(_MSG):
-                        nul = packet.find(_NUL, 4)
-                        if nul < 0:
-                            raise PeerError("protocol_error", "MSG without NUL")
-                        msgs += 1
-                        publish(self, packet, packet[4:nul])
-                    else:
-                        handle(self, packet)
-                    if self.waits:
-                        self._wait_for_space()
-                    if not self.alive:
-                        return
+            for _ in range(READ_BATCH):
+                try:
+                    n = recv_into(buf, MAX_PACKET, _TRUNC)
+                except BlockingIOError:
+                    break
+                if n == 0:
+                    self._zero_length()
+                    return
+                if n > MAX_PACKET:
+                    raise PeerError("protocol_error", "packet longer than %d bytes" % MAX_PACKET)
+                packet = bytes(view[:n])
+                nbytes += n
+                if packet.startswith(_MSG):
+                    nul = packet.find(_NUL, 4)
+                    if nul < 0:
+                        raise PeerError("protocol_error", "MSG without NUL")
+                    msgs += 1
+                    publish(self, packet, packet[4:nul])
                 else:
-                    stats.packets_in["msg"] += msgs
-                    stats.bytes_in += nbytes
-                    msgs = nbytes = 0
-                    gevent.sleep(0)  # a full batch: let the other clients in
-                    continue
-                stats.packets_in["msg"] += msgs
-                stats.bytes_in += nbytes
-                msgs = nbytes = 0
-                wait(watcher)
+                    router.handle(self, packet)
+                if self.pauses or not self.alive:
+                    break
         except PeerError as e:
             if e.reason == "protocol_error":  # a refused SUB was counted as a SUB
                 stats.packets_in["invalid"] += 1
             self.close(e.reason, e.detail)
         except OSError as e:
             self.close("io_error", str(e))
-        except gevent.GreenletExit:
-            raise
         except Exception as e:  # a bug of ours: cost this one client, never the server
             self.log.exception("client.internal_error")
             self.close("internal_error", repr(e))
-        finally:  # the last batch's counts, whichever way the loop ended
+        finally:
             stats.packets_in["msg"] += msgs
             stats.bytes_in += nbytes
 
     def _zero_length(self) -> None:
-        """recv returned 0: the peer closed, or it sent an empty packet (SPEC §1)."""
+        """recv returned 0: the peer closed, or it sent an empty packet."""
         try:
             more = self.sock.recv(1, _PEEK)
         except BlockingIOError:
@@ -144,44 +227,69 @@ class Connection:
         if more == b"":
             self.close("closed")
         else:
-            self.server.stats.packets_in["invalid"] += 1
+            self.router.stats.packets_in["invalid"] += 1
             self.close("protocol_error", "empty packet")
 
-    def _wait_for_space(self) -> None:
-        """Pause this publisher until what it filled can take more (block modes)."""
-        waits, self.waits = self.waits, []
-        self.blocked = True
+    def pause(self) -> None:
+        """Stop reading this client until a matching ``resume``."""
+        self.pauses += 1
+        if self.pauses == 1 and self.alive:
+            self._read_watcher.stop()
+
+    def resume(self) -> None:
+        """Release one pause; read again once none is left."""
+        self.pauses -= 1
+        if self.pauses == 0 and self.alive:
+            self._read_watcher.start(self._on_readable)
+            if self._held is not None:
+                self._loop.run_callback(self._release_held)
+
+    def hold(self, packet: bytes) -> None:
+        """Keep ``packet`` and stop reading until the server can act on it (``resume``)."""
+        self._held = packet
+        self.pause()
+
+    def _release_held(self) -> None:
+        packet, self._held = self._held, None
+        if packet is None or not self.alive:
+            return
         try:
-            for space, busy in waits:
-                while self.alive and busy():
-                    space.clear()
-                    space.wait(BLOCK_RECHECK)
-        finally:
-            self.blocked = False
+            self.router.handle(self, packet)
+        except PeerError as e:
+            self.close(e.reason, e.detail)
+        except Exception as e:  # a bug of ours: cost this one client, never the server
+            self.log.exception("client.internal_error")
+            self.close("internal_error", repr(e))
 
-    def wait_for(self, target: Connection, *, until_empty: bool) -> None:
-        """After this packet, pause until ``target``'s queue is empty or below its limit."""
-        q = target.queue
+    # --- delivering (called by the router's fan-out) ------------------------------
 
-        def busy() -> bool:
-            return target.alive and bool(q.count if until_empty else q.over_limit())
+    def deliver(self, packet: bytes, sender: Connection | None) -> None:
+        """The slow path of delivery: the socket is full or a backlog waits.
 
-        self.waits.append((target.space, busy))
-
-    # --- writing ---------------------------------------------------------
-
-    def enqueue(self, packet: bytes) -> None:
-        """Queue a packet behind the backlog and make sure a writer drains it."""
-        self.queue.push(packet, time.monotonic())
-        if self._writer is None:
-            self._writer = gevent.spawn(self._write_loop)
-
-    def send_control(self, packet: bytes, *, essential: bool = False) -> None:
-        """Send a server-made CMSG.  Soft modes never drop it; over the hard limit
-        the client's hard mode applies as for any message (SPEC §4), except that
-        an *essential* notice (interest/add, /remove, /ready), which a relay cannot
-        afford to miss, disconnects the client instead: it reconnects and resyncs.
+        The router tried ``send`` first when nothing was queued; here
+        ``protocol.flood`` decides and this method carries it out.
         """
+        q = self.queue
+        action = flood.decide(q)
+        if action is Action.QUEUE:
+            self._enqueue(packet)
+        elif action in flood.BLOCKING:
+            self._enqueue(packet)
+            if sender is not None and sender.alive:  # even when it fills its own queue
+                if self.waiters is None:
+                    self.waiters = []
+                self.waiters.append((sender, action))
+                sender.pause()
+        elif action is Action.DISCONNECT:
+            self.count_drop("slow_client_disconnected")
+            self.close(
+                "slow_client", "blocking/%s/error" % ("soft" if q.soft == "error" else "hard")
+            )
+        else:
+            self.start_shedding(action.value)
+
+    def reply(self, packet: bytes) -> None:
+        """Send a server-made reply (whoami, drops/count): never a reason to disconnect."""
         if not self.alive:
             return
         if not self.queue.count:
@@ -193,25 +301,55 @@ class Connection:
             except OSError as e:
                 self.close("io_error", str(e))
                 return
-        if self.queue.over_limit():
-            hard = self.queue.hard
-            if essential or hard == "error":
-                self.close("slow_client", "hard limit reached with a control message pending")
-                return
-            if hard == "discard":
-                self.count_drop("hard_discard")
-                return
-        self.enqueue(packet)
+        if flood.decide_reply(self.queue) is Action.QUEUE:
+            self._enqueue(packet)
+        else:
+            self.count_drop(Action.DROP_HARD.value)
 
-    def _write_loop(self) -> None:
-        q = self.queue
-        stats = self.server.stats
-        send = self.send
+    def notify(self, pattern: bytes, present: bool) -> None:
+        """An interest notice for this relay; coalesced with any pending one for ``pattern``."""
+        if not self.alive:
+            return
+        notices = self.notices
+        if notices is None:
+            notices = self.notices = {}
+        if pattern in notices:
+            del notices[pattern]  # add then remove (or remove then add): nothing to say
+        else:
+            notices[pattern] = present
+        self._want_write()
+
+    def owe_ready(self) -> None:
+        """Send ``interest/ready`` once the notices pending now have gone."""
+        self.ready_owed = True
+        if self.notices is None:
+            self.notices = {}
+        self._want_write()
+
+    def _enqueue(self, packet: bytes) -> None:
+        self.queue.push(packet, time.monotonic())
+        self._want_write()
+
+    def _want_write(self) -> None:
+        watcher = self._write_watcher
+        if watcher is None:
+            watcher = self._write_watcher = self._loop.io(self.sock.fileno(), _WRITE)
+        if not watcher.active:
+            watcher.start(self._on_writable)
+
+    def _on_writable(self) -> None:
+        """The hub's callback: the socket can take more; drain notices, then the queue."""
         try:
-            while self.alive and q.count:
-                self._hub.wait(self._write_watcher)
-                sent = nbytes = 0
-                while q.count:
+            if self.notices is not None and not self._send_notices():
+                return
+            q = self.queue
+            stats = self.router.stats
+            send = self.send
+            sent = nbytes = 0
+            try:
+                for _ in range(WRITE_BATCH):
+                    if not q.count:
+                        break
                     packet, t = q.peek()
                     try:
                         send(packet)
@@ -221,86 +359,141 @@ class Connection:
                     sent += 1
                     nbytes += len(packet)
                     stats.observe_queue_wait(time.monotonic() - t)
+            finally:
                 stats.delivered += sent
                 stats.bytes_out += nbytes
-                if self.shed is not None and not q.over_limit():
-                    self.shed = None  # below the hard limit again: stop shedding
-                self.space.set()
+            if self.shed is not None and flood.shedding_ends(self.shed, q):
+                self.shed = None
+            if self.waiters:
+                self._wake_waiters()
+            if not q.count and self.notices is None:
+                self._write_watcher.stop()
         except OSError as e:
             self.close("io_error", str(e))
-        finally:
-            self._writer = None
-            self.space.set()
 
-    # --- drops and closing ----------------------------------------------------
+    def _send_notices(self) -> bool:
+        """Send pending interest notices; True once none is left."""
+        notices = self.notices
+        assert notices is not None
+        send = self.send
+        for _ in range(NOTICE_BATCH):
+            if not notices:
+                break
+            pattern, present = notices.popitem()
+            try:
+                send(codec.encode_cmsg(_ADD if present else _REMOVE, pattern))
+            except BlockingIOError:
+                notices[pattern] = present
+                return False
+        if notices:
+            return False  # a large snapshot: the rest on the next wake-up
+        if self.ready_owed:
+            try:
+                send(codec.encode_cmsg(_READY, b""))
+            except BlockingIOError:
+                return False
+            self.ready_owed = False
+        self.notices = None
+        return True
+
+    def _wake_waiters(self) -> None:
+        """Resume the publishers this client no longer holds back."""
+        waiters = self.waiters
+        assert waiters is not None
+        q = self.queue
+        keep = [(p, a) for p, a in waiters if p.alive and flood.still_blocked(a, q)]
+        if len(keep) == len(waiters):
+            return
+        self.waiters = keep or None
+        for publisher, action in waiters:
+            if publisher.alive and not flood.still_blocked(action, q):
+                publisher.resume()
+
+    # --- drops ---------------------------------------------------------------------
 
     def start_shedding(self, reason: str) -> None:
-        """Drop this message and the next ones without trying, until the client
-        can take messages again; the episode is logged once, with its count."""
-        self.server.stats.drops[reason] += 1
-        self.episode_drops += 1
-        self._drop_reason = self.shed = reason
-        if reason == "soft_discard" and not self.queue.count:
-            # nothing queued, so no writer will notice the socket drain: watch it
-            if self._shed_watcher is None:
-                self._shed_watcher = self._hub.loop.io(self.sock.fileno(), 2)
-            self._shed_watcher.start(self._writable)
+        """Drop this message and the next ones without trying, until
+        ``flood.shedding_ends``; the episode is logged once, with its count."""
+        self.count_drop(reason)
+        self.shed = reason
+        self._want_write()  # the drained socket (soft) or queue (hard) ends it
         if self._drop_timer is None:
-            self._drop_timer = gevent.spawn_later(DROP_EPISODE_QUIET, self._drop_episode, 0)
-
-    def _writable(self) -> None:
-        """libev callback: the socket can take packets again."""
-        self._shed_watcher.stop()
-        if self.queue.soft != "discard" or not self.queue.count:
-            self.shed = None
-
-    def reset_shedding(self) -> None:
-        """A flood-control mode changed: decide afresh on the next message."""
-        self.shed = None
-        if self._shed_watcher is not None:
-            self._shed_watcher.stop()
+            self._drop_timer = self._loop.timer(DROP_EPISODE_QUIET, DROP_EPISODE_QUIET)
+            self._drop_timer.start(self._drop_episode_tick)
 
     def count_drop(self, reason: str) -> None:
-        """Count one dropped message (no shedding state)."""
-        self.server.stats.drops[reason] += 1
+        """Count one message dropped for this client."""
+        self.router.stats.drops[reason] += 1
         self.episode_drops += 1
+        self.dropped += 1
         self._drop_reason = reason
 
-    def _drop_episode(self, seen: int) -> None:
-        if self.episode_drops != seen and self.alive:  # still dropping: look again later
-            self._drop_timer = gevent.spawn_later(
-                DROP_EPISODE_QUIET, self._drop_episode, self.episode_drops
-            )
-            return
-        self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
-        self.episode_drops = 0
-        self._drop_timer = None
+    def _drop_episode_tick(self) -> None:
+        """Every quiet interval: log the episode once no drop came during the last one."""
+        if self.shed is not None and self.alive:
+            return  # still shedding: look again later
+        self._end_drop_episode()
+
+    def _end_drop_episode(self) -> None:
+        if self._drop_timer is not None:
+            self._drop_timer.stop()
+            self._drop_timer = None
+        if self.episode_drops:
+            self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
+            self.episode_drops = 0
+
+    def warn_repeated(self, event: str, **fields: Any) -> None:
+        """Log a misbehaviour line: the first at once, then a count per interval."""
+        repeats = self._repeats
+        if repeats is None:
+            repeats = self._repeats = {}
+        now = time.monotonic()
+        entry = repeats.get(event)
+        if entry is None or now - entry[0] >= LOG_REPEAT_INTERVAL:
+            if entry is not None and entry[1]:
+                self.log.warning(event + ".repeated", suppressed=entry[1])
+            repeats[event] = [now, 0]
+            self.log.warning(event, **fields)
+        else:
+            entry[1] += 1
+            self.router.stats.log_lines_suppressed += 1
+
+    # --- closing ---------------------------------------------------------------------
 
     def close(self, reason: str, detail: str = "") -> None:
-        """Disconnect this client (idempotent); logged with ``reason`` and counted."""
+        """Disconnect this client (idempotent); logged with ``reason`` and counted.
+
+        Unless the client itself closed, it is first told why (our
+        ``CMSG disconnect`` extension), best effort and without waiting.
+        """
         if not self.alive:
             return
         self.alive = False
-        stats = self.server.stats
+        stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
         lost = self.queue.clear()
         if lost:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
-        if self._drop_timer is not None:
-            self._drop_timer.kill(block=False)
-            if self.episode_drops:
-                self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
-        if self._shed_watcher is not None:
-            self._shed_watcher.close()
-        level = self.log.info if reason in ("closed", "server_stopping") else self.log.warning
+        if reason != "closed":
+            why_text = reason + (": " + detail if detail else "")
+            with contextlib.suppress(OSError):
+                self.send(codec.encode_cmsg(_DISCONNECT, why_text.encode("utf-8", "replace")))
+        self._end_drop_episode()
+        if self._repeats:
+            for event, (_, suppressed) in self._repeats.items():
+                if suppressed:
+                    self.log.warning(event + ".repeated", suppressed=suppressed)
+        level = self.log.info if reason in _ORDINARY else self.log.warning
         level("client.disconnected", reason=reason, detail=detail, lost=lost)
-        self.space.set()
-        self.server.forget(self)
-        current = gevent.getcurrent()
-        for g in (self.reader, self._writer):
-            if g is not None and g is not current:
-                g.kill(block=False)
         self._read_watcher.close()
-        self._write_watcher.close()
+        if self._write_watcher is not None:
+            self._write_watcher.close()
+        self.notices = None
+        self._held = None
+        waiters, self.waiters = self.waiters, None
+        for publisher, _ in waiters or ():
+            if publisher.alive:
+                publisher.resume()
+        self.router.forget(self)
         self.sock.close()

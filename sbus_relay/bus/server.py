@@ -1,51 +1,62 @@
-"""The sbus server: accept loop, routing and control messages, on gevent.
+"""The sbus server: accepting, routing and control messages, on gevent.
 
-Theory of operation.  One gevent hub runs everything.  The accept loop backs
-off on errors (EMFILE...) instead of spinning.  Each client is a
-``Connection`` with a reader greenlet; a publish is routed inline by the
-reader that received it: ``SubscriptionIndex.match`` (a cached dict lookup),
-then a non-blocking ``send`` per recipient.  Only a recipient whose socket is
-full gets its packet queued and a writer greenlet (SPEC §4), so one slow client
-never delays the others.  On a relay, ``upstream`` is the link to the parent
-bus (SPEC §6); the index callbacks feed it SUB/UNSUB.
+Theory of operation.  One gevent hub runs everything, and no greenlet exists
+per client: the hub calls a connection's ``_on_readable`` when it has
+packets.  The path of one message, top to bottom:
+
+1. ``Connection._on_readable`` reads a batch of packets into the shared buffer
+   and hands each ``MSG`` to ``Server.publish`` (below);
+2. ``publish`` finds the recipients (``SubscriptionIndex.match``: a bounded
+   cache, then flat dicts and a trie), and sends the packet straight to each
+   recipient's socket when nothing is queued before it;
+3. a recipient that cannot take it now goes through ``Connection.deliver``,
+   where ``protocol.flood`` decides (queue, pause the publisher, drop, shed,
+   disconnect) and the connection carries it out;
+4. on a relay, ``UpstreamLink.forward`` sends the message up if the upstream
+   wants it.
+
+Everything else (SUB, UNSUB, CMSG) goes through ``handle``.  Per-user quotas
+(``protocol.quota``) are checked at accept and on each new pattern.  On a
+relay, ``upstream`` is the link to the parent bus (docs/protocol.md,
+"Relays"); the index's first/last callbacks feed it SUB/UNSUB, and it calls
+back through the ``UpstreamHost`` methods at the end of this class.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import gevent
 import structlog
 from gevent.event import Event
 
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, quota
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import Action, parse_flood_control
+from sbus_relay.protocol.flood import OutboundQueue, parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
-from sbus_relay.protocol.interest import READY, InterestTracker
-from sbus_relay.protocol.keys import WHOAMI, Credentials, check_pattern, valid_key
+from sbus_relay.protocol.interest import ADD, InterestTracker
+from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern, valid_key
 from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
+    ACCEPT_BATCH,
     MAX_PACKET,
-    MAX_PATTERNS_PER_CLIENT,
     SEND_BUFFER,
     STOP_TIMEOUT,
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
 from .connection import Connection
-
-if TYPE_CHECKING:
-    from .upstream import UpstreamLink
+from .upstream import UpstreamLink
 
 _CRED_FMT = "3i"  # struct ucred: pid, uid, gid
-_NEEDS_BLOCK = (Action.QUEUE_AND_WAIT_EMPTY, Action.QUEUE_AND_WAIT_BELOW)
+_DROPS_COUNT = b"drops/count"
 
 
 class Server:
@@ -70,132 +81,160 @@ class Server:
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)
         #: the index's key -> recipients cache, read directly on the hot path
         #: (the dict object lives as long as the index; it is only ever cleared)
-        self._cached: Callable[[bytes], tuple[Connection, ...] | None] = self.index.cache.get
-        #: one receive buffer for every reader: a greenlet copies out its packet
-        #: before it can yield, so they never share it at the same time
+        self._cached = self.index.cache.get
+        #: one receive buffer for every connection: a packet is copied out of it
+        #: before the next read, and only one callback runs at a time
         self.recv_buffer = bytearray(MAX_PACKET)
         self.recv_view = memoryview(self.recv_buffer)
+        self.client_limits = config.client_limits()
+        self._quotas = dict(config.user_quotas)
+        self._default_quota = config.user_quota()
+        #: uid -> what that user's connections hold (``protocol.quota``)
+        self.accounts: dict[int, quota.Account] = {}
         self.upstream: UpstreamLink | None = None
-        #: our identity prefix (SPEC §3): empty on a master, set by the upstream on a relay
+        #: our identity prefix: empty on a master, ``<upstream's whoami reply>/`` on a
+        #: relay, None until the upstream has answered
         self.prefix: bytes | None = b""
-        self.prefix_known = Event()
-        self.prefix_known.set()
+        #: connections holding a packet until the prefix is known
+        self._awaiting_prefix: list[Connection] = []
         self.stopped = Event()
         self._next_cid = 0
         self._ever_connected = False
-        self._accepter: gevent.Greenlet | None = None
         self._allowed = frozenset(config.users) | {os.geteuid()} if config.users else None
+        loop = gevent.get_hub().loop
+        self._loop = loop
+        self._accept_watcher: Any = None
+        self._accept_timer: Any = None
+        self._backoff = ACCEPT_BACKOFF_MIN
         if config.upstream:
-            from .upstream import UpstreamLink
-
             self.prefix = None
-            self.prefix_known.clear()
-            self.upstream = UpstreamLink(self, config)
+            self.upstream = UpstreamLink(self, config, self.stats, self.log)
 
     # --- lifecycle -------------------------------------------------------
 
     def start(self) -> None:
         """Start accepting clients (and connecting upstream, on a relay)."""
         self.listener.setblocking(False)
-        self._accepter = gevent.spawn(self._accept_loop)
+        self._accept_watcher = self._loop.io(self.listener.fileno(), 1)
+        self._accept_watcher.start(self._on_acceptable)
         if self.upstream is not None:
             self.upstream.start()
         self.log.info("server.started", relay=self.upstream is not None)
 
     def serve_forever(self) -> None:
         """Start, then block until ``stop()``."""
-        if self._accepter is None:
+        if self._accept_watcher is None:
             self.start()
         self.stopped.wait()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop accepting, disconnect every client, drop the upstream link.
 
-        As gevent's servers do: close everything, give the client greenlets
-        ``timeout`` seconds to finish, then kill what is left.
+        Nothing here waits: clients have no greenlets, so closing them is
+        immediate; ``timeout`` is kept for callers of gevent's server API.
         """
+        del timeout
         if self.stopped.is_set():
             return
-        if self._accepter is not None:
-            self._accepter.kill(block=False)
-        conns = list(self.clients.values())
-        for conn in conns:
+        for watcher in (self._accept_watcher, self._accept_timer):
+            if watcher is not None:
+                watcher.close()
+        for conn in list(self.clients.values()):
             conn.close("server_stopping")
         if self.upstream is not None:
             self.upstream.stop()
         self.listener.close()
-        current = gevent.getcurrent()
-        greenlets = [c.reader for c in conns if c.reader is not current]
-        gevent.joinall(greenlets, timeout=timeout)
-        gevent.killall([g for g in greenlets if not g.dead], block=False)
         self.log.info("server.stopped")
         self.stopped.set()
 
     # --- accepting -------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        hub = gevent.get_hub()
-        watcher = hub.loop.io(self.listener.fileno(), 1)
-        backoff = ACCEPT_BACKOFF_MIN
-        while True:
+    def _on_acceptable(self) -> None:
+        """The hub's callback: accept the waiting clients, backing off on errors."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, _ = self.listener.accept()
             except BlockingIOError:
-                hub.wait(watcher)
-                continue
+                return
             except OSError as e:  # EMFILE, ENFILE, ENOBUFS...: back off, never spin
                 self.stats.accept_errors += 1
-                self.log.warning("accept.error", error=str(e), retry_in=backoff)
-                gevent.sleep(backoff)
-                backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
-                continue
-            backoff = ACCEPT_BACKOFF_MIN
+                self.log.warning("accept.error", error=str(e), retry_in=self._backoff)
+                self._accept_watcher.stop()
+                self._accept_timer = self._loop.timer(self._backoff)
+                self._accept_timer.start(self._accept_again)
+                self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF_MAX)
+                return
+            self._backoff = ACCEPT_BACKOFF_MIN
             try:
                 self._admit(sock)
             except OSError as e:
                 sock.close()
                 self.log.warning("accept.error", error=str(e))
 
+    def _accept_again(self) -> None:
+        if not self.stopped.is_set():
+            self._accept_watcher.start(self._on_acceptable)
+
     def _admit(self, sock: socket.socket) -> None:
         pid, uid, gid = struct.unpack(
             _CRED_FMT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         )
+        account = self.accounts.get(uid)
+        if account is None:
+            account = quota.Account(self._quotas.get(uid, self._default_quota))
+        why = None
         if self._allowed is not None and uid not in self._allowed:
+            why = "user_not_allowed"
+        elif len(self.clients) >= self.config.max_clients:
+            why = "too_many_clients"
+        else:
+            why = quota.refuse_connection(account)
+        if why is not None:
             self.stats.connections_refused += 1
-            self.log.warning("client.refused", reason="user_not_allowed", uid=uid, pid=pid)
-            sock.close()
-            return
-        if len(self.clients) >= self.config.max_clients:
-            self.stats.connections_refused += 1
-            self.log.warning("client.refused", reason="too_many_clients", uid=uid, pid=pid)
+            self.stats.refusals[why] = self.stats.refusals.get(why, 0) + 1
+            self.log.warning("client.refused", reason=why, uid=uid, gid=gid, pid=pid)
+            with contextlib.suppress(OSError):  # say why, best effort (docs/protocol.md)
+                sock.setblocking(False)
+                sock.send(codec.encode_cmsg(b"disconnect", why.encode()))
             sock.close()
             return
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        self.accounts[uid] = account
+        account.connections += 1
         self._next_cid += 1
-        conn = Connection(self, sock, self._next_cid, Credentials(gid, uid, pid))
+        queue = OutboundQueue(
+            self.config.hard_limit_bytes, self.config.hard_limit_messages, account
+        )
+        conn = Connection(
+            self, sock, self._next_cid, Credentials(gid, uid, pid), queue, account, self.log
+        )
         self.clients[conn.cid] = conn
         self._ever_connected = True
         self.stats.connections_accepted += 1
         conn.log.info("client.connected")
 
     def forget(self, conn: Connection) -> None:
-        """Called by ``Connection.close``: drop the client's patterns and interest."""
+        """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
         if conn.interest:
             del self.interest.listeners[conn]
         for pattern in list(self.index.patterns_of(conn)):
             self._change(conn, pattern, add=False, everything=True)
+        account = conn.account
+        account.connections -= 1
+        if not account.connections:
+            self.accounts.pop(conn.creds.uid, None)
         if self.config.exit_when_empty and self._ever_connected and not self.clients:
             gevent.spawn(self.stop)
 
-    # --- routing ---------------------------------------------------------
+    # --- routing: the hot path ------------------------------------------------
 
     def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
         """Route one MSG packet: to local subscribers, and upward on a relay.
 
         ``sender`` is None for messages that came down from the upstream, which
-        are never sent back up (SPEC §6).
+        are never sent back up.
         """
         if b"!" in key and not valid_key(key):
             self.stats.drops["reserved_key"] += 1
@@ -204,55 +243,34 @@ class Server:
         if recipients is None:
             recipients = self.index.match(key)
         if recipients:
-            delivered = nbytes = 0
-            size = len(packet)
+            delivered = 0
             drops = self.stats.drops
             for conn in recipients:
-                if conn is sender and not conn.echo:
+                if conn is sender and not sender.echo:
                     continue
                 shed = conn.shed
                 if shed is not None:
                     drops[shed] += 1
                     conn.episode_drops += 1
+                    conn.dropped += 1
                     continue
                 if not conn.queue.count:
                     try:
                         conn.send(packet)
                         delivered += 1
-                        nbytes += size
                         continue
                     except BlockingIOError:
                         pass
                     except OSError as e:
                         conn.close("io_error", str(e))
                         continue
-                self._backlog(conn, packet, sender)
+                conn.deliver(packet, sender)
             stats = self.stats
             stats.delivered += delivered
-            stats.bytes_out += nbytes
+            stats.bytes_out += delivered * len(packet)
         upstream = self.upstream
         if upstream is not None and sender is not None:
-            upstream.forward(key, packet, sender)
-
-    def _backlog(self, conn: Connection, packet: bytes, sender: Connection | None) -> None:
-        """The slow path: ``conn`` cannot take ``packet`` now (SPEC §4)."""
-        q = conn.queue
-        if q.soft == "queue" and q.count < q.max_messages and q.nbytes < q.max_bytes:
-            conn.enqueue(packet)  # the default mode below the limit: skip decide()
-            return
-        action = q.decide()
-        if action is Action.QUEUE:
-            conn.enqueue(packet)
-        elif action in _NEEDS_BLOCK:
-            conn.enqueue(packet)
-            if sender is not None:  # even when it fills its own queue (echo)
-                sender.wait_for(conn, until_empty=action is Action.QUEUE_AND_WAIT_EMPTY)
-        elif action is Action.DISCONNECT:
-            conn.count_drop("slow_client_disconnected")
-            mode = "soft" if q.soft == "error" else "hard"
-            conn.close("slow_client", "blocking/%s/error" % mode)
-        else:
-            conn.start_shedding(action.value)
+            upstream.forward(key, packet)
 
     # --- everything but MSG ----------------------------------------------------
 
@@ -262,41 +280,78 @@ class Server:
         kind = type(event)
         if kind is codec.Subscribe:
             self.stats.packets_in["sub"] += 1
-            self._subscribe(conn, event.pattern)  # type: ignore[union-attr]
+            self._subscribe(conn, event.pattern, packet)  # type: ignore[union-attr]
         elif kind is codec.Unsubscribe:
             self.stats.packets_in["unsub"] += 1
-            self._unsubscribe(conn, event.pattern)  # type: ignore[union-attr]
+            self._unsubscribe(conn, event.pattern, packet)  # type: ignore[union-attr]
         elif kind is codec.Control:
             self.stats.packets_in["cmsg"] += 1
-            self._control(conn, event.key)  # type: ignore[union-attr]
+            self._control(conn, event.key, packet)  # type: ignore[union-attr]
         else:  # a Publish reaching here means the reader's fast path missed it
             raise PeerError("protocol_error", "unexpected packet")
 
-    def _own_prefix(self, pattern: bytes) -> bytes:
-        """Our prefix, waiting for the upstream's whoami reply if a secret pattern needs it."""
+    def _prefix_for(self, conn: Connection, pattern: bytes, packet: bytes) -> bytes | None:
+        """Our prefix, or None after holding ``packet`` until the upstream tells it.
+
+        Only secret patterns (and whoami) need it; a relay that has not heard
+        from its upstream yet keeps reading everything else.
+        """
         if self.prefix is None and pattern.startswith(b"!"):
-            self.prefix_known.wait()
+            conn.hold(packet)
+            self._awaiting_prefix.append(conn)
+            return None
         return self.prefix or b""
 
-    def _subscribe(self, conn: Connection, pattern: bytes) -> None:
-        stored = canonical(check_pattern(pattern, conn.creds, self._own_prefix(pattern)))
-        if (
-            self.index.count_of(conn, stored) == 0
-            and self.index.distinct_of(conn) >= MAX_PATTERNS_PER_CLIENT
-        ):
-            raise PeerError("too_many_patterns", "over %d patterns" % MAX_PATTERNS_PER_CLIENT)
+    def _subscribe(self, conn: Connection, pattern: bytes, packet: bytes) -> None:
+        prefix = self._prefix_for(conn, pattern, packet)
+        if prefix is None:
+            return
+        stored = canonical(check_pattern(pattern, conn.creds, prefix))
+        if self.index.count_of(conn, stored) == 0:
+            why = quota.refuse_pattern(
+                stored,
+                self.index.distinct_of(conn),
+                conn.pattern_bytes,
+                conn.account,
+                self.client_limits,
+                relay=conn.relay,
+            )
+            if why is not None:
+                self.stats.refusals[why] = self.stats.refusals.get(why, 0) + 1
+                if not conn.relay:
+                    raise PeerError(why, "pattern of %d bytes refused" % len(stored))
+                # A relay carries many clients: refuse the pattern, keep the relay.
+                conn.warn_repeated("client.pattern_refused", reason=why)
+                return
+            self._account_pattern(conn, stored, +1)
         self._change(conn, stored, add=True)
 
-    def _unsubscribe(self, conn: Connection, pattern: bytes) -> None:
+    def _unsubscribe(self, conn: Connection, pattern: bytes, packet: bytes) -> None:
+        prefix = self._prefix_for(conn, pattern, packet)
+        if prefix is None:
+            return
         try:
-            stored = canonical(check_pattern(pattern, conn.creds, self._own_prefix(pattern)))
+            stored = canonical(check_pattern(pattern, conn.creds, prefix))
         except PeerError:
             stored = pattern  # cannot be held; counted as unknown below
-        if self.index.count_of(conn, stored) == 0:
+        count = self.index.count_of(conn, stored)
+        if count == 0:
             self.stats.unknown_unsubscribes += 1
-            conn.log.info("client.unknown_unsubscribe", pattern=pattern.decode("utf-8", "replace"))
+            conn.warn_repeated(
+                "client.unknown_unsubscribe", pattern=pattern[:200].decode("utf-8", "replace")
+            )
             return
+        if count == 1:
+            self._account_pattern(conn, stored, -1)
         self._change(conn, stored, add=False)
+
+    def _account_pattern(self, conn: Connection, pattern: bytes, sign: int) -> None:
+        """A distinct pattern came (+1) or went (-1): keep the quota sums right."""
+        size = len(pattern) * sign
+        conn.pattern_bytes += size
+        account = conn.account
+        account.patterns += sign
+        account.pattern_bytes += size
 
     def _change(
         self, conn: Connection, pattern: bytes, *, add: bool, everything: bool = False
@@ -307,46 +362,51 @@ class Server:
         if add:
             self.index.add(conn, pattern)
         elif everything:
-            while self.index.remove(conn, pattern):
-                pass
+            n = self.index.count_of(conn, pattern)
+            if n:
+                self._account_pattern(conn, pattern, -1)
+            for _ in range(n):
+                self.index.remove(conn, pattern)
         else:
             self.index.remove(conn, pattern)
         if listening:
             self._notify(self.interest.after(pattern, before))
 
-    def _notify(self, notices: Any) -> None:
-        # Collect first: sending may disconnect a slow listener, and its
-        # forget() changes the listener set the notices are computed from.
+    def _notify(self, notices: Iterable[tuple[Connection, bytes, bytes]]) -> None:
+        # Each listener coalesces its own notices and sends them when its socket
+        # can take them: a slow relay is never dropped for falling behind.
         for listener, verb, pattern in list(notices):
-            listener.send_control(codec.encode_cmsg(verb, pattern), essential=True)
+            listener.notify(pattern, verb == ADD)
 
-    def _control(self, conn: Connection, key: bytes) -> None:
+    def _control(self, conn: Connection, key: bytes, packet: bytes) -> None:
         if key == WHOAMI:
-            if self.prefix is None:
-                self.prefix_known.wait()  # SPEC §6.2: a local whoami waits for the upstream's
-            reply = (self.prefix or b"") + conn.creds.identity()
-            conn.send_control(codec.encode_cmsg(WHOAMI, reply))
+            prefix = self._prefix_for(conn, key, packet)
+            if prefix is not None:
+                conn.reply(codec.encode_cmsg(WHOAMI, prefix + conn.creds.identity()))
         elif key == b"echo/off":
             conn.echo = False
         elif key == b"echo/on":
             conn.echo = True
         elif key == b"interest/on":
+            conn.relay = True
             if not conn.interest:
                 conn.interest = True
                 self.interest.listeners[conn] = None
             for pattern in self.interest.snapshot(conn):
-                conn.send_control(codec.encode_cmsg(b"interest/add", pattern), essential=True)
-            conn.send_control(codec.encode_cmsg(READY, b""), essential=True)
+                conn.notify(pattern, True)
+            conn.owe_ready()
         elif key == b"interest/off":
             if conn.interest:
                 conn.interest = False
                 del self.interest.listeners[conn]
+        elif key == _DROPS_COUNT:
+            conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
         else:
             setting = parse_flood_control(key)
             if setting is None:
-                return  # unknown control messages are ignored (SPEC §4)
+                return  # unknown control messages are ignored
             what, value = setting
-            conn.reset_shedding()
+            conn.shed = None  # decide afresh on the next message
             if what == "soft":
                 conn.queue.soft = value
             elif what == "hard":
@@ -354,7 +414,7 @@ class Server:
             else:
                 conn.queue.set_order(value)
 
-    # --- relay hooks (SPEC §6) ---------------------------------------------------
+    # --- the relay: index callbacks, and the UpstreamHost interface ----------------
 
     def _first_subscriber(self, pattern: bytes) -> None:
         if self.upstream is not None:
@@ -364,10 +424,45 @@ class Server:
         if self.upstream is not None:
             self.upstream.unsubscribe(pattern)
 
+    def deliver(self, packet: bytes, key: bytes) -> None:
+        """A message came down from the upstream: deliver it here, never back up."""
+        self.publish(None, packet, key)
+
+    def local_patterns(self) -> Iterable[bytes]:
+        """Every distinct pattern held by a local client."""
+        return self.index.patterns()
+
     def set_prefix(self, prefix: bytes) -> None:
-        """The upstream told us who we are: ``<whoami reply>/``."""
+        """The upstream told us who we are: ``<whoami reply>/``.
+
+        If that differs from before (our upstream restarted, so our identity
+        changed), the secret patterns our clients hold are rewritten to the new
+        prefix, and our own relays are disconnected so that they redo their
+        handshake and learn their new identity from us.
+        """
+        old = self.prefix
+        if old is not None and old != prefix:
+            self.log.warning("relay.identity_changed", old=old.decode(), new=prefix.decode())
+            for listener in [c for c in self.interest.listeners if c.relay]:
+                listener.close("upstream_identity_changed")
+            self._rewrite_secret_patterns(old, prefix)
         self.prefix = prefix
-        self.prefix_known.set()
+        waiting, self._awaiting_prefix = self._awaiting_prefix, []
+        for conn in waiting:
+            if conn.alive:
+                conn.resume()
+
+    def _rewrite_secret_patterns(self, old: bytes, new: bytes) -> None:
+        stale = old + CRED
+        for conn in list(self.clients.values()):
+            for pattern, count in self.index.patterns_of(conn).items():
+                if not pattern.startswith(stale):
+                    continue
+                renamed = new + pattern[len(old) :]
+                self._change(conn, pattern, add=False, everything=True)
+                self._account_pattern(conn, renamed, +1)
+                for _ in range(count):
+                    self._change(conn, renamed, add=True)
 
     def upstream_interest(self, pattern: bytes, present: bool) -> None:
         """The upstream's interest changed: re-advertise it to our own listeners."""
@@ -392,10 +487,11 @@ class Server:
             bigbytes = max(bigbytes, q.nbytes)
             soft[q.soft] = soft.get(q.soft, 0) + 1
             hard[q.hard] = hard.get(q.hard, 0) + 1
-            blocked += conn.blocked
+            blocked += conn.pauses > 0
         up = self.upstream
         return Gauges(
             clients=len(self.clients),
+            users=len(self.accounts),
             patterns=len(self.index),
             distinct_patterns=self.index.distinct,
             queued_messages=queued,

@@ -1,20 +1,26 @@
-"""The relay's link to its upstream bus (SPEC §6).
+"""The relay's link to its upstream bus (docs/protocol.md, "Relays").
 
 Theory of operation.  A relay is a full local bus that is also a client of
-its parent.  ``UpstreamLink`` owns that client connection:
+its parent.  ``UpstreamLink`` owns that client connection, and reaches its
+own bus only through ``UpstreamHost``:
 
-* on connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
-  ``CMSG interest/on``, then ``SUB`` for every pattern held locally;
-* from then on ``subscribe``/``unsubscribe`` (fed by the index's first/last
-  callbacks) go up live;
-* local publishes go up only once the whoami reply has arrived (a relay that
-  was wrongly pointed into a cycle never answers, so nothing can storm round
-  it) and, once the upstream's interest snapshot is complete, only when they
-  match that interest;
-* what comes down is delivered to local clients and never sent back up;
-* on loss it reconnects with capped exponential back-off.  Upward messages
-  wait meanwhile in a bounded outbox and go up in order after the handshake;
-  beyond the bound they are dropped and counted (``upstream_queue_overflow``).
+* one greenlet connects (with capped exponential back-off) and reads what
+  comes down; writing is a callback of the hub, like a client's;
+* on connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami`` and
+  ``CMSG interest/on``; once whoami is answered (our identity is known, and
+  so are the right secret patterns) it sends ``SUB`` for every local pattern,
+  and local publishes start to go up;
+* after that, pattern changes (the index's first/last callbacks) are kept as
+  the net change per pattern until they can be sent: a burst of SUB/UNSUB
+  churn costs memory per distinct pattern, never per packet;
+* local publishes go up only when they match the upstream's interest (all of
+  them until its snapshot is complete); they wait in a bounded queue while
+  the upstream is slow or away and beyond it are dropped and counted
+  (``flood.decide_upward``): the local bus never waits for its upstream;
+* an upstream that never answers whoami is warned about after
+  ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
+  answer, so nothing can storm round it), and an identity chain that already
+  holds this process is refused as a cycle.
 """
 
 from __future__ import annotations
@@ -23,56 +29,91 @@ import os
 import socket
 import struct
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import gevent
-from gevent.event import Event
 
 from sbus_relay.ops.addresses import connect
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, flood
 from sbus_relay.protocol.errors import AddressError, PeerError
+from sbus_relay.protocol.flood import Action
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.interest import ADD, READY, REMOVE
 from sbus_relay.protocol.keys import WHOAMI
-from sbus_relay.protocol.limits import MAX_PACKET, READ_BATCH, SEND_BUFFER, UPSTREAM_HIGH_WATER
-
-if TYPE_CHECKING:
-    from .connection import Connection
-    from .server import Server
+from sbus_relay.protocol.limits import (
+    DROP_EPISODE_QUIET,
+    MAX_PACKET,
+    NOTICE_BATCH,
+    READ_BATCH,
+    SEND_BUFFER,
+    WHOAMI_TIMEOUT,
+    WRITE_BATCH,
+)
+from sbus_relay.protocol.stats import Stats
 
 _MSG = b"MSG "
 _UP = "upstream"  # the one holder in the interest index
+_HELLO = (
+    codec.encode_cmsg(b"echo/off"),
+    codec.encode_cmsg(WHOAMI),
+    codec.encode_cmsg(b"interest/on"),
+)
+
+
+class UpstreamHost(Protocol):
+    """What the upstream link needs from its local bus (the server implements it)."""
+
+    def deliver(self, packet: bytes, key: bytes) -> None:
+        """A ``MSG`` came down: deliver it locally (never back up)."""
+
+    def set_prefix(self, prefix: bytes) -> None:
+        """The upstream answered whoami: our identity prefix is ``<reply>/``."""
+
+    def local_patterns(self) -> Iterable[bytes]:
+        """Every distinct pattern a local client holds."""
+
+    def upstream_interest(self, pattern: bytes, present: bool) -> None:
+        """The upstream's interest in ``pattern`` changed."""
+
+    def upstream_interest_lost(self) -> None:
+        """The link went down: the upstream's interest is unknown again."""
 
 
 class UpstreamLink:
     """The client side of a relay: SUB/UNSUB and publishes up, deliveries down."""
 
-    def __init__(self, server: Server, config: ServerConfig) -> None:
+    def __init__(self, host: UpstreamHost, config: ServerConfig, stats: Stats, log: Any) -> None:
         assert config.upstream is not None
-        self.server = server
+        self.host = host
+        self.stats = stats
         self.address = config.upstream
-        self.log = server.log.bind(upstream=config.upstream)
+        self.log = log.bind(upstream=config.upstream)
         self._min = config.reconnect_min
         self._max = config.reconnect_max
         self._max_messages = config.upstream_queue_messages
         self._max_bytes = config.upstream_queue_bytes
-        self.connected = False  # socket up: SUB/UNSUB flow
-        self.ready = False  # whoami answered: publishes flow
+        self.connected = False  # socket up, hello sent
+        self.ready = False  # whoami answered: patterns synced, publishes flow
         self.interest: SubscriptionIndex[str] = SubscriptionIndex()
         self.interest_complete = False
-        #: packets waiting to go up, in order; only MSG packets count towards the bound
+        #: control packets to send before anything else (the hello)
+        self._hello: deque[bytes] = deque()
+        #: pattern -> wanted upstream (True: SUB, False: UNSUB), the net change not yet sent
+        self._pending: dict[bytes, bool] = {}
+        #: publishes waiting to go up, in order, bounded
         self._outbox: deque[bytes] = deque()
-        self._out_msgs = 0
         self._out_bytes = 0
+        self._episode_drops = 0
+        self._drop_timer: Any = None
         self._sock: socket.socket | None = None
-        self._read_watcher: object | None = None
+        self._write_watcher: Any = None
+        self._read_watcher: Any = None
+        self._whoami_timer: Any = None
         self._runner: gevent.Greenlet | None = None
-        self._writer: gevent.Greenlet | None = None
         self._stopping = False
         self._connections = 0
-        #: set whenever the outbox shrinks; publishers paused by back-pressure wait on it
-        self.space = Event()
 
     # --- what the server sees --------------------------------------------------
 
@@ -84,7 +125,7 @@ class UpstreamLink:
     @property
     def queued(self) -> int:
         """Messages waiting to go up."""
-        return self._out_msgs
+        return len(self._outbox)
 
     def start(self) -> None:
         """Connect (and keep reconnecting) in the background."""
@@ -93,98 +134,126 @@ class UpstreamLink:
     def stop(self) -> None:
         """Drop the link for good."""
         self._stopping = True
-        for g in (self._runner, self._writer):
-            if g is not None:
-                g.kill(block=False)
+        if self._runner is not None:
+            self._runner.kill(block=False)
         self._close()
+        self._end_drop_episode()
 
     def subscribe(self, pattern: bytes) -> None:
-        """A local pattern went 0 -> 1: SUB it upstream (SPEC §6.3)."""
-        if self.connected:
-            self._send(codec.SUB + pattern, msg=False)
+        """A local pattern went 0 -> 1: SUB it upstream."""
+        self._want(pattern, True)
 
     def unsubscribe(self, pattern: bytes) -> None:
         """A local pattern went 1 -> 0: UNSUB it upstream."""
-        if self.connected:
-            self._send(codec.UNSUB + pattern, msg=False)
+        self._want(pattern, False)
 
-    def forward(self, key: bytes, packet: bytes, sender: Connection) -> None:
-        """A local publish: send it up if someone outside may want it (SPEC §6.4).
+    def _want(self, pattern: bytes, present: bool) -> None:
+        if not self.ready:
+            return  # the whole set is sent once whoami is answered
+        pending = self._pending
+        if pattern in pending:
+            del pending[pattern]  # SUB then UNSUB (or back): the upstream's view is right
+        else:
+            pending[pattern] = present
+        self._want_write()
 
-        While the upstream is up but slow, the publisher is paused rather than
-        its messages dropped; the bounded drop is for outages only.
-        """
-        if self.ready and self.interest_complete and not self.interest.match(key):
+    def forward(self, key: bytes, packet: bytes) -> None:
+        """A local publish: send it up if someone outside may want it."""
+        if self.interest_complete and not self.interest.match(key):
             return
-        self._send(packet, msg=True)
-        if self.ready and self._out_msgs > UPSTREAM_HIGH_WATER:
-            sender.waits.append((self.space, self._busy))
-
-    def _busy(self) -> bool:
-        return self.ready and self._out_msgs > UPSTREAM_HIGH_WATER // 2
-
-    # --- sending -------------------------------------------------------------------
-
-    def _send(self, packet: bytes, *, msg: bool) -> None:
-        sock = self._sock
-        if self.ready and sock is not None and not self._outbox:
+        if self.ready and not self._outbox and not self._pending:
+            sock = self._sock
+            assert sock is not None
             try:
                 sock.send(packet)
-                if msg:
-                    self.server.stats.forwarded_up += 1
+                self.stats.forwarded_up += 1
                 return
             except BlockingIOError:
                 pass
-            except OSError:
-                self._lost("send failed")
-        if msg:
-            full = self._out_msgs >= self._max_messages or self._out_bytes >= self._max_bytes
-            if full and not self.ready:
-                self.server.stats.drops["upstream_queue_overflow"] += 1
-                return
-            self._out_msgs += 1
+            except OSError as e:
+                self._lost("send failed: %s" % e)
+        action = flood.decide_upward(
+            len(self._outbox), self._out_bytes, self._max_messages, self._max_bytes
+        )
+        if action is Action.QUEUE:
+            self._outbox.append(packet)
             self._out_bytes += len(packet)
-        elif not self.connected:
-            return  # the whole pattern set is sent again on reconnect
-        self._outbox.append(packet)
-        self._kick()
+            self._want_write()
+            return
+        self.stats.drops[action.value] += 1
+        self._episode_drops += 1
+        if self._drop_timer is None:
+            self.log.warning("upstream.queue_full", reason=action.value)
+            self._drop_timer = gevent.get_hub().loop.timer(DROP_EPISODE_QUIET, DROP_EPISODE_QUIET)
+            self._drop_timer.start(self._drop_tick, self._episode_drops)
 
-    def _kick(self) -> None:
-        if self._writer is None and self._sock is not None and self.connected:
-            self._writer = gevent.spawn(self._drain)
+    def _drop_tick(self, seen: int) -> None:
+        """Log the drop episode once a quiet interval passes without a drop."""
+        if self._episode_drops != seen:
+            self._drop_timer.stop()
+            self._drop_timer.start(self._drop_tick, self._episode_drops)
+            return
+        self._end_drop_episode()
 
-    def _drain(self) -> None:
-        """Send the outbox in order.  Before whoami is answered only SUB/UNSUB go."""
-        hub = gevent.get_hub()
+    def _end_drop_episode(self) -> None:
+        if self._drop_timer is not None:
+            self._drop_timer.stop()
+            self._drop_timer = None
+        if self._episode_drops:
+            self.log.warning(
+                "upstream.dropped", count=self._episode_drops, reason=Action.DROP_UPWARD.value
+            )
+            self._episode_drops = 0
+
+    # --- writing: a callback of the hub --------------------------------------------
+
+    def _want_write(self) -> None:
+        watcher = self._write_watcher
+        if watcher is not None and not watcher.active:
+            watcher.start(self._on_writable)
+
+    def _on_writable(self) -> None:
+        """Send the hello, then the net pattern changes, then (once ready) publishes."""
+        sock = self._sock
+        if sock is None:
+            return
         try:
-            while self._outbox and self._sock is not None:
-                sock = self._sock
-                packet = self._outbox[0]
-                is_msg = packet.startswith(_MSG)
-                if is_msg and not self.ready:
-                    return  # publishes wait for the whoami reply
+            hello = self._hello
+            while hello:
+                sock.send(hello[0])
+                hello.popleft()
+            if not self.ready:
+                self._write_watcher.stop()  # nothing more until whoami is answered
+                return
+            pending = self._pending
+            for _ in range(NOTICE_BATCH):
+                if not pending:
+                    break
+                pattern, present = pending.popitem()
                 try:
-                    sock.send(packet)
+                    sock.send((codec.SUB if present else codec.UNSUB) + pattern)
                 except BlockingIOError:
-                    watcher = hub.loop.io(sock.fileno(), 2)
-                    try:
-                        hub.wait(watcher)
-                    finally:
-                        watcher.close()
-                    continue
-                except OSError:
-                    self._lost("send failed")
+                    pending[pattern] = present
                     return
-                self._outbox.popleft()
-                if is_msg:
-                    self._out_msgs -= 1
-                    self._out_bytes -= len(packet)
-                    self.server.stats.forwarded_up += 1
-                    if self._out_msgs == UPSTREAM_HIGH_WATER // 2:
-                        self.space.set()
-        finally:
-            self._writer = None
-            self.space.set()
+            if pending:
+                return  # the rest on the next wake-up
+            outbox = self._outbox
+            sent = 0
+            try:
+                for _ in range(WRITE_BATCH):
+                    if not outbox:
+                        break
+                    sock.send(outbox[0])
+                    self._out_bytes -= len(outbox.popleft())
+                    sent += 1
+            finally:
+                self.stats.forwarded_up += sent
+            if not outbox:
+                self._write_watcher.stop()
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._lost("send failed: %s" % e)
 
     # --- the connection's life ------------------------------------------------------
 
@@ -203,13 +272,7 @@ class UpstreamLink:
                 self.log.error("upstream.refused", reason="upstream is this very server")
                 gevent.sleep(self._max)
                 continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-            self._sock = sock
-            self._connections += 1
-            if self._connections > 1:
-                self.server.stats.upstream_reconnects += 1
-            self._handshake()
+            self._open(sock)
             try:
                 self._read_loop(sock)
             except PeerError as e:
@@ -233,30 +296,42 @@ class UpstreamLink:
         pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         return pid == os.getpid()
 
-    def _handshake(self) -> None:
-        """SPEC §6.1-3: echo off, ask who we are, ask for interest, SUB everything."""
-        assert self._sock is not None
+    def _open(self, sock: socket.socket) -> None:
+        """Start a connection: the hello goes out; patterns follow the whoami reply."""
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        self._sock = sock
+        self._connections += 1
+        if self._connections > 1:
+            self.stats.upstream_reconnects += 1
+        loop = gevent.get_hub().loop
+        self._write_watcher = loop.io(sock.fileno(), 2)
+        self._hello = deque(_HELLO)
+        self._pending = {}
         self.connected = True
-        hello = [
-            codec.encode_cmsg(b"echo/off"),
-            codec.encode_cmsg(WHOAMI),
-            codec.encode_cmsg(b"interest/on"),
-        ]
-        hello += [codec.SUB + p for p in self.server.index.patterns()]
-        # hello goes first, before anything left in the outbox from the outage
-        self._outbox.extendleft(reversed(hello))
-        self.log.info("upstream.connected", patterns=len(hello) - 3, waiting=self._out_msgs)
-        self._kick()
+        self._whoami_timer = loop.timer(WHOAMI_TIMEOUT)
+        self._whoami_timer.start(self._whoami_late)
+        self.log.info("upstream.connected", waiting=len(self._outbox))
+        self._want_write()
+
+    def _whoami_late(self) -> None:
+        if self.connected and not self.ready:
+            self.log.warning(
+                "upstream.no_whoami",
+                seconds=WHOAMI_TIMEOUT,
+                hint="the upstream does not answer whoami: is it a relay whose own upstream "
+                "leads back here (a relay cycle)?",
+            )
 
     def _read_loop(self, sock: socket.socket) -> None:
         hub = gevent.get_hub()
         watcher = self._read_watcher = hub.loop.io(sock.fileno(), 1)
         buf = bytearray(MAX_PACKET)
         view = memoryview(buf)
-        server = self.server
-        stats = server.stats
+        stats = self.stats
+        deliver = self.host.deliver
         try:
-            while not self._stopping:
+            while not self._stopping and self._sock is sock:
                 for _ in range(READ_BATCH):
                     try:
                         n = sock.recv_into(buf, MAX_PACKET, socket.MSG_TRUNC)
@@ -272,9 +347,11 @@ class UpstreamLink:
                         if nul < 0:
                             raise PeerError("protocol_error", "MSG without NUL")
                         stats.forwarded_down += 1
-                        server.publish(None, packet, packet[4:nul])
+                        deliver(packet, packet[4:nul])
                     else:
                         self._control(codec.decode(packet))
+                    if self._sock is not sock:
+                        return  # closed while handling (a cycle was found)
                 else:
                     gevent.sleep(0)
                     continue
@@ -291,51 +368,63 @@ class UpstreamLink:
             self._identity(payload)
         elif event.key == ADD:
             self.interest.add(_UP, payload)
-            self.server.upstream_interest(payload, True)
+            self.host.upstream_interest(payload, True)
         elif event.key == REMOVE:
             if self.interest.remove(_UP, payload):
-                self.server.upstream_interest(payload, False)
+                self.host.upstream_interest(payload, False)
         elif event.key == READY:
             self.interest_complete = True
             self.log.info("upstream.interest_ready", patterns=self.interest.distinct)
+        elif event.key == b"disconnect":
+            self.log.warning("upstream.disconnected_us", reason=payload.decode("utf-8", "replace"))
 
     def _identity(self, reply: bytes) -> None:
-        """The whoami reply: our prefix is ``<reply>/`` (SPEC §6.2)."""
-        if self.server.prefix is not None and self.server.prefix != reply + b"/":
-            self.log.warning("upstream.identity_changed", identity=reply.decode("ascii", "replace"))
+        """The whoami reply: our prefix is ``<reply>/``; now send every pattern."""
+        if self.ready:
+            return  # one answer per connection is all we asked for
         if b"/%d/!/cred/" % os.getpid() in reply:
             # our own pid already stands as a relay in the chain above us: a cycle
-            self.log.error("upstream.refused", reason="relay cycle detected")
+            self.log.error(
+                "upstream.refused",
+                reason="relay cycle detected",
+                identity=reply.decode("ascii", "replace"),
+            )
             self._lost("cycle")
             return
-        self.server.set_prefix(reply + b"/")
+        self.host.set_prefix(reply + b"/")
+        self._pending = dict.fromkeys(self.host.local_patterns(), True)
         self.ready = True
-        self.log.info("upstream.ready", identity=reply.decode("ascii", "replace"))
-        self._kick()
+        self.log.info(
+            "upstream.ready",
+            identity=reply.decode("ascii", "replace"),
+            patterns=len(self._pending),
+        )
+        self._want_write()
 
     def _lost(self, why: str) -> None:
-        """The link went down: forget its interest, keep only queued publishes."""
+        """The link went down: forget its interest; queued publishes stay (bounded)."""
         was = self.connected
         self._close()
         if self.interest.distinct:
             self.interest = SubscriptionIndex()
-            self.server.upstream_interest_lost()
+            self.host.upstream_interest_lost()
         self.interest_complete = False
-        kept = deque(p for p in self._outbox if p.startswith(_MSG))
-        self._outbox = kept
         if was:
-            self.log.warning("upstream.lost", reason=why, waiting=self._out_msgs)
+            self.log.warning("upstream.lost", reason=why, waiting=len(self._outbox))
 
     def _close(self) -> None:
-        """Close the socket, waking whichever greenlets wait on it."""
+        """Close the socket, waking the reading greenlet (it then reconnects)."""
         self.connected = False
         self.ready = False
+        self._pending = {}
+        self._hello.clear()
+        for watcher in (self._write_watcher, self._whoami_timer):
+            if watcher is not None:
+                watcher.close()
+        self._write_watcher = self._whoami_timer = None
+        reading = self._read_watcher
+        if reading is not None and gevent.getcurrent() is not self._runner:
+            gevent.get_hub().cancel_wait(reading, OSError("upstream link closed"))
         sock, self._sock = self._sock, None
-        current = gevent.getcurrent()
-        if self._writer is not None and self._writer is not current:
-            self._writer.kill(block=False)
-        watcher = self._read_watcher
-        if watcher is not None and self._runner is not current:
-            gevent.get_hub().cancel_wait(watcher, OSError("upstream link closed"))
         if sock is not None:
             sock.close()

@@ -35,6 +35,8 @@ from sbus_relay.protocol.limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
 
 #: The credentials request and reply key (sbus-README "Secret messages"; SPEC §3).
 WHOAMI_KEY = b"!/cred/whoami"
+#: What the server sends just before it closes a client, with the reason after it.
+_DISCONNECT = b"CMSG disconnect\0"
 #: Flood-control modes a client may ask for (SPEC §4).
 FLOOD_MODES = frozenset(
     {
@@ -190,7 +192,12 @@ class Client:
             raise BusClosed("the bus closed the connection")
         if flags & socket.MSG_TRUNC or size > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
-        return bytes(self._view[:size])
+        packet = bytes(self._view[:size])
+        if packet.startswith(_DISCONNECT):
+            # The server says why it is about to close us (docs/protocol.md).
+            why = packet[len(_DISCONNECT) :].decode("utf-8", "replace")
+            raise BusClosed(f"the bus closed the connection: {why}")
+        return packet
 
     @staticmethod
     def _parse(packet: bytes) -> Message:

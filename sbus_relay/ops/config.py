@@ -21,6 +21,7 @@ import yaml
 
 from sbus_relay.protocol import limits
 from sbus_relay.protocol.errors import ConfigError, UsageError
+from sbus_relay.protocol.quota import ClientLimits, Quota
 
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
@@ -65,6 +66,33 @@ class ServerConfig:
     instance: str = field(default_factory=_hostname)
     log_level: str = "info"
     log_format: str = "auto"
+    # --- per-client limits and per-user quotas (docs/reliability.md) ---
+    max_patterns_per_client: int = limits.MAX_PATTERNS_PER_CLIENT
+    max_patterns_per_relay: int = limits.MAX_PATTERNS_PER_RELAY
+    max_pattern_bytes_per_client: int = limits.MAX_PATTERN_BYTES_PER_CLIENT
+    user_connections: int = limits.USER_CONNECTIONS
+    user_patterns: int = limits.USER_PATTERNS
+    user_pattern_bytes: int = limits.USER_PATTERN_BYTES
+    user_queued_bytes: int = limits.USER_QUEUED_BYTES
+    #: (uid, quota) for users with a quota of their own, e.g. the uid a relay runs as
+    user_quotas: tuple[tuple[int, Quota], ...] = ()
+
+    def client_limits(self) -> ClientLimits:
+        """What one connection may hold."""
+        return ClientLimits(
+            patterns=self.max_patterns_per_client,
+            relay_patterns=self.max_patterns_per_relay,
+            pattern_bytes=self.max_pattern_bytes_per_client,
+        )
+
+    def user_quota(self) -> Quota:
+        """The quota of a user without one of its own in ``user_quotas``."""
+        return Quota(
+            connections=self.user_connections,
+            patterns=self.user_patterns,
+            pattern_bytes=self.user_pattern_bytes,
+            queued_bytes=self.user_queued_bytes,
+        )
 
     def merged(self, **overrides: Any) -> ServerConfig:
         """A copy with ``overrides`` applied; ``None`` values are ignored.
@@ -186,6 +214,41 @@ def _uid(source: str, key: str, entry: Any) -> int:
     raise ConfigError(source, key, f"expected a user name or uid, got {_show(entry)}")
 
 
+#: Keys of one entry of ``user_quotas`` -> the Quota field each sets.
+_QUOTA_KEYS = {
+    "connections": "connections",
+    "patterns": "patterns",
+    "pattern_bytes": "pattern_bytes",
+    "queued_bytes": "queued_bytes",
+}
+
+
+def _user_quotas(source: str, key: str, value: Any) -> tuple[tuple[int, Quota], ...]:
+    """``{user: {connections: N, patterns: N, pattern_bytes: SIZE, queued_bytes: SIZE}}``.
+
+    Keys left out of an entry take the built-in default (docs/reliability.md).
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, key, f"expected a mapping of user -> quota, got {_show(value)}")
+    out: list[tuple[int, Quota]] = []
+    for user, entry in value.items():
+        where = f"{key}.{user}"
+        uid = _uid(source, where, user)
+        if not isinstance(entry, Mapping):
+            raise ConfigError(source, where, f"expected a mapping of limits, got {_show(entry)}")
+        values: dict[str, int] = {}
+        for name, raw in entry.items():
+            if name not in _QUOTA_KEYS:
+                known = ", ".join(_QUOTA_KEYS)
+                raise ConfigError(source, f"{where}.{name}", f"unknown limit (known: {known})")
+            check = _count(1) if name in ("connections", "patterns") else _size(1)
+            values[_QUOTA_KEYS[name]] = check(source, f"{where}.{name}", raw)
+        out.append((uid, Quota(**values)))
+    return tuple(out)
+
+
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str, Any], str]:
     def check(source: str, key: str, value: Any) -> str:
         if not isinstance(value, str) or value.lower() not in choices:
@@ -228,6 +291,14 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
     "instance": _text,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
+    "max_patterns_per_client": _count(1),
+    "max_patterns_per_relay": _count(1),
+    "max_pattern_bytes_per_client": _size(1),
+    "user_connections": _count(1),
+    "user_patterns": _count(1),
+    "user_pattern_bytes": _size(1),
+    "user_queued_bytes": _size(1),
+    "user_quotas": _user_quotas,
 }
 
 

@@ -153,8 +153,19 @@ class MetricsCollector(Collector):
         )
         yield _counter(
             "sbus_connections_refused_total",
-            "Peers closed at accept (not an allowed user, or too many clients).",
+            "Peers closed at accept (not an allowed user, too many clients, a user's quota).",
             stats.connections_refused,
+        )
+        yield _labelled_counter(
+            "sbus_refusals_total",
+            "Connections and patterns refused, by reason (client limits and per-user quotas).",
+            "reason",
+            stats.refusals,
+        )
+        yield _counter(
+            "sbus_log_lines_suppressed_total",
+            "Repeated misbehaviour log lines of a client summarised instead of written.",
+            stats.log_lines_suppressed,
         )
         yield _counter(
             "sbus_accept_errors_total",
@@ -186,6 +197,7 @@ class MetricsCollector(Collector):
     @staticmethod
     def _gauges(g: Gauges) -> Iterator[Metric]:
         yield _gauge("sbus_clients_connected", "Clients connected now.", g.clients)
+        yield _gauge("sbus_users_connected", "Distinct users (uids) connected now.", g.users)
         yield _gauge(
             "sbus_patterns_stored", "Subscriptions stored, duplicates counted.", g.patterns
         )

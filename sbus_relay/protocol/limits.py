@@ -17,19 +17,48 @@ HARD_LIMIT_BYTES = 16 * 1024 * 1024
 HARD_LIMIT_MESSAGES = 65_536
 
 # --- subscriptions ---------------------------------------------------------
-#: Distinct patterns one client may hold; bounds memory per client.  A client
-#: over it is disconnected (``too_many_patterns``).
+#: (config) Distinct patterns one client may hold; bounds memory per client.  A
+#: client over it is disconnected (``too_many_patterns``).
 MAX_PATTERNS_PER_CLIENT = 65_536
-#: Entries in the key -> recipients cache; cleared whole on any subscription
-#: change, so it bounds memory, not correctness.
+#: (config) Distinct patterns one relay's connection may hold: it carries the
+#: aggregate of all its own clients' patterns (each of them limited there).
+MAX_PATTERNS_PER_RELAY = 1_048_576
+#: (config) Bytes of distinct patterns one client may hold (patterns are not
+#: only counted: a few huge ones must not pin hundreds of MiB).
+MAX_PATTERN_BYTES_PER_CLIENT = 4 * 1024 * 1024
+#: Longest pattern stored.  Matching a key tries each stored prefix length at
+#: most once, so this bounds the work one publish can cost.
+MAX_PATTERN_LENGTH = 4096
+#: Most '/'-separated segments in a pattern: bounds the depth of the wildcard
+#: trie, and so the work of one match.
+MAX_PATTERN_SEGMENTS = 128
+#: Entries in the key -> recipients cache; cleared whole when full or on any
+#: subscription change, so it bounds memory, not correctness.
 MATCH_CACHE_SIZE = 4096
+#: Longest key the match cache keeps: a long key is matched afresh rather than
+#: pinning its bytes in the cache.
+MATCH_CACHE_KEY_MAX = 256
+
+# --- per-user quotas (all of one uid's connections together) ----------------
+#: (config) Connections one user may hold open: one user cannot lock out the others.
+USER_CONNECTIONS = 1024
+#: (config) Distinct patterns, summed over one user's connections.
+USER_PATTERNS = 262_144
+#: (config) Bytes of those patterns.
+USER_PATTERN_BYTES = 32 * 1024 * 1024
+#: (config) Bytes queued for all of one user's connections.
+USER_QUEUED_BYTES = 256 * 1024 * 1024
 
 # --- server ----------------------------------------------------------------
 #: (config) Most clients connected at once; further peers are closed at accept.
 MAX_CLIENTS = 4096
-#: Packets read from one client before yielding to others (fairness); each
-#: yield costs a trip through the hub, so not every packet.
+#: Packets read from one client per wake-up before the others get a turn
+#: (fairness); the loop comes back to it at once if more are waiting.
 READ_BATCH = 128
+#: Packets sent from one client's queue per wake-up, for the same reason.
+WRITE_BATCH = 256
+#: Connections accepted per wake-up of the listening socket.
+ACCEPT_BATCH = 64
 #: Accept-loop back-off after an error (EMFILE, ENFILE...): first and cap, seconds.
 ACCEPT_BACKOFF_MIN = 0.01
 ACCEPT_BACKOFF_MAX = 1.0
@@ -40,21 +69,22 @@ LISTEN_BACKLOG = 128
 #: is smaller than MAX_PACKET.  The kernel doubles the value and caps it at
 #: 2 x net.core.wmem_max (425,984 by default), which still fits MAX_PACKET.
 SEND_BUFFER = MAX_PACKET + 4096
-#: Seconds a publisher paused by a block mode sleeps between re-checks, in
-#: case a wake-up was missed; bounds the pause's latency, not its length.
-BLOCK_RECHECK = 0.05
 #: Seconds ``Server.stop`` waits for client greenlets before killing them.
 STOP_TIMEOUT = 2.0
 
 # --- relays (SPEC §6) --------------------------------------------------------
-#: (config) Upward messages kept while the upstream is away.
-UPSTREAM_QUEUE_MESSAGES = 10_000
+#: (config) Upward messages a relay keeps while its upstream is slow or away,
+#: as many as one client's hard limit; beyond it they are dropped and counted
+#: (the local bus never waits for its upstream).
+UPSTREAM_QUEUE_MESSAGES = 65_536
 #: (config) ... and their bytes.
 UPSTREAM_QUEUE_BYTES = 16 * 1024 * 1024
-#: Upward messages queued while the upstream is connected but slow, beyond
-#: which the local publisher is paused (back-pressure, not loss: SPEC §6's
-#: bounded drop is for outages only).
-UPSTREAM_HIGH_WATER = 1024
+#: Seconds a relay waits for its upstream's whoami reply before it warns that
+#: the upstream may be part of a relay cycle (it keeps waiting).
+WHOAMI_TIMEOUT = 5.0
+#: Interest notices or upstream SUB/UNSUBs sent per wake-up: a snapshot of a
+#: large pattern set goes out in batches, between other work.
+NOTICE_BATCH = 512
 #: (config) Reconnect back-off: first delay and cap, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
@@ -62,6 +92,9 @@ RECONNECT_MAX = 2.0
 # --- logging -----------------------------------------------------------------
 #: Seconds of quiet after which a slow client's drop episode is logged as over.
 DROP_EPISODE_QUIET = 1.0
+#: Seconds over which repeated misbehaviour log lines of one client are
+#: summarised: the first is logged, then one line with the count per interval.
+LOG_REPEAT_INTERVAL = 10.0
 
 # --- addresses, daemon and client (SPEC §5) --------------------------------
 #: Size of sun_path in struct sockaddr_un on Linux; abstract names are printed

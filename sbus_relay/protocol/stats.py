@@ -28,11 +28,29 @@ DISCONNECT_REASONS = (
     "protocol_error",  # unknown verb, malformed packet, over-long packet
     "secret_refused",  # a refused '!/cred/' subscription
     "reserved_pattern",  # '!' used in a reserved way in a pattern
-    "too_many_patterns",  # over MAX_PATTERNS_PER_CLIENT
+    "too_many_patterns",  # over the per-client pattern limit
+    "too_many_pattern_bytes",  # over the per-client limit on the bytes of its patterns
+    "pattern_too_long",  # one pattern over MAX_PATTERN_LENGTH
+    "pattern_too_deep",  # one pattern over MAX_PATTERN_SEGMENTS
+    "user_pattern_quota",  # its user's patterns (count or bytes) are at their quota
     "slow_client",  # blocking/soft/error or blocking/hard/error
     "io_error",  # send/recv failed (ECONNRESET, EPIPE ...)
     "internal_error",  # a bug of ours while serving this client (logged with traceback)
     "server_stopping",  # the server shut down
+    "upstream_identity_changed",  # a relay's relay: our identity changed, redo the handshake
+)
+
+#: Why a connection or a pattern was refused (``Stats.refusals`` keys); a
+#: refused pattern also disconnects the client, except a relay's.
+REFUSAL_REASONS = (
+    "user_not_allowed",  # not in -u
+    "too_many_clients",  # the server's client limit
+    "user_connection_quota",  # its user's connections are at their quota
+    "too_many_patterns",
+    "too_many_pattern_bytes",
+    "pattern_too_long",
+    "pattern_too_deep",
+    "user_pattern_quota",
 )
 
 #: Upper bounds (seconds) of the queue-wait histogram buckets.
@@ -53,7 +71,10 @@ class Stats:
         default_factory=lambda: dict.fromkeys(DISCONNECT_REASONS, 0)
     )
     connections_accepted: int = 0
-    connections_refused: int = 0  # -u check failed or MAX_CLIENTS reached
+    connections_refused: int = 0  # -u check failed, MAX_CLIENTS or a user's quota reached
+    refusals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
+    #: repeated misbehaviour log lines of a client summarised instead of written
+    log_lines_suppressed: int = 0
     accept_errors: int = 0
     unknown_unsubscribes: int = 0
     # queue wait histogram: cumulative counts per bucket are computed on scrape
@@ -82,6 +103,7 @@ class Gauges:
     """A point-in-time view of a server, computed on scrape by ``Server.gauges()``."""
 
     clients: int = 0
+    users: int = 0  # distinct uids connected
     patterns: int = 0  # stored patterns, duplicates counted
     distinct_patterns: int = 0
     queued_messages: int = 0

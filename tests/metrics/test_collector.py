@@ -36,6 +36,7 @@ from sbus_relay.protocol.stats import (
     DROP_REASONS,
     PACKET_TYPES,
     QUEUE_WAIT_BUCKETS,
+    REFUSAL_REASONS,
     Gauges,
     Stats,
 )
@@ -106,6 +107,14 @@ def test_each_disconnect_reason_increments_exactly_its_counter(reason: str) -> N
     assert bump_and_diff(bump) == {key("sbus_disconnects_total", reason=reason): 1}
 
 
+@pytest.mark.parametrize("reason", REFUSAL_REASONS)
+def test_each_refusal_reason_increments_exactly_its_counter(reason: str) -> None:
+    def bump(stats: Stats) -> None:
+        stats.refusals[reason] += 2
+
+    assert bump_and_diff(bump) == {key("sbus_refusals_total", reason=reason): 2}
+
+
 @pytest.mark.parametrize("ptype", PACKET_TYPES)
 def test_each_packet_type_increments_exactly_its_counter(ptype: str) -> None:
     def bump(stats: Stats) -> None:
@@ -122,6 +131,7 @@ SCALAR_COUNTERS = [
     ("connections_refused", "sbus_connections_refused_total"),
     ("accept_errors", "sbus_accept_errors_total"),
     ("unknown_unsubscribes", "sbus_unknown_unsubscribes_total"),
+    ("log_lines_suppressed", "sbus_log_lines_suppressed_total"),
 ]
 
 
@@ -160,6 +170,7 @@ def test_every_stats_field_reaches_the_exposition() -> None:
     stats = Stats()
     covered = {a for a, _ in SCALAR_COUNTERS} | {a for a, _ in UPSTREAM_COUNTERS}
     covered |= {"packets_in", "drops", "disconnects", "queue_wait_counts", "queue_wait_sum"}
+    covered |= {"refusals"}
     assert set(vars(stats)) == covered
 
 

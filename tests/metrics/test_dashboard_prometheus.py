@@ -402,6 +402,8 @@ def protocol_error(bus: Bus) -> None:
     junk = Raw(bus.address)
     try:
         junk.send(b"HELO this is not sbus")
+        notice = junk.recv(1000)  # told why first (docs/protocol.md, "disconnect")
+        assert notice.startswith(b"CMSG disconnect\0protocol_error"), notice
         try:
             data = junk.recv(5)
         except ConnectionResetError:

@@ -21,6 +21,9 @@ DESIGN_FIELDS = [
     "exit_when_empty", "remove_stale", "hard_limit_bytes", "hard_limit_messages",
     "max_clients", "upstream", "upstream_queue_messages", "upstream_queue_bytes",
     "reconnect_min", "reconnect_max", "metrics", "instance", "log_level", "log_format",
+    "max_patterns_per_client", "max_patterns_per_relay", "max_pattern_bytes_per_client",
+    "user_connections", "user_patterns", "user_pattern_bytes", "user_queued_bytes",
+    "user_quotas",
 ]  # fmt: skip
 
 
@@ -234,3 +237,34 @@ def test_upstream_cannot_be_the_servers_own_address(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         ServerConfig(address="/tmp/a").merged(upstream="/tmp/a")
     assert caught.value.key == "upstream"
+
+
+def test_quotas_load_with_per_user_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "user_connections: 10\nuser_queued_bytes: 1MiB\n"
+        "user_quotas:\n  1234:\n    connections: 500\n    pattern_bytes: 64MiB\n",
+    )
+    config = load_config(path)
+    assert config.user_quota().connections == 10
+    assert config.user_quota().queued_bytes == 1 << 20
+    ((uid, quota),) = config.user_quotas
+    assert uid == 1234 and quota.connections == 500 and quota.pattern_bytes == 64 << 20
+    assert quota.patterns == limits.USER_PATTERNS  # left out: the built-in default
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("user_quotas: 3\n", "user_quotas"),
+        ("user_quotas:\n  1234: 5\n", "user_quotas.1234"),
+        ("user_quotas:\n  1234:\n    sockets: 5\n", "user_quotas.1234.sockets"),
+        ("user_quotas:\n  1234:\n    connections: -1\n", "user_quotas.1234.connections"),
+        ("max_patterns_per_client: 0\n", "max_patterns_per_client"),
+    ],
+)
+def test_bad_quotas_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key and info.value.source == path

@@ -1,0 +1,193 @@
+"""Every flood-control decision (protocol.flood), table-driven, without a server."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from sbus_relay.protocol import flood
+from sbus_relay.protocol.flood import (
+    REPLY_SLACK,
+    Action,
+    OutboundQueue,
+    decide,
+    decide_reply,
+    decide_upward,
+    parse_flood_control,
+    shedding_ends,
+    still_blocked,
+)
+from sbus_relay.protocol.quota import Account, Quota
+
+pytestmark = pytest.mark.timeout(30)
+
+LIMIT = 2
+
+
+def drain(q: OutboundQueue) -> list[bytes]:
+    out = []
+    while q.count:
+        out.append(q.peek()[0])
+        q.pop()
+    return out
+
+
+def queue(soft: str = "queue", hard: str = "discard", queued: int = 0) -> OutboundQueue:
+    q = OutboundQueue(max_bytes=1000, max_messages=LIMIT)
+    q.soft, q.hard = soft, hard
+    for i in range(queued):
+        q.push(b"%d" % i, 0.0)
+    return q
+
+
+#: (soft mode, hard mode, over the hard limit?) -> the action: the whole policy.
+DECISIONS = {
+    ("queue", "discard", False): Action.QUEUE,
+    ("queue", "block", False): Action.QUEUE,
+    ("queue", "error", False): Action.QUEUE,
+    ("queue", "discard", True): Action.DROP_HARD,
+    ("queue", "block", True): Action.QUEUE_AND_WAIT_BELOW,
+    ("queue", "error", True): Action.DISCONNECT,
+    ("block", "discard", False): Action.QUEUE_AND_WAIT_EMPTY,
+    ("block", "block", False): Action.QUEUE_AND_WAIT_EMPTY,
+    ("block", "error", False): Action.QUEUE_AND_WAIT_EMPTY,
+    ("block", "discard", True): Action.DROP_HARD,
+    ("block", "block", True): Action.QUEUE_AND_WAIT_BELOW,
+    ("block", "error", True): Action.DISCONNECT,
+    ("discard", "discard", False): Action.DROP_SOFT,
+    ("discard", "block", False): Action.DROP_SOFT,
+    ("discard", "error", False): Action.DROP_SOFT,
+    ("discard", "discard", True): Action.DROP_SOFT,
+    ("discard", "block", True): Action.DROP_SOFT,
+    ("discard", "error", True): Action.DROP_SOFT,
+    ("error", "discard", False): Action.DISCONNECT,
+    ("error", "block", False): Action.DISCONNECT,
+    ("error", "error", False): Action.DISCONNECT,
+    ("error", "discard", True): Action.DISCONNECT,
+    ("error", "block", True): Action.DISCONNECT,
+    ("error", "error", True): Action.DISCONNECT,
+}
+
+
+def test_the_table_covers_every_mode_pair() -> None:
+    assert set(DECISIONS) == set(
+        itertools.product(flood.SOFT_MODES, flood.HARD_MODES, (False, True))
+    )
+
+
+@pytest.mark.parametrize(("modes", "action"), DECISIONS.items(), ids=str)
+def test_decide(modes: tuple[str, str, bool], action: Action) -> None:
+    soft, hard, full = modes
+    assert decide(queue(soft, hard, LIMIT if full else 0)) is action
+
+
+@pytest.mark.parametrize(
+    ("action", "queued", "blocked"),
+    [
+        (Action.QUEUE_AND_WAIT_EMPTY, 1, True),  # soft/block: until the socket took it all
+        (Action.QUEUE_AND_WAIT_EMPTY, 0, False),
+        (Action.QUEUE_AND_WAIT_BELOW, LIMIT, True),  # hard/block: until below the limit
+        (Action.QUEUE_AND_WAIT_BELOW, LIMIT - 1, False),
+    ],
+)
+def test_still_blocked(action: Action, queued: int, blocked: bool) -> None:
+    assert still_blocked(action, queue(queued=queued)) is blocked
+
+
+@pytest.mark.parametrize(
+    ("reason", "soft", "queued", "ends"),
+    [
+        ("soft_discard", "discard", 0, True),  # the socket drained
+        ("soft_discard", "discard", 1, False),  # (queued before the mode changed)
+        ("soft_discard", "queue", 1, True),  # the mode changed away from discard
+        ("hard_discard", "queue", LIMIT, False),  # still at the hard limit
+        ("hard_discard", "queue", LIMIT - 1, True),
+    ],
+)
+def test_shedding_ends(reason: str, soft: str, queued: int, ends: bool) -> None:
+    assert shedding_ends(reason, queue(soft, queued=queued)) is ends
+
+
+def test_blocking_and_shedding_sets() -> None:
+    assert {Action.QUEUE_AND_WAIT_EMPTY, Action.QUEUE_AND_WAIT_BELOW} == flood.BLOCKING
+    assert {Action.DROP_SOFT, Action.DROP_HARD} == flood.SHEDDING
+
+
+@pytest.mark.parametrize("hard", flood.HARD_MODES)
+def test_replies_queue_past_the_limit_within_a_slack_and_never_disconnect(hard: str) -> None:
+    q = queue(hard=hard, queued=LIMIT)
+    assert decide_reply(q) is Action.QUEUE
+    for i in range(REPLY_SLACK - 1):
+        q.push(b"r%d" % i, 0.0)
+    assert decide_reply(q) is Action.QUEUE
+    q.push(b"last", 0.0)
+    assert decide_reply(q) is Action.DROP_HARD
+
+
+@pytest.mark.parametrize(
+    ("count", "nbytes", "action"),
+    [
+        (0, 0, Action.QUEUE),
+        (9, 99, Action.QUEUE),
+        (10, 0, Action.DROP_UPWARD),  # message bound
+        (0, 100, Action.DROP_UPWARD),  # byte bound
+    ],
+)
+def test_decide_upward(count: int, nbytes: int, action: Action) -> None:
+    assert decide_upward(count, nbytes, max_messages=10, max_bytes=100) is action
+
+
+def test_a_users_queued_bytes_count_against_every_one_of_its_queues() -> None:
+    account = Account(Quota(queued_bytes=10))
+    a = OutboundQueue(max_bytes=1000, max_messages=100, account=account)
+    b = OutboundQueue(max_bytes=1000, max_messages=100, account=account)
+    a.push(b"x" * 10, 0.0)
+    assert b.count == 0 and b.over_limit()  # the user's share is used up by a
+    assert decide(b) is Action.DROP_HARD
+    a.pop()
+    assert not b.over_limit() and account.nbytes == 0
+    b.push(b"yy", 0.0)
+    assert b.clear() == 1 and account.nbytes == 0
+
+
+def test_orders() -> None:
+    q = OutboundQueue(10**6, 10**6)
+    packets = [b"x" * n for n in (3, 1, 4, 1, 5)]
+    for p in packets:
+        q.push(p, 0.0)
+    assert drain(q) == packets
+    q.set_order("stack")
+    for p in packets:
+        q.push(p, 0.0)
+    assert drain(q) == packets[::-1]
+    q.set_order("random")
+    for p in packets:
+        q.push(p, 0.0)
+    assert [len(p) for p in drain(q)] == [5, 4, 3, 1, 1]
+    assert q.nbytes == 0
+
+
+def test_set_order_keeps_contents() -> None:
+    q = OutboundQueue(10**6, 10**6)
+    for p in (b"aa", b"b", b"ccc"):
+        q.push(p, 0.0)
+    q.set_order("random")
+    q.set_order("stack")
+    assert drain(q) == [b"ccc", b"b", b"aa"]
+
+
+def test_limits_in_bytes_and_messages() -> None:
+    q = OutboundQueue(max_bytes=10, max_messages=100)
+    q.push(b"x" * 10, 0.0)
+    assert q.over_limit()
+    assert q.clear() == 1 and not q.over_limit()
+
+
+def test_parse_flood_control() -> None:
+    assert parse_flood_control(b"blocking/soft/discard") == ("soft", "discard")
+    assert parse_flood_control(b"blocking/hard/block") == ("hard", "block")
+    assert parse_flood_control(b"order/random") == ("order", "random")
+    assert parse_flood_control(b"blocking/soft/queue") == ("soft", "queue")
+    assert parse_flood_control(b"blocking/soft/nonsense") is None
+    assert parse_flood_control(b"echo/off") is None
