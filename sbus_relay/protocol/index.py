@@ -32,8 +32,8 @@ import re
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
-from .keys import is_secret
-from .limits import MATCH_CACHE_SIZE
+from .keys import CRED, is_secret
+from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_SIZE
 
 C = TypeVar("C", bound=Hashable)
 _EMPTY: tuple = ()
@@ -94,9 +94,15 @@ class SubscriptionIndex(Generic[C]):
         self._prefix: dict[bytes, tuple] = {}
         self._dead: dict[bytes, tuple] = {}
         self._owned: dict[C, dict[bytes, int]] = {}
+        #: client -> (client,), shared by all the patterns it alone holds
+        self._solo: dict[C, tuple] = {}
         #: key -> recipients; bounded, cleared on every change of a recipient set
         self.cache: dict[bytes, tuple] = {}
         self.cache_size = cache_size
+        #: longest prefix pattern and deepest wildcard pattern ever stored: how
+        #: far a match looks into a key (high-water marks: bounds, not rules)
+        self._prefix_longest = 0
+        self._depth = 0
         self._distinct = 0
         self._total = 0
         self.on_first = on_first
@@ -105,36 +111,53 @@ class SubscriptionIndex(Generic[C]):
     # --- queries ---------------------------------------------------------
 
     def match(self, key: bytes) -> tuple[C, ...]:
-        """Every client with at least one pattern matching ``key``, each once."""
-        hit = self.cache.get(key)
+        """Every client with at least one pattern matching ``key``, each once.
+
+        The cost grows with the key's length and the recipients, never with
+        the number of patterns: one dict lookup for the key itself, one per
+        '/' within the longest prefix pattern, and a trie walk no deeper than
+        the deepest wildcard pattern.
+        """
+        cache = self.cache
+        hit = cache.get(key)
         if hit is not None:
             return hit
-        out: set[C] = set()
-        secret = is_secret(key)
+        secret = key.startswith(CRED)
+        parts: list[tuple] = []
         hit = self._exact.get(key)
         if hit:
-            out.update(hit)
+            parts.append(hit)
         prefixes = self._prefix
         if prefixes:
+            longest = self._prefix_longest
             slash = key.find(b"/")
-            while slash >= 0:
+            while 0 <= slash < longest:
                 head = key[: slash + 1]
                 hit = prefixes.get(head)
-                if hit and (not secret or is_secret(head)):
-                    out.update(hit)
+                if hit and (not secret or head.startswith(CRED)):
+                    parts.append(hit)
                 slash = key.find(b"/", slash + 1)
         if secret:
             if self._secret.children is not None:
-                _walk(self._secret, key.split(b"/"), 0, out)
+                _walk(self._secret, key.split(b"/", self._depth), 0, parts)
         else:
-            out.update(self._everything)
+            if self._everything:
+                parts.append(self._everything)
             if not self._public.empty():
-                _walk(self._public, key.split(b"/"), 0, out)
-        result = tuple(out)
-        cache = self.cache
-        if len(cache) >= self.cache_size:
-            del cache[next(iter(cache))]  # oldest first; bounded either way
-        cache[key] = result
+                _walk(self._public, key.split(b"/", self._depth), 0, parts)
+        if not parts:
+            result: tuple = _EMPTY
+        elif len(parts) == 1:
+            result = parts[0]  # one source: already each client once
+        else:
+            merged: dict = {}
+            for part in parts:
+                merged.update(dict.fromkeys(part))
+            result = tuple(merged)
+        if len(key) <= MATCH_CACHE_KEY_MAX:
+            if len(cache) >= self.cache_size:
+                cache.clear()  # never a scan: whole, then it refills with what is hot
+            cache[key] = result
         return result
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
@@ -212,9 +235,10 @@ class SubscriptionIndex(Generic[C]):
             owned[pattern] = n - 1
             return True
         del owned[pattern]
+        self._detach_and_notify(client, pattern)
         if not owned:
             del self._owned[client]
-        self._detach_and_notify(client, pattern)
+            self._solo.pop(client, None)
         return True
 
     def remove_client(self, client: C) -> int:
@@ -225,9 +249,27 @@ class SubscriptionIndex(Generic[C]):
         for pattern, n in owned.items():
             self._total -= n
             self._detach_and_notify(client, pattern)
+        self._solo.pop(client, None)
         return sum(owned.values())
 
     # --- trie plumbing ---------------------------------------------------
+
+    def _with(self, holders: tuple, client: C) -> tuple:
+        """``holders`` plus ``client``.  A pattern with one holder shares that
+        holder's one-element tuple with its other lone patterns, so a stored
+        pattern costs its dict entries and no tuple of its own."""
+        if holders:
+            return (*holders, client)
+        solo = self._solo.get(client)
+        if solo is None:
+            solo = self._solo[client] = (client,)
+        return solo
+
+    def _without(self, holders: tuple, client: C) -> tuple:
+        left = tuple(c for c in holders if c != client)
+        if len(left) == 1:
+            return self._with(_EMPTY, left[0])
+        return left
 
     def _detach_and_notify(self, client: C, pattern: bytes) -> None:
         last = self._detach(client, pattern)
@@ -252,6 +294,8 @@ class SubscriptionIndex(Generic[C]):
         if split is None:
             return None, "dead"
         segs, tail = split
+        if create:
+            self._depth = max(self._depth, len(segs))
         node = self._secret if is_secret(pattern) else self._public
         for seg in segs:
             nxt: _Node | None
@@ -288,25 +332,27 @@ class SubscriptionIndex(Generic[C]):
         node, attr = slot
         if attr == "everything":
             before = self._everything
-            self._everything = (*before, client)
+            self._everything = self._with(before, client)
         elif node is None:
+            if attr == "prefix":
+                self._prefix_longest = max(self._prefix_longest, len(pattern))
             flat = self._flat(attr)
             before = flat.get(pattern, _EMPTY)
-            flat[pattern] = (*before, client)
+            flat[pattern] = self._with(before, client)
         else:
             before = getattr(node, attr)
-            setattr(node, attr, (*before, client))
+            setattr(node, attr, self._with(before, client))
         return not before
 
     def _detach(self, client: C, pattern: bytes) -> bool:
         if pattern == b"":
-            self._everything = tuple(c for c in self._everything if c != client)
+            self._everything = self._without(self._everything, client)
             return not self._everything
         split = None if b"*" not in pattern else _split(pattern)
         if split is None:
             kind = "dead" if b"*" in pattern else "prefix" if pattern.endswith(b"/") else "exact"
             flat = self._flat(kind)
-            left = tuple(c for c in flat.get(pattern, _EMPTY) if c != client)
+            left = self._without(flat.get(pattern, _EMPTY), client)
             if left:
                 flat[pattern] = left
             else:
@@ -327,7 +373,7 @@ class SubscriptionIndex(Generic[C]):
             assert nxt is not None, "index out of step with owned patterns"
             node = nxt
         attr = "tail" if tail else "exact"
-        left = tuple(c for c in getattr(node, attr) if c != client)
+        left = self._without(getattr(node, attr), client)
         setattr(node, attr, left)
         # prune empty nodes bottom-up so memory follows the live pattern set
         while path and node.empty():
@@ -348,14 +394,18 @@ class SubscriptionIndex(Generic[C]):
         return not left
 
 
-def _walk(node: _Node, segs: list[bytes], i: int, out: set) -> None:
-    """Collect the subscribers of every pattern under ``node`` matching segs[i:]."""
+def _walk(node: _Node, segs: list[bytes], i: int, out: list[tuple]) -> None:
+    """Collect the holders of every pattern under ``node`` matching segs[i:].
+
+    ``segs`` may end in the unsplit rest of a key deeper than the trie: no
+    node is ever compared with it.
+    """
     if i == len(segs):
         if node.exact:
-            out.update(node.exact)
+            out.append(node.exact)
         return
     if node.tail and i:
-        out.update(node.tail)  # the key goes on past this node with a '/'
+        out.append(node.tail)  # the key goes on past this node with a '/'
     seg = segs[i]
     if node.children is not None:
         child = node.children.get(seg)

@@ -40,8 +40,9 @@ MATCH_CACHE_SIZE = 4096
 MATCH_CACHE_KEY_MAX = 256
 
 # --- per-user quotas (all of one uid's connections together) ----------------
-#: (config) Connections one user may hold open: one user cannot lock out the others.
-USER_CONNECTIONS = 1024
+#: (config) Connections one user may hold open: half of MAX_CLIENTS, so one
+#: user can never take every place and lock the others out.
+USER_CONNECTIONS = 2048
 #: (config) Distinct patterns, summed over one user's connections.
 USER_PATTERNS = 262_144
 #: (config) Bytes of those patterns.
