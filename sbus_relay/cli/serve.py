@@ -52,6 +52,25 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
     "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
+    "max_patterns_per_client": (
+        ("--max-patterns-per-client",),
+        "N",
+        "distinct patterns one client may hold",
+    ),
+    "max_patterns_per_relay": (
+        ("--max-patterns-per-relay",),
+        "N",
+        "distinct patterns a relay's connection may hold",
+    ),
+    "max_pattern_bytes_per_client": (
+        ("--max-pattern-bytes-per-client",),
+        "SIZE",
+        "bytes of the patterns one client may hold",
+    ),
+    "user_connections": (("--user-connections",), "N", "connections one user may hold"),
+    "user_patterns": (("--user-patterns",), "N", "patterns all of one user's clients may hold"),
+    "user_pattern_bytes": (("--user-pattern-bytes",), "SIZE", "bytes of those patterns"),
+    "user_queued_bytes": (("--user-queued-bytes",), "SIZE", "bytes queued for one user"),
 }
 #: Boolean fields: field -> (flags, help); each also gets --no-<name>.
 _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {

@@ -304,7 +304,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
 
 def _check_together(config: ServerConfig, source: str) -> None:
     """Rules that involve more than one key."""
-    if config.upstream is not None and config.upstream == config.address:
+    if config.upstream is not None and _same_socket(config.upstream, config.address):
         # A relay of itself would only ever reconnect to itself (SPEC §6: relays
         # form a tree).  Other spellings of the same socket are caught at run
         # time by the upstream link's SO_PEERCRED check (docs/relays.md).
@@ -315,6 +315,15 @@ def _check_together(config: ServerConfig, source: str) -> None:
             "reconnect_max",
             f"{config.reconnect_max} is below reconnect_min {config.reconnect_min}",
         )
+
+
+def _same_socket(one: str, other: str) -> bool:
+    """Do two addresses name the same socket file (symlinks resolved)?"""
+    if one == other:
+        return True
+    if not (one.startswith("/") and other.startswith("/")) or one.startswith("/dev/"):
+        return False
+    return os.path.realpath(one) == os.path.realpath(other)
 
 
 def _show(value: Any) -> str:

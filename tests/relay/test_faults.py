@@ -197,10 +197,13 @@ def test_serve_refuses_an_upstream_equal_to_its_own_address(tree: Hierarchy) -> 
 
 
 def test_a_relay_connected_to_itself_notices_and_keeps_serving(tree: Hierarchy) -> None:
-    # A spelling of the same path that no string comparison catches: the runtime
-    # SO_PEERCRED check must (docs/relays.md, "The tree rule").
+    # A spelling of the same socket that cannot be checked at start (a symlink
+    # made later): the runtime SO_PEERCRED check must catch it (docs/relays.md,
+    # "The tree rule").
     address = tree.path("self")
-    relay = tree.bus("self", upstream=os.path.join(tree.dir, ".", "self"))
+    later = tree.path("later")
+    relay = tree.bus("self", upstream=later)
+    os.symlink(address, later)
     relay.wait_log("upstream is this very server")
     sub, pub = tree.peer(relay), tree.peer(relay)
     sub.send(b"SUB x/")  # not sub(): its whoami round trip would wait for an upstream
