@@ -34,12 +34,14 @@ test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests
 	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
+	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests
 	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
+	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -293,7 +293,8 @@ class UpstreamLink:
 
     def _is_self(self, sock: socket.socket) -> bool:
         """SO_PEERCRED tells whether we connected to our own listening socket."""
-        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid: int = struct.unpack("3i", creds)[0]
         return pid == os.getpid()
 
     def _open(self, sock: socket.socket) -> None:

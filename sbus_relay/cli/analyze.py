@@ -2,7 +2,7 @@
 
 pyspark, pyarrow and matplotlib are imported inside ``run`` only: they are the
 optional ``spark`` extra, and ``sbus-relay --help`` must work without them.
-The same job runs under ``spark-submit`` through ``sbus_relay/pipeline/submit.py``.
+The same job runs under ``spark-submit`` through ``sbus_relay/cli/submit.py``.
 """
 
 from __future__ import annotations

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .keys import CRED, is_secret
 from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_SIZE
 
 C = TypeVar("C", bound=Hashable)
-_EMPTY: tuple = ()
+#: The clients holding one pattern (each once); ``Any`` because trie nodes are
+#: shared by every index, whatever its client type.
+Holders = tuple[Any, ...]
+_EMPTY: Holders = ()
 _STARS = re.compile(rb"\*{2,}")
 
 
@@ -53,8 +56,8 @@ class _Node:
         self.children: dict[bytes, _Node] | None = None
         self.star: _Node | None = None
         self.prefixed: dict[bytes, _Node] | None = None
-        self.exact: tuple = _EMPTY
-        self.tail: tuple = _EMPTY
+        self.exact: Holders = _EMPTY
+        self.tail: Holders = _EMPTY
 
     def empty(self) -> bool:
         return not (self.children or self.star or self.prefixed or self.exact or self.tail)
@@ -89,15 +92,15 @@ class SubscriptionIndex(Generic[C]):
     ) -> None:
         self._public = _Node()
         self._secret = _Node()
-        self._everything: tuple = _EMPTY
-        self._exact: dict[bytes, tuple] = {}
-        self._prefix: dict[bytes, tuple] = {}
-        self._dead: dict[bytes, tuple] = {}
+        self._everything: Holders = _EMPTY
+        self._exact: dict[bytes, Holders] = {}
+        self._prefix: dict[bytes, Holders] = {}
+        self._dead: dict[bytes, Holders] = {}
         self._owned: dict[C, dict[bytes, int]] = {}
         #: client -> (client,), shared by all the patterns it alone holds
-        self._solo: dict[C, tuple] = {}
+        self._solo: dict[C, Holders] = {}
         #: key -> recipients; bounded, cleared on every change of a recipient set
-        self.cache: dict[bytes, tuple] = {}
+        self.cache: dict[bytes, Holders] = {}
         self.cache_size = cache_size
         #: longest prefix pattern and deepest wildcard pattern ever stored: how
         #: far a match looks into a key (high-water marks: bounds, not rules)
@@ -123,7 +126,7 @@ class SubscriptionIndex(Generic[C]):
         if hit is not None:
             return hit
         secret = key.startswith(CRED)
-        parts: list[tuple] = []
+        parts: list[Holders] = []
         hit = self._exact.get(key)
         if hit:
             parts.append(hit)
@@ -146,11 +149,11 @@ class SubscriptionIndex(Generic[C]):
             if not self._public.empty():
                 _walk(self._public, key.split(b"/", self._depth), 0, parts)
         if not parts:
-            result: tuple = _EMPTY
+            result: Holders = _EMPTY
         elif len(parts) == 1:
             result = parts[0]  # one source: already each client once
         else:
-            merged: dict = {}
+            merged: dict[Any, None] = {}
             for part in parts:
                 merged.update(dict.fromkeys(part))
             result = tuple(merged)
@@ -168,7 +171,7 @@ class SubscriptionIndex(Generic[C]):
             return _EMPTY
         node, attr = slot
         if node is not None:
-            return getattr(node, attr)
+            return node.tail if attr == "tail" else node.exact
         if attr == "everything":
             return self._everything
         return self._flat(attr).get(pattern, _EMPTY)
@@ -254,7 +257,7 @@ class SubscriptionIndex(Generic[C]):
 
     # --- trie plumbing ---------------------------------------------------
 
-    def _with(self, holders: tuple, client: C) -> tuple:
+    def _with(self, holders: Holders, client: C) -> Holders:
         """``holders`` plus ``client``.  A pattern with one holder shares that
         holder's one-element tuple with its other lone patterns, so a stored
         pattern costs its dict entries and no tuple of its own."""
@@ -265,7 +268,7 @@ class SubscriptionIndex(Generic[C]):
             solo = self._solo[client] = (client,)
         return solo
 
-    def _without(self, holders: tuple, client: C) -> tuple:
+    def _without(self, holders: Holders, client: C) -> Holders:
         left = tuple(c for c in holders if c != client)
         if len(left) == 1:
             return self._with(_EMPTY, left[0])
@@ -279,7 +282,7 @@ class SubscriptionIndex(Generic[C]):
             if self.on_last is not None:
                 self.on_last(pattern)
 
-    def _flat(self, kind: str) -> dict[bytes, tuple]:
+    def _flat(self, kind: str) -> dict[bytes, Holders]:
         """The dict that holds patterns of ``kind`` outside the trie."""
         return {"exact": self._exact, "prefix": self._prefix, "dead": self._dead}[kind]
 
@@ -394,7 +397,7 @@ class SubscriptionIndex(Generic[C]):
         return not left
 
 
-def _walk(node: _Node, segs: list[bytes], i: int, out: list[tuple]) -> None:
+def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:
     """Collect the holders of every pattern under ``node`` matching segs[i:].
 
     ``segs`` may end in the unsplit rest of a key deeper than the trie: no

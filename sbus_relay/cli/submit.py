@@ -1,6 +1,6 @@
 """Entry point for ``spark-submit``: the ``analyze`` command as a script.
 
-    spark-submit --master spark://host:7077 sbus_relay/pipeline/submit.py \\
+    spark-submit --master spark://host:7077 sbus_relay/cli/submit.py \\
         /shared/captures --out /shared/report
 
 Takes exactly the options of ``sbus-relay analyze``; without ``--master`` the
@@ -16,7 +16,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the analyze options and run the job (the script's whole life)."""
-    from sbus_relay.cli import analyze
+    from sbus_relay.cli import analyze  # the command this script runs
 
     parser = argparse.ArgumentParser(prog="submit.py", description="sbus capture analysis")
     analyze.add_arguments(parser)
