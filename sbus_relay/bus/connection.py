@@ -5,13 +5,14 @@ hub calls ``_on_readable`` when its socket has packets and ``_on_writable``
 when a socket with a backlog can take more.  An idle client therefore costs
 one socket, one watcher and this object.
 
-Reading (the hot path): up to ``READ_BATCH`` packets per wake-up into the
-router's shared buffer; a ``MSG`` goes to ``Router.publish``, anything else to
-``Router.handle``.  The router routes inline and calls ``deliver`` on each
-recipient, which sends straight to the socket when nothing is queued before
-the packet; otherwise ``protocol.flood`` decides and ``deliver`` carries the
-decision out: queue, queue and pause the publisher, drop (and shed), or
-disconnect.
+Reading (the hot path): up to ``READ_BATCH`` packets per wake-up, in one
+system call where the compiled helper is built (``batchio``); a ``MSG`` goes
+to ``Router.publish``, anything else to ``Router.handle``.  The router routes
+inline: a recipient with nothing queued gets the packet in its ``pending``
+list (sent with the rest of the batch by ``Router.flush``), or at once if it
+is in a block mode; otherwise ``deliver`` runs, where ``protocol.flood``
+decides and the connection carries the decision out: queue, queue and pause
+the publisher, drop (and shed), or disconnect.
 
 Pauses: a publisher is paused (its socket is no longer read, so its own
 sends block in the kernel) while a client in a block mode it filled is
@@ -47,6 +48,8 @@ from sbus_relay.protocol.limits import (
 from sbus_relay.protocol.quota import Account
 from sbus_relay.protocol.stats import Stats
 
+from .batchio import recv_many
+
 _MSG = b"MSG "
 _NUL = b"\0"
 _TRUNC = socket.MSG_TRUNC
@@ -65,8 +68,6 @@ class Router(Protocol):
     """What a connection needs from the server: it hands every packet over."""
 
     stats: Stats
-    recv_buffer: bytearray
-    recv_view: memoryview
 
     def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
         """Route one ``MSG`` packet whose routing key is ``key``."""
@@ -77,6 +78,9 @@ class Router(Protocol):
     def forget(self, conn: Connection) -> None:
         """``conn`` has closed: drop its patterns and interest."""
 
+    def flush(self) -> None:
+        """Send every recipient what ``publish`` routed to it since the last flush."""
+
 
 class Connection:
     """A connected client.  Created by the server at accept time."""
@@ -86,23 +90,27 @@ class Connection:
         "_base_log",
         "_drop_reason",
         "_drop_timer",
-        "_held",
         "_log",
         "_loop",
         "_read_watcher",
         "_repeats",
+        "_retry",
+        "_stash",
         "_write_watcher",
         "account",
         "alive",
+        "batch",
         "cid",
         "creds",
         "dropped",
         "echo",
         "episode_drops",
+        "fd",
         "interest",
         "notices",
         "pattern_bytes",
         "pauses",
+        "pending",
         "queue",
         "ready_owed",
         "relay",
@@ -126,6 +134,7 @@ class Connection:
         self.router = router
         self.sock = sock
         self.send = sock.send  # bound once: the fan-out calls it per recipient
+        self.fd = sock.fileno()
         self.cid = cid
         self.creds = creds
         self.queue = queue
@@ -134,6 +143,10 @@ class Connection:
         self.interest = False  # sent interest/on: a relay listening for notices
         self.relay = False  # declared itself a relay (its pattern limit is the relay one)
         self.alive = True
+        #: in a mode without blocking: what one read batch routes here waits in
+        #: ``pending`` and goes out in one call when the router flushes
+        self.batch = True
+        self.pending: list[bytes] | None = None
         #: drop reason while new messages for this client are shed without a
         #: send attempt; the fan-out checks it first, so a stalled client costs
         #: the others a counter increment per message
@@ -151,14 +164,16 @@ class Connection:
         #: interest notices not yet sent: pattern -> present (net state, coalesced)
         self.notices: dict[bytes, bool] | None = None
         self.ready_owed = False  # interest/ready goes after the pending notices
-        self._held: bytes | None = None  # a packet that waits for the server's prefix
+        #: packets read but not yet handled because the connection was paused
+        self._stash: list[bytes | None] | None = None
+        self._retry = False  # the packet being handled is to be handled again on resume
         self._repeats: dict[str, list[Any]] | None = None  # rate-limited log lines
         self._base_log = log
         self._log: Any = None
         loop = gevent.get_hub().loop
         self._loop = loop
         self._write_watcher: Any = None
-        self._read_watcher = loop.io(sock.fileno(), _READ)
+        self._read_watcher = loop.io(self.fd, _READ)
         self._read_watcher.start(self._on_readable)
 
     @property
@@ -175,24 +190,22 @@ class Connection:
         """The hub's callback: read a batch of packets and hand them over."""
         router = self.router
         stats = router.stats
-        buf = router.recv_buffer
-        view = router.recv_view
-        recv_into = self.sock.recv_into
         publish = router.publish
-        msgs = nbytes = 0
+        msgs = nbytes = done = 0
         try:
-            for _ in range(READ_BATCH):
-                try:
-                    n = recv_into(buf, MAX_PACKET, _TRUNC)
-                except BlockingIOError:
-                    break
-                if n == 0:
+            packets, self._stash = self._stash, None
+            if packets is None:
+                packets = recv_many(self.sock, self.fd, READ_BATCH)
+            for packet in packets:
+                done += 1
+                if not packet:
+                    if packet is None:
+                        raise PeerError(
+                            "protocol_error", "packet longer than %d bytes" % MAX_PACKET
+                        )
                     self._zero_length()
                     return
-                if n > MAX_PACKET:
-                    raise PeerError("protocol_error", "packet longer than %d bytes" % MAX_PACKET)
-                packet = bytes(view[:n])
-                nbytes += n
+                nbytes += len(packet)
                 if packet.startswith(_MSG):
                     nul = packet.find(_NUL, 4)
                     if nul < 0:
@@ -200,8 +213,16 @@ class Connection:
                     msgs += 1
                     publish(self, packet, packet[4:nul])
                 else:
+                    router.flush()  # what was routed before it goes first
                     router.handle(self, packet)
-                if self.pauses or not self.alive:
+                if self.pauses:
+                    if self._retry:  # held for later: handle it again on resume
+                        self._retry = False
+                        done -= 1
+                    if done < len(packets) and self.alive:
+                        self._stash = packets[done:]
+                    break
+                if not self.alive:
                     break
         except PeerError as e:
             if e.reason == "protocol_error":  # a refused SUB was counted as a SUB
@@ -213,6 +234,7 @@ class Connection:
             self.log.exception("client.internal_error")
             self.close("internal_error", repr(e))
         finally:
+            router.flush()
             stats.packets_in["msg"] += msgs
             stats.bytes_in += nbytes
 
@@ -241,25 +263,13 @@ class Connection:
         self.pauses -= 1
         if self.pauses == 0 and self.alive:
             self._read_watcher.start(self._on_readable)
-            if self._held is not None:
-                self._loop.run_callback(self._release_held)
+            if self._stash:
+                self._loop.run_callback(self._on_readable)  # what was read before the pause
 
-    def hold(self, packet: bytes) -> None:
-        """Keep ``packet`` and stop reading until the server can act on it (``resume``)."""
-        self._held = packet
+    def hold(self) -> None:
+        """The packet being handled must wait: stop reading, and handle it again on resume."""
+        self._retry = True
         self.pause()
-
-    def _release_held(self) -> None:
-        packet, self._held = self._held, None
-        if packet is None or not self.alive:
-            return
-        try:
-            self.router.handle(self, packet)
-        except PeerError as e:
-            self.close(e.reason, e.detail)
-        except Exception as e:  # a bug of ours: cost this one client, never the server
-            self.log.exception("client.internal_error")
-            self.close("internal_error", repr(e))
 
     # --- delivering (called by the router's fan-out) ------------------------------
 
@@ -333,7 +343,7 @@ class Connection:
     def _want_write(self) -> None:
         watcher = self._write_watcher
         if watcher is None:
-            watcher = self._write_watcher = self._loop.io(self.sock.fileno(), _WRITE)
+            watcher = self._write_watcher = self._loop.io(self.fd, _WRITE)
         if not watcher.active:
             watcher.start(self._on_writable)
 
@@ -471,7 +481,8 @@ class Connection:
         self.alive = False
         stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
-        lost = self.queue.clear()
+        lost = self.queue.clear() + len(self.pending or ())
+        self.pending = None
         if lost:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
@@ -490,7 +501,7 @@ class Connection:
         if self._write_watcher is not None:
             self._write_watcher.close()
         self.notices = None
-        self._held = None
+        self._stash = None
         waiters, self.waiters = self.waiters, None
         for publisher, _ in waiters or ():
             if publisher.alive:

@@ -4,13 +4,14 @@ Theory of operation.  One gevent hub runs everything, and no greenlet exists
 per client: the hub calls a connection's ``_on_readable`` when it has
 packets.  The path of one message, top to bottom:
 
-1. ``Connection._on_readable`` reads a batch of packets into the shared buffer
-   and hands each ``MSG`` to ``Server.publish`` (below);
+1. ``Connection._on_readable`` reads a batch of packets (one ``recvmmsg``
+   where compiled) and hands each ``MSG`` to ``Server.publish`` (below);
 2. ``publish`` finds the recipients (``SubscriptionIndex.match``: a bounded
-   cache, then flat dicts and a trie), and sends the packet straight to each
-   recipient's socket when nothing is queued before it;
-3. a recipient that cannot take it now goes through ``Connection.deliver``,
-   where ``protocol.flood`` decides (queue, pause the publisher, drop, shed,
+   cache, then flat dicts and a trie); a recipient with nothing queued gets
+   the packet appended to its ``pending`` list, and ``flush`` sends each one
+   its list in one ``sendmmsg`` at the end of the batch;
+3. what a socket cannot take now goes through ``Connection.deliver``, where
+   ``protocol.flood`` decides (queue, pause the publisher, drop, shed,
    disconnect) and the connection carries it out;
 4. on a relay, ``UpstreamLink.forward`` sends the message up if the upstream
    wants it.
@@ -46,12 +47,12 @@ from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
     ACCEPT_BATCH,
-    MAX_PACKET,
     SEND_BUFFER,
     STOP_TIMEOUT,
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
+from .batchio import send_all
 from .connection import Connection
 from .upstream import UpstreamLink
 
@@ -82,10 +83,6 @@ class Server:
         #: the index's key -> recipients cache, read directly on the hot path
         #: (the dict object lives as long as the index; it is only ever cleared)
         self._cached = self.index.cache.get
-        #: one receive buffer for every connection: a packet is copied out of it
-        #: before the next read, and only one callback runs at a time
-        self.recv_buffer = bytearray(MAX_PACKET)
-        self.recv_view = memoryview(self.recv_buffer)
         self.client_limits = config.client_limits()
         self._quotas = dict(config.user_quotas)
         self._default_quota = config.user_quota()
@@ -97,6 +94,8 @@ class Server:
         self.prefix: bytes | None = b""
         #: connections holding a packet until the prefix is known
         self._awaiting_prefix: list[Connection] = []
+        #: connections with packets routed by the current batch (``flush``)
+        self._dirty: list[Connection] = []
         self.stopped = Event()
         self._next_cid = 0
         self._ever_connected = False
@@ -255,6 +254,14 @@ class Server:
                     conn.dropped += 1
                     continue
                 if not conn.queue.count:
+                    if conn.batch:  # sent with the rest of this batch by flush()
+                        pending = conn.pending
+                        if pending is None:
+                            conn.pending = [packet]
+                            self._dirty.append(conn)
+                        else:
+                            pending.append(packet)
+                        continue
                     try:
                         conn.send(packet)
                         delivered += 1
@@ -265,12 +272,39 @@ class Server:
                         conn.close("io_error", str(e))
                         continue
                 conn.deliver(packet, sender)
-            stats = self.stats
-            stats.delivered += delivered
-            stats.bytes_out += delivered * len(packet)
+            if delivered:
+                stats = self.stats
+                stats.delivered += delivered
+                stats.bytes_out += delivered * len(packet)
         upstream = self.upstream
         if upstream is not None and sender is not None:
             upstream.forward(key, packet)
+
+    def flush(self) -> None:
+        """Send each recipient what this batch routed to it, in one call where
+        compiled (``batchio``); what its socket does not take goes through
+        ``Connection.deliver`` and so through flood control, in order."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = []
+        stats = self.stats
+        for conn in dirty:
+            pending, conn.pending = conn.pending, None
+            if pending is None or not conn.alive:
+                continue
+            try:
+                sent = send_all(conn.sock, conn.fd, pending)
+            except OSError as e:
+                conn.pending = pending  # counted as lost with the queue
+                conn.close("io_error", str(e))
+                continue
+            total = len(pending)
+            if sent:
+                stats.delivered += sent
+                stats.bytes_out += sum(map(len, pending if sent == total else pending[:sent]))
+            for i in range(sent, total):
+                conn.deliver(pending[i], None)  # never a block mode: no publisher to pause
 
     # --- everything but MSG ----------------------------------------------------
 
@@ -297,7 +331,7 @@ class Server:
         from its upstream yet keeps reading everything else.
         """
         if self.prefix is None and pattern.startswith(b"!"):
-            conn.hold(packet)
+            conn.hold()
             self._awaiting_prefix.append(conn)
             return None
         return self.prefix or b""
@@ -407,12 +441,15 @@ class Server:
                 return  # unknown control messages are ignored
             what, value = setting
             conn.shed = None  # decide afresh on the next message
+            q = conn.queue
             if what == "soft":
-                conn.queue.soft = value
+                q.soft = value
             elif what == "hard":
-                conn.queue.hard = value
+                q.hard = value
             else:
-                conn.queue.set_order(value)
+                q.set_order(value)
+            # a block mode pauses publishers packet by packet: no batching for it
+            conn.batch = q.soft != "block" and q.hard != "block"
 
     # --- the relay: index callbacks, and the UpstreamHost interface ----------------
 
@@ -425,7 +462,8 @@ class Server:
             self.upstream.unsubscribe(pattern)
 
     def deliver(self, packet: bytes, key: bytes) -> None:
-        """A message came down from the upstream: deliver it here, never back up."""
+        """A message came down from the upstream: deliver it here, never back up
+        (the link calls ``flush`` after each batch)."""
         self.publish(None, packet, key)
 
     def local_patterns(self) -> Iterable[bytes]:

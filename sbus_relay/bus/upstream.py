@@ -68,6 +68,9 @@ class UpstreamHost(Protocol):
     def deliver(self, packet: bytes, key: bytes) -> None:
         """A ``MSG`` came down: deliver it locally (never back up)."""
 
+    def flush(self) -> None:
+        """Send local clients what ``deliver`` routed since the last flush."""
+
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream answered whoami: our identity prefix is ``<reply>/``."""
 
@@ -331,6 +334,7 @@ class UpstreamLink:
         view = memoryview(buf)
         stats = self.stats
         deliver = self.host.deliver
+        flush = self.host.flush
         try:
             while not self._stopping and self._sock is sock:
                 for _ in range(READ_BATCH):
@@ -350,14 +354,18 @@ class UpstreamLink:
                         stats.forwarded_down += 1
                         deliver(packet, packet[4:nul])
                     else:
+                        flush()
                         self._control(codec.decode(packet))
                     if self._sock is not sock:
                         return  # closed while handling (a cycle was found)
                 else:
+                    flush()
                     gevent.sleep(0)
                     continue
+                flush()
                 hub.wait(watcher)
         finally:
+            flush()
             self._read_watcher = None
             watcher.close()
 
