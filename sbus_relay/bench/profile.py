@@ -1,8 +1,9 @@
-"""Profile the server's hot path with py-spy during a 1 -> 1 run.
+"""Profile the server's hot path with py-spy during a 1 -> 1 run, distinct keys.
 
 py-spy samples the running ``sbusd`` from outside (``--nonblocking``, so the
-bus is not paused), writes collapsed stacks (``--format raw``: open them in
-speedscope or flamegraph.pl), and this module sums the samples per function:
+bus is not paused).  Two samplers run side by side: one draws the flame graph
+(``--format flamegraph``, an SVG), one writes collapsed stacks (``--format
+raw``) from which this module sums the samples per function:
 *own* time (the function is the leaf of the stack) and *total* time (the
 function is anywhere on it).
 """
@@ -17,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .procs import BenchProcessError, ProcessSet
-from .scenarios import Load, Tools, bus_argv, drive, new_address, running_server
+from .procs import BenchProcessError, Child, ProcessSet
+from .scenarios import Load, Tools, drive, new_address, running_server, server_argv
 
 #: Samples per second asked of py-spy.
 SAMPLE_RATE = 250
@@ -62,47 +63,66 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
     return {"samples": samples, "own": table(own), "total": table(total)}
 
 
+def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) -> Child:
+    return procs.start(
+        f"py-spy-{fmt}",
+        [
+            py_spy,
+            "record",
+            "-p",
+            str(pid),
+            "-o",
+            str(output),
+            "--format",
+            fmt,
+            "--rate",
+            str(SAMPLE_RATE),
+            "--nolineno",
+            "--nonblocking",
+        ],
+    )
+
+
 def profile_one_to_one(
     procs: ProcessSet, tools: Tools, workdir: Path, messages: int, output: Path, idle_s: float
 ) -> dict[str, Any]:
-    """Run 1 -> 1 with ``messages`` under py-spy; write ``output``, return the summary."""
-    py_spy = find_py_spy()
+    """Run 1 -> 1 (distinct keys) under py-spy: a flame graph SVG at ``output``,
+    collapsed stacks beside it (``.txt``); return the summary of the stacks."""
+    try:
+        py_spy = find_py_spy()
+    except BenchProcessError as exc:
+        return {"status": "unavailable", "reason": str(exc)}
+    raw = output.with_suffix(".txt")
     bus = new_address(workdir, "prof")
-    with running_server(procs, "sbusd", bus_argv(tools, bus), bus) as server:
-        spy = procs.start(
-            "py-spy",
-            [
-                py_spy,
-                "record",
-                "-p",
-                str(server.pid),
-                "-o",
-                str(output),
-                "--format",
-                "raw",
-                "--rate",
-                str(SAMPLE_RATE),
-                "--nolineno",
-                "--nonblocking",
-            ],
-        )
+    with running_server(procs, "ours", server_argv(tools, "ours", bus), bus) as server:
+        # Two samplers of the same process: one draws, one counts.
+        spies = [
+            _recorder(procs, py_spy, server.pid, output, "flamegraph"),
+            _recorder(procs, py_spy, server.pid, raw, "raw"),
+        ]
         time.sleep(ATTACH_DELAY)
-        if spy.popen.poll() is not None:
-            raise BenchProcessError(f"py-spy exited at once:\n{spy.stderr_tail()}")
-        run = drive(procs, tools, Load(messages), bus, bus, idle_s)
-        spy.stop(signal.SIGINT, WRITE_GRACE)
-    summary = summarize(output.read_text() if output.exists() else "")
-    summary.update(output=str(output), messages=messages, rate=run.rate)
+        for spy in spies:
+            if spy.popen.poll() is not None:
+                raise BenchProcessError(f"py-spy exited at once:\n{spy.stderr_tail()}")
+        run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
+        for spy in spies:
+            spy.stop(signal.SIGINT, WRITE_GRACE)
+    summary = summarize(raw.read_text() if raw.exists() else "")
+    summary.update(
+        status="ok", output=str(output), collapsed=str(raw), messages=messages, rate=run.rate
+    )
     return summary
 
 
 def format_summary(summary: dict[str, Any], top: int = 15) -> str:
     """The printed form: the top functions by own time."""
+    if summary.get("status") != "ok":
+        return f"profile: {summary.get('reason', 'not run')}"
     lines = [
-        f"py-spy: {summary['samples']} samples of sbusd during 1 -> 1 "
+        f"py-spy: {summary['samples']} samples of our sbusd during 1 -> 1, distinct keys "
         f"({summary['rate']:,.0f} msgs/s under the profiler); top by own time:"
     ]
     for row in summary["own"][:top]:
         lines.append(f"  {row['percent']:5.1f} %  {row['function']}")
-    lines.append(f"collapsed stacks (speedscope / flamegraph.pl): {summary['output']}")
+    lines.append(f"flame graph: {summary['output']}; collapsed stacks: {summary['collapsed']}")
     return "\n".join(lines)
