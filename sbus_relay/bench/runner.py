@@ -71,6 +71,8 @@ QUICK_CROWD_SECONDS = 2.0
 MEMORY_CLIENTS = 1_000
 MEMORY_PATTERN_CLIENTS = 100
 MEMORY_PATTERNS_PER_CLIENT = 1_000
+#: Messages of the profiled 1 -> 1 run, at least: enough samples for the top functions.
+PROFILE_MESSAGES = 300_000
 #: Seconds a subscriber waits for more after the last packet before giving up.
 SUB_IDLE_SECONDS = 2.0
 QUICK_SUB_IDLE_SECONDS = 1.0
@@ -406,9 +408,15 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
                 from .profile import profile_one_to_one
 
                 say(f"profile: py-spy on our sbusd during 1 -> 1 -> {options.profile_path}")
-                results["profile"] = profile_one_to_one(
-                    procs, tools, workdir, options.n_messages, options.profile_path, ctx.idle_s
-                )
+                messages = max(options.n_messages, PROFILE_MESSAGES)
+                try:
+                    results["profile"] = profile_one_to_one(
+                        procs, tools, workdir, messages, options.profile_path, ctx.idle_s
+                    )
+                except Failure as exc:
+                    results["profile"] = {"status": "failed", "reason": _first_line(exc)}
+                if results["profile"]["status"] != "ok":
+                    say(f"profile: {results['profile']['reason']}")
         ok = all(s["status"] == "ok" for s in results["scenarios"].values())
     finally:
         keep = options.keep or not ok

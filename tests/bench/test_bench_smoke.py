@@ -166,3 +166,17 @@ def test_bad_reference_is_one_clear_line(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"sbus-relay bench: --reference {tmp_path / 'missing'}: not an executable file"
     ]
+
+
+@pytest.mark.timeout(180)
+def test_profile_draws_a_flame_graph(tmp_path: Path) -> None:
+    if not (Path(sys.executable).parent / "py-spy").exists() and not shutil.which("py-spy"):
+        pytest.skip("py-spy not installed")
+    svg = tmp_path / "flame.svg"
+    data, stdout, _ = bench(tmp_path, "--no-reference", "--only", "1to1", "--profile", str(svg))
+    prof = data["profile"]
+    assert prof["status"] == "ok", prof
+    assert "<svg" in svg.read_text()
+    assert prof["samples"] > 0 and prof["own"][0]["percent"] > 0
+    assert any("sbus_relay/" in row["function"] for row in prof["own"])
+    assert f"flame graph: {svg}" in stdout
