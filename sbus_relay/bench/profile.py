@@ -11,6 +11,7 @@ function is anywhere on it).
 from __future__ import annotations
 
 import collections
+import re
 import shutil
 import signal
 import sys
@@ -26,8 +27,11 @@ SAMPLE_RATE = 250
 #: Seconds py-spy gets to attach before the load starts, and to write its file.
 ATTACH_DELAY = 1.0
 WRITE_GRACE = 15.0
-#: Functions listed in the JSON and the printed summary.
+#: Functions listed in the JSON, and source lines printed.
 TOP = 20
+TOP_LINES = 8
+#: The line number py-spy appends to a frame's file: ``name (file.py:12)``.
+_LINE_NUMBER = re.compile(r":\d+\)$")
 
 
 def find_py_spy() -> str:
@@ -38,10 +42,21 @@ def find_py_spy() -> str:
     return found
 
 
+def _function(frame: str) -> str:
+    """``name (file.py:12)`` -> ``name (file.py)``: a frame without its line number."""
+    return _LINE_NUMBER.sub(")", frame)
+
+
 def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
-    """Own and total sample counts per function from py-spy's raw output."""
+    """Sample counts from py-spy's raw output (frames with line numbers).
+
+    ``own``: per function, samples where it is the innermost frame; ``total``:
+    per function, samples where it is anywhere on the stack; ``lines``: per
+    source line, samples where it is the innermost frame.
+    """
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
+    lines: collections.Counter[str] = collections.Counter()
     samples = 0
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -50,9 +65,10 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
         count = int(count_text)
         frames = stack.split(";")
         samples += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            total[frame] += count
+        lines[frames[-1]] += count
+        own[_function(frames[-1])] += count
+        for name in {_function(frame) for frame in frames}:
+            total[name] += count
 
     def table(counter: collections.Counter[str]) -> list[dict[str, Any]]:
         return [
@@ -60,7 +76,7 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
             for name, n in counter.most_common(top)
         ]
 
-    return {"samples": samples, "own": table(own), "total": table(total)}
+    return {"samples": samples, "own": table(own), "total": table(total), "lines": table(lines)}
 
 
 def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) -> Child:
@@ -77,7 +93,8 @@ def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) 
             fmt,
             "--rate",
             str(SAMPLE_RATE),
-            "--nolineno",
+            # The flame graph groups by function; the counts keep the lines.
+            *(("--nolineno",) if fmt == "flamegraph" else ()),
             "--nonblocking",
         ],
     )
@@ -109,7 +126,12 @@ def profile_one_to_one(
             spy.stop(signal.SIGINT, WRITE_GRACE)
     summary = summarize(raw.read_text() if raw.exists() else "")
     summary.update(
-        status="ok", output=str(output), collapsed=str(raw), messages=messages, rate=run.rate
+        status="ok",
+        output=str(output),
+        collapsed=str(raw),
+        messages=messages,
+        rate=run.rate,
+        cpu_us_per_delivery=run.cpu_us_per_delivery,
     )
     return summary
 
@@ -118,11 +140,17 @@ def format_summary(summary: dict[str, Any], top: int = 15) -> str:
     """The printed form: the top functions by own time."""
     if summary.get("status") != "ok":
         return f"profile: {summary.get('reason', 'not run')}"
+    cpu = summary["cpu_us_per_delivery"]
     lines = [
         f"py-spy: {summary['samples']} samples of our sbusd during 1 -> 1, distinct keys "
-        f"({summary['rate']:,.0f} msgs/s under the profiler); top by own time:"
+        f"({summary['rate']:,.0f} deliveries/s, {cpu:.2f} us CPU per delivery under the "
+        "profiler); top by own time (share, and its part of the CPU per delivery):"
     ]
     for row in summary["own"][:top]:
+        share = row["percent"] / 100 * cpu
+        lines.append(f"  {row['percent']:5.1f} %  {share:5.2f} us  {row['function']}")
+    lines.append("top lines by own time:")
+    for row in summary["lines"][:TOP_LINES]:
         lines.append(f"  {row['percent']:5.1f} %  {row['function']}")
     lines.append(f"flame graph: {summary['output']}; collapsed stacks: {summary['collapsed']}")
     return "\n".join(lines)

@@ -12,12 +12,19 @@ from sbus_relay.bench import profile
 
 @pytest.mark.timeout(10)
 def test_summary_counts_own_and_total_samples() -> None:
-    collapsed = "main (a.py);loop (a.py);send (b.py) 6\nmain (a.py);loop (a.py) 2\nbad line\n"
+    collapsed = (
+        "main (a.py:1);loop (a.py:5);send (b.py:9) 4\n"
+        "main (a.py:1);loop (a.py:5);send (b.py:10) 2\n"
+        "main (a.py:1);loop (a.py:6) 2\n"
+        "bad line\n"
+    )
     summary = profile.summarize(collapsed)
     assert summary["samples"] == 8
     assert summary["own"][0] == {"function": "send (b.py)", "samples": 6, "percent": 75.0}
     totals = {row["function"]: row["samples"] for row in summary["total"]}
     assert totals == {"main (a.py)": 8, "loop (a.py)": 8, "send (b.py)": 6}
+    lines = {row["function"]: row["samples"] for row in summary["lines"]}
+    assert lines == {"send (b.py:9)": 4, "send (b.py:10)": 2, "loop (a.py:6)": 2}
 
 
 @pytest.mark.timeout(10)
