@@ -11,6 +11,7 @@ function is anywhere on it).
 from __future__ import annotations
 
 import collections
+import html
 import re
 import shutil
 import signal
@@ -32,6 +33,8 @@ TOP = 20
 TOP_LINES = 8
 #: The line number py-spy appends to a frame's file: ``name (file.py:12)``.
 _LINE_NUMBER = re.compile(r":\d+\)$")
+#: The title line of py-spy's flame graph.
+_SVG_TITLE = re.compile(r'(<text id="title"[^>]*>)[^<]*(</text>)')
 
 
 def find_py_spy() -> str:
@@ -100,6 +103,12 @@ def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) 
     )
 
 
+def _retitle(svg: Path, title: str) -> None:
+    """Put ``title`` where py-spy writes its own command line (local paths and a pid)."""
+    text = svg.read_text()
+    svg.write_text(_SVG_TITLE.sub(lambda m: m.group(1) + html.escape(title) + m.group(2), text, 1))
+
+
 def profile_one_to_one(
     procs: ProcessSet, tools: Tools, workdir: Path, messages: int, output: Path, idle_s: float
 ) -> dict[str, Any]:
@@ -124,6 +133,8 @@ def profile_one_to_one(
         run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
         for spy in spies:
             spy.stop(signal.SIGINT, WRITE_GRACE)
+    if output.exists():
+        _retitle(output, f"our sbusd, 1 -> 1, distinct keys, {run.rate:,.0f} deliveries/s")
     summary = summarize(raw.read_text() if raw.exists() else "")
     summary.update(
         status="ok",

@@ -140,7 +140,7 @@ def format_table(results: dict[str, Any]) -> str:
         title = s["title"]
         for side, figures in s["sides"].items():
             note = ""
-            if side == "ours" and s.get("ratio") is not None:
+            if side == "ours" and s.get("ratio") is not None and not s.get("fixed_rate"):
                 note = f"{s['ratio']:.2f}x {s['compare']}"
             if side == "reference" and figures.get("stalled"):
                 note = (

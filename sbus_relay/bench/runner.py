@@ -269,6 +269,8 @@ def _side_summary(runs: list[RunResult]) -> dict[str, Any]:
 
 def _throughput(ctx: _Context, sc: Scenario, reference: Reference) -> dict[str, Any]:
     entry: dict[str, Any] = {"title": sc.title, "unit": "deliveries/s", "status": "ok"}
+    # At a fixed rate every side delivers the same: the latency is the figure.
+    entry["fixed_rate"] = sc.load.rate > 0
     sides = [s for s in sc.sides if s != "reference" or reference.path is not None]
     if "reference" in sc.sides and reference.path is None:
         entry["reference_left_out"] = reference.reason
