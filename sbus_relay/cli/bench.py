@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run 1 -> 1 (distinct keys) under py-spy: a flame graph to SVG, "
         "collapsed stacks beside it (.txt), the top functions printed",
     )
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--reference",
         type=Path,
         metavar="PATH",
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from the reference sources, found via $SBUS_REFERENCE_SRC or a reference-sbus "
         "directory near the checkout)",
     )
-    parser.add_argument(
+    which.add_argument(
         "--no-reference",
         action="store_true",
         help="measure only our servers (the reference column is left out)",

@@ -20,6 +20,8 @@ import pytest
 
 from sbus_relay.bench.build import BuildError
 from sbus_relay.bench.reference import build_reference, find_sources
+from sbus_relay.bench.report import TARGETS
+from sbus_relay.bench.runner import SCENARIO_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 3_000
@@ -180,3 +182,29 @@ def test_profile_draws_a_flame_graph(tmp_path: Path) -> None:
     assert prof["samples"] > 0 and prof["own"][0]["percent"] > 0
     assert any("sbus_relay/" in row["function"] for row in prof["own"])
     assert f"flame graph: {svg}" in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_run_of_every_scenario(tmp_path: Path, reference_binary: Path) -> None:
+    out = tmp_path / "quick.json"
+    cmd = [sys.executable, "-m", "sbus_relay", "bench", "--quick", "--json", str(out)]
+    cmd += ["--reference", str(reference_binary), "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert list(data["scenarios"]) == list(SCENARIO_NAMES)
+    assert all(s["status"] == "ok" for s in data["scenarios"].values())
+    mem = data["scenarios"]["memory"]
+    assert set(mem["sides"]) == {"ours", "reference"}
+    for side in mem["sides"].values():
+        assert side["per_client_bytes"] > 0 and side["per_pattern_bytes"] > 0
+    for target in TARGETS:
+        assert target.label in proc.stdout
