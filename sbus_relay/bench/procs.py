@@ -4,7 +4,7 @@ Every child is registered in a ``ProcessSet`` that terminates, then kills, all
 of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
 ``KeyboardInterrupt`` by the runner).  As a second line of defence each child
 gets ``PR_SET_PDEATHSIG``: if the runner itself is killed, its children die too
-(loadgen and forwarder set it themselves; Python servers get it before exec).
+(loadgen sets it itself; every other child gets it before exec).
 """
 
 from __future__ import annotations

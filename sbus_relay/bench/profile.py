@@ -129,7 +129,8 @@ def profile_one_to_one(
         time.sleep(ATTACH_DELAY)
         for spy in spies:
             if spy.popen.poll() is not None:
-                raise BenchProcessError(f"py-spy exited at once:\n{spy.stderr_tail()}")
+                said = spy.stderr_tail().strip().splitlines() or ["no message"]
+                raise BenchProcessError(f"py-spy exited at once: {said[-1]}")
         run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
         for spy in spies:
             spy.stop(signal.SIGINT, WRITE_GRACE)

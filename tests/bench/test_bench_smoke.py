@@ -177,6 +177,9 @@ def test_profile_draws_a_flame_graph(tmp_path: Path) -> None:
     svg = tmp_path / "flame.svg"
     data, stdout, _ = bench(tmp_path, "--no-reference", "--only", "1to1", "--profile", str(svg))
     prof = data["profile"]
+    denied = ("Permission denied", "not permitted")
+    if prof["status"] != "ok" and any(word in prof["reason"] for word in denied):
+        pytest.skip(f"py-spy may not sample processes here: {prof['reason']}")
     assert prof["status"] == "ok", prof
     assert "<svg" in svg.read_text()
     assert prof["samples"] > 0 and prof["own"][0]["percent"] > 0
