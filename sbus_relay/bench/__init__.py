@@ -1,8 +1,9 @@
-"""``sbus-relay bench``: throughput, latency and memory of the bus, measured.
+"""``sbus-relay bench``: throughput, latency, CPU and memory of the bus, measured.
 
-The load comes from ``loadgen.c`` and the "limit baseline" from ``forwarder.c``,
-both compiled on first use with the system ``gcc -O2`` (``build``).  ``runner``
-starts every server it measures as a real process, drives the scenarios of
-``scenarios`` and ``report`` turns the medians into the table and the JSON.
-See docs/performance.md.
+The load comes from ``loadgen.c``, compiled on first use with the system
+``gcc -O2`` (``build``); the reference C sbusd it is compared with is found or
+built by ``reference``.  ``runner`` starts every server it measures as a real
+process and runs the scenarios of ``scenarios`` interleaved on every side;
+``report`` turns the medians into the tables, the targets and the JSON;
+``profile`` samples our server with py-spy.  See docs/performance.md.
 """

@@ -11,8 +11,8 @@ from pathlib import Path
 
 #: The C sources live in csrc/ beside this module (package data, see pyproject.toml).
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
-#: Programs built from ``<name>.c``; ``common.h`` is shared by both.
-PROGRAMS = ("loadgen", "forwarder")
+#: Programs built from ``<name>.c``.
+PROGRAMS = ("loadgen",)
 #: Headers the programs include: part of the cache key, so editing one rebuilds.
 HEADERS: tuple[str, ...] = ("common.h",)
 CFLAGS = ("-O2", "-Wall", "-Wextra")

@@ -4,7 +4,7 @@ Every child is registered in a ``ProcessSet`` that terminates, then kills, all
 of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
 ``KeyboardInterrupt`` by the runner).  As a second line of defence each child
 gets ``PR_SET_PDEATHSIG``: if the runner itself is killed, its children die too
-(loadgen and forwarder set it themselves; Python servers get it before exec).
+(loadgen sets it itself; every other child gets it before exec).
 """
 
 from __future__ import annotations
@@ -210,3 +210,16 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise BenchProcessError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far, in seconds.
+
+    /proc/PID/task/TID/schedstat counts on-CPU nanoseconds, finer than the
+    clock ticks of /proc/PID/stat (10 ms), which a short run needs.
+    """
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9

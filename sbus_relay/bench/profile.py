@@ -1,8 +1,9 @@
-"""Profile the server's hot path with py-spy during a 1 -> 1 run.
+"""Profile the server's hot path with py-spy during a 1 -> 1 run, distinct keys.
 
 py-spy samples the running ``sbusd`` from outside (``--nonblocking``, so the
-bus is not paused), writes collapsed stacks (``--format raw``: open them in
-speedscope or flamegraph.pl), and this module sums the samples per function:
+bus is not paused).  Two samplers run side by side: one draws the flame graph
+(``--format flamegraph``, an SVG), one writes collapsed stacks (``--format
+raw``) from which this module sums the samples per function:
 *own* time (the function is the leaf of the stack) and *total* time (the
 function is anywhere on it).
 """
@@ -10,6 +11,8 @@ function is anywhere on it).
 from __future__ import annotations
 
 import collections
+import html
+import re
 import shutil
 import signal
 import sys
@@ -17,16 +20,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .procs import BenchProcessError, ProcessSet
-from .scenarios import Load, Tools, bus_argv, drive, new_address, running_server
+from .procs import BenchProcessError, Child, ProcessSet
+from .scenarios import Load, Tools, drive, new_address, running_server, server_argv
 
 #: Samples per second asked of py-spy.
 SAMPLE_RATE = 250
 #: Seconds py-spy gets to attach before the load starts, and to write its file.
 ATTACH_DELAY = 1.0
 WRITE_GRACE = 15.0
-#: Functions listed in the JSON and the printed summary.
+#: Functions listed in the JSON, and source lines printed.
 TOP = 20
+TOP_LINES = 8
+#: The line number py-spy appends to a frame's file: ``name (file.py:12)``.
+_LINE_NUMBER = re.compile(r":\d+\)$")
+#: The title line of py-spy's flame graph.
+_SVG_TITLE = re.compile(r'(<text id="title"[^>]*>)[^<]*(</text>)')
 
 
 def find_py_spy() -> str:
@@ -37,10 +45,21 @@ def find_py_spy() -> str:
     return found
 
 
+def _function(frame: str) -> str:
+    """``name (file.py:12)`` -> ``name (file.py)``: a frame without its line number."""
+    return _LINE_NUMBER.sub(")", frame)
+
+
 def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
-    """Own and total sample counts per function from py-spy's raw output."""
+    """Sample counts from py-spy's raw output (frames with line numbers).
+
+    ``own``: per function, samples where it is the innermost frame; ``total``:
+    per function, samples where it is anywhere on the stack; ``lines``: per
+    source line, samples where it is the innermost frame.
+    """
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
+    lines: collections.Counter[str] = collections.Counter()
     samples = 0
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -49,9 +68,10 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
         count = int(count_text)
         frames = stack.split(";")
         samples += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            total[frame] += count
+        lines[frames[-1]] += count
+        own[_function(frames[-1])] += count
+        for name in {_function(frame) for frame in frames}:
+            total[name] += count
 
     def table(counter: collections.Counter[str]) -> list[dict[str, Any]]:
         return [
@@ -59,50 +79,90 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
             for name, n in counter.most_common(top)
         ]
 
-    return {"samples": samples, "own": table(own), "total": table(total)}
+    return {"samples": samples, "own": table(own), "total": table(total), "lines": table(lines)}
+
+
+def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) -> Child:
+    return procs.start(
+        f"py-spy-{fmt}",
+        [
+            py_spy,
+            "record",
+            "-p",
+            str(pid),
+            "-o",
+            str(output),
+            "--format",
+            fmt,
+            "--rate",
+            str(SAMPLE_RATE),
+            # The flame graph groups by function; the counts keep the lines.
+            *(("--nolineno",) if fmt == "flamegraph" else ()),
+            "--nonblocking",
+        ],
+    )
+
+
+def _retitle(svg: Path, title: str) -> None:
+    """Put ``title`` where py-spy writes its own command line (local paths and a pid)."""
+    text = svg.read_text()
+    svg.write_text(_SVG_TITLE.sub(lambda m: m.group(1) + html.escape(title) + m.group(2), text, 1))
 
 
 def profile_one_to_one(
     procs: ProcessSet, tools: Tools, workdir: Path, messages: int, output: Path, idle_s: float
 ) -> dict[str, Any]:
-    """Run 1 -> 1 with ``messages`` under py-spy; write ``output``, return the summary."""
-    py_spy = find_py_spy()
+    """Run 1 -> 1 (distinct keys) under py-spy: a flame graph SVG at ``output``,
+    collapsed stacks beside it (``.txt``); return the summary of the stacks."""
+    try:
+        py_spy = find_py_spy()
+    except BenchProcessError as exc:
+        return {"status": "unavailable", "reason": str(exc)}
+    raw = output.with_suffix(".txt")
     bus = new_address(workdir, "prof")
-    with running_server(procs, "sbusd", bus_argv(tools, bus), bus) as server:
-        spy = procs.start(
-            "py-spy",
-            [
-                py_spy,
-                "record",
-                "-p",
-                str(server.pid),
-                "-o",
-                str(output),
-                "--format",
-                "raw",
-                "--rate",
-                str(SAMPLE_RATE),
-                "--nolineno",
-                "--nonblocking",
-            ],
-        )
+    with running_server(procs, "ours", server_argv(tools, "ours", bus), bus) as server:
+        # Two samplers of the same process: one draws, one counts.
+        spies = [
+            _recorder(procs, py_spy, server.pid, output, "flamegraph"),
+            _recorder(procs, py_spy, server.pid, raw, "raw"),
+        ]
         time.sleep(ATTACH_DELAY)
-        if spy.popen.poll() is not None:
-            raise BenchProcessError(f"py-spy exited at once:\n{spy.stderr_tail()}")
-        run = drive(procs, tools, Load(messages), bus, bus, idle_s)
-        spy.stop(signal.SIGINT, WRITE_GRACE)
-    summary = summarize(output.read_text() if output.exists() else "")
-    summary.update(output=str(output), messages=messages, rate=run.rate)
+        for spy in spies:
+            if spy.popen.poll() is not None:
+                said = spy.stderr_tail().strip().splitlines() or ["no message"]
+                raise BenchProcessError(f"py-spy exited at once: {said[-1]}")
+        run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
+        for spy in spies:
+            spy.stop(signal.SIGINT, WRITE_GRACE)
+    if output.exists():
+        _retitle(output, f"our sbusd, 1 -> 1, distinct keys, {run.rate:,.0f} deliveries/s")
+    summary = summarize(raw.read_text() if raw.exists() else "")
+    summary.update(
+        status="ok",
+        output=str(output),
+        collapsed=str(raw),
+        messages=messages,
+        rate=run.rate,
+        cpu_us_per_delivery=run.cpu_us_per_delivery,
+    )
     return summary
 
 
 def format_summary(summary: dict[str, Any], top: int = 15) -> str:
     """The printed form: the top functions by own time."""
+    if summary.get("status") != "ok":
+        return f"profile: {summary.get('reason', 'not run')}"
+    cpu = summary["cpu_us_per_delivery"]
     lines = [
-        f"py-spy: {summary['samples']} samples of sbusd during 1 -> 1 "
-        f"({summary['rate']:,.0f} msgs/s under the profiler); top by own time:"
+        f"py-spy: {summary['samples']} samples of our sbusd during 1 -> 1, distinct keys "
+        f"({summary['rate']:,.0f} deliveries/s, {cpu:.2f} us CPU per delivery under the "
+        "profiler); top by own time (share, and its part of the CPU per delivery):"
     ]
     for row in summary["own"][:top]:
+        share = row["percent"] / 100 * cpu
+        lines.append(f"  {row['percent']:5.1f} %  {share:5.2f} us  {row['function']}")
+    lines.append("top lines by own time:")
+    for row in summary["lines"][:TOP_LINES]:
         lines.append(f"  {row['percent']:5.1f} %  {row['function']}")
-    lines.append(f"collapsed stacks (speedscope / flamegraph.pl): {summary['output']}")
+    lines.append(f"flame graph: {summary['output']}; collapsed stacks: {summary['collapsed']}")
     return "\n".join(lines)

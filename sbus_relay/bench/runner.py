@@ -1,14 +1,18 @@
 """Run every scenario of ``sbus-relay bench`` and collect the results.
 
-Each run gets a fresh server process (so a stalled client's queue or the idle
-clients' patterns never leak into the next run); bus and limit-baseline runs
-alternate so that drift in the machine's speed hits both alike.  A scenario
-that fails is reported with its reason and the others still run.
+A scenario runs on two or more *sides*: ``ours`` (our sbusd, or our relay
+path), and what it is compared with -- ``reference`` (the C sbusd, same
+load), ``direct`` (the same load on our sbusd without the relay hop) or
+``clean`` (the same load without the stalled subscriber).  The sides run
+interleaved, A B A B ..., each run on a fresh server process, so drift in the
+machine's speed hits every side alike; each side reports its medians.  A
+scenario that fails is reported with its reason and the others still run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -17,7 +21,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,42 +29,70 @@ from typing import Any
 from . import report
 from .build import build_programs
 from .procs import BenchProcessError, ProcessSet
+from .reference import Reference, resolve_reference
 from .scenarios import (
+    WILD_PATTERNS,
     Load,
     RunResult,
     Tools,
-    bus_argv,
     child_env,
     drive,
     find_tools,
-    forwarder_argv,
     measure_memory,
     new_address,
     relay_argv,
     relay_warmup,
     running_server,
+    server_argv,
 )
 
-#: Defaults of the full run (about 3 minutes on 2 cores) and of ``--quick``.
+#: Defaults of the full run (a few minutes on 2 cores) and of ``--quick`` (~1 minute).
 DEFAULT_MESSAGES = 100_000
 DEFAULT_REPEAT = 3
 QUICK_MESSAGES = 20_000
 QUICK_REPEAT = 1
-#: Fixed, moderate rate of the latency scenario (packets/s) and its duration.
-LATENCY_RATE = 5_000.0
-LATENCY_SECONDS = 3.0
-QUICK_LATENCY_SECONDS = 1.0
+#: Keys of the round-robin key-cardinality scenario.
+CYCLE_KEYS = 1_000
+#: Subscribers of the wide fan-out, and how many times fewer messages it sends
+#: (each message is delivered to every one of them).
+WIDE_FANOUT = 100
+WIDE_FANOUT_DIVISOR = 20
 #: Idle clients x non-matching patterns each, in the idle-patterns scenario.
 IDLE_CLIENTS = 100
 IDLE_PATTERNS = 100
-#: The memory scenario: clients, then patterns per client (100,000 in all).
+#: The crowd: connected clients, of which publishers + subscribers are active
+#: (one publisher to one subscriber each), at a fixed total rate, for seconds.
+CROWD_CLIENTS = 1_000
+CROWD_PAIRS = 50
+CROWD_RATE = 10_000.0
+CROWD_SECONDS = 5.0
+QUICK_CROWD_SECONDS = 2.0
+#: Memory: idle clients (per-client cost), then clients x patterns (per-pattern cost).
 MEMORY_CLIENTS = 1_000
-MEMORY_PATTERNS_PER_CLIENT = 100
+MEMORY_PATTERN_CLIENTS = 100
+MEMORY_PATTERNS_PER_CLIENT = 1_000
+#: Messages of the profiled 1 -> 1 run, at least: enough samples for the top functions.
+PROFILE_MESSAGES = 300_000
 #: Seconds a subscriber waits for more after the last packet before giving up.
 SUB_IDLE_SECONDS = 2.0
 QUICK_SUB_IDLE_SECONDS = 1.0
 
 Failure = (BenchProcessError, TimeoutError, OSError, ValueError)
+
+SCENARIO_NAMES = (
+    "one_key",
+    "keys_1000",
+    "1to1",
+    "wildcards",
+    "2to4",
+    "1to100",
+    "idle_patterns",
+    "stalled",
+    "clients_1000",
+    "relay_up",
+    "relay_down",
+    "memory",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +105,8 @@ class BenchOptions:
     json_path: Path | None = None
     profile_path: Path | None = None
     sbusd: tuple[str, ...] | None = None
+    reference: Path | None = None
+    no_reference: bool = False
     cache_dir: Path | None = None
     keep: bool = False
     only: tuple[str, ...] = ()
@@ -88,13 +122,22 @@ class BenchOptions:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A throughput scenario: the load on our bus and, if any, on forwarder.c."""
+    """A throughput scenario: the load, and which sides run it."""
 
     name: str
     title: str
     load: Load
-    baseline: Load | None
-    relay: bool = False
+    compare: str = "reference"  # the side ours is divided by: reference, direct, clean
+    relay: str = ""  # "up": publisher on the relay; "down": subscriber on the relay
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """Every side that runs it, interleaved in this order."""
+        if self.compare == "reference":
+            return ("ours", "reference")
+        if self.compare == "clean":  # the reference runs it too: it stalls
+            return ("ours", "clean", "reference")
+        return ("ours", self.compare)
 
 
 @dataclass
@@ -104,185 +147,192 @@ class _Context:
     workdir: Path
     options: BenchOptions
     say: Callable[[str], None]
-    results: dict[str, Any] = field(default_factory=dict)
 
     @property
     def idle_s(self) -> float:
         return QUICK_SUB_IDLE_SECONDS if self.options.quick else SUB_IDLE_SECONDS
 
 
-def scenarios(messages: int) -> list[Scenario]:
-    """The throughput scenarios of the issue, in the order they are run."""
-    one_one = Load(messages)
-    one_two = Load(messages, subscribers=2)
+def scenarios(messages: int, quick: bool = False) -> list[Scenario]:
+    """The throughput scenarios, in the order they are run."""
+    crowd_s = QUICK_CROWD_SECONDS if quick else CROWD_SECONDS
+    crowd = Load(
+        int(CROWD_RATE * crowd_s),
+        pub_conns=CROWD_PAIRS,
+        sub_conns=CROWD_PAIRS,
+        each=True,
+        rate=CROWD_RATE,
+        idle_clients=CROWD_CLIENTS - 2 * CROWD_PAIRS,
+        idle_patterns=1,
+    )
     return [
-        Scenario("1to1", "1 -> 1, 64 B", one_one, one_one),
-        Scenario("2to4", "2 pubs -> 4 subs", Load(messages, 2, 4), Load(messages, 2, 4)),
-        Scenario("1to2", "1 -> 2", one_two, one_two),
+        Scenario("one_key", "1 -> 1, one key", Load(messages, keymode="fixed")),
         Scenario(
-            "1to2_idle",
-            f"1 -> 2, {IDLE_CLIENTS} idle x {IDLE_PATTERNS} patterns",
-            Load(messages, subscribers=2, idle_clients=IDLE_CLIENTS, idle_patterns=IDLE_PATTERNS),
-            one_two,  # forwarder.c does no routing: idle patterns cost it nothing
+            "keys_1000",
+            f"1 -> 1, {CYCLE_KEYS:,} keys round-robin",
+            Load(messages, keymode="cycle", keys=CYCLE_KEYS),
         ),
-        Scenario("1to1_stalled", "1 -> 1 + 1 never-reading sub", Load(messages, stalled=1), None),
-        Scenario("relay", "relay -> master, 1 -> 1", one_one, one_one, relay=True),
+        Scenario("1to1", "1 -> 1, a distinct key per message", Load(messages)),
+        Scenario(
+            "wildcards",
+            "1 -> 1, wildcard, prefix and secret patterns",
+            Load(messages, keymode="wild", patterns=WILD_PATTERNS),
+        ),
+        Scenario("2to4", "2 -> 4 fan-out", Load(messages, publishers=2, subscribers=4)),
+        Scenario(
+            "1to100",
+            f"1 -> {WIDE_FANOUT} fan-out",
+            Load(max(1, messages // WIDE_FANOUT_DIVISOR), sub_conns=WIDE_FANOUT),
+        ),
+        Scenario(
+            "idle_patterns",
+            f"1 -> 2, {IDLE_CLIENTS} idle clients x {IDLE_PATTERNS} patterns",
+            Load(messages, subscribers=2, idle_clients=IDLE_CLIENTS, idle_patterns=IDLE_PATTERNS),
+        ),
+        Scenario(
+            "stalled",
+            "1 -> 1 + 1 subscriber that never reads",
+            Load(messages, stalled=1),
+            "clean",
+        ),
+        Scenario(
+            "clients_1000",
+            f"{CROWD_CLIENTS:,} clients, {2 * CROWD_PAIRS} active, {CROWD_RATE:,.0f} msg/s",
+            crowd,
+        ),
+        Scenario(
+            "relay_up", "relay -> master (pub on relay)", Load(messages), "direct", relay="up"
+        ),
+        Scenario(
+            "relay_down", "master -> relay (sub on relay)", Load(messages), "direct", relay="down"
+        ),
     ]
-
-
-def _run_bus(ctx: _Context, sc: Scenario) -> RunResult:
-    bus = new_address(ctx.workdir, "bus")
-    with running_server(ctx.procs, "sbusd", bus_argv(ctx.tools, bus), bus):
-        if not sc.relay:
-            return drive(ctx.procs, ctx.tools, sc.load, bus, bus, ctx.idle_s)
-        relay = new_address(ctx.workdir, "relay")
-        try:
-            server = running_server(ctx.procs, "relay", relay_argv(ctx.tools, relay, bus), relay)
-            with server:
-                return drive(
-                    ctx.procs,
-                    ctx.tools,
-                    sc.load,
-                    relay,
-                    bus,
-                    ctx.idle_s,
-                    before_publish=lambda: relay_warmup(relay, bus),
-                )
-        except Failure as exc:
-            raise _Unavailable(str(exc)) from exc
-
-
-def _run_baseline(ctx: _Context, load: Load) -> RunResult:
-    addr = new_address(ctx.workdir, "fwd")
-    with running_server(ctx.procs, "forwarder", forwarder_argv(ctx.tools, addr), addr):
-        return drive(ctx.procs, ctx.tools, load, addr, addr, ctx.idle_s)
 
 
 class _Unavailable(Exception):
     """The scenario cannot run here (e.g. the relay does not start)."""
 
 
-def _throughput(ctx: _Context, sc: Scenario) -> dict[str, Any]:
+def _run_side(ctx: _Context, sc: Scenario, side: str) -> RunResult:
+    """One run of ``sc`` on ``side``, on fresh servers."""
+    load = dataclasses.replace(sc.load, stalled=0) if side == "clean" else sc.load
+    kind = "reference" if side == "reference" else "ours"
+    bus = new_address(ctx.workdir, "ref" if kind == "reference" else "bus")
+    with running_server(ctx.procs, kind, server_argv(ctx.tools, kind, bus), bus) as server:
+        if side != "ours" or not sc.relay:
+            return drive(
+                ctx.procs,
+                ctx.tools,
+                load,
+                bus,
+                bus,
+                [server],
+                ctx.idle_s,
+                literal_secrets=kind == "reference",
+            )
+        relay = new_address(ctx.workdir, "relay")
+        pub_at, sub_at = (relay, bus) if sc.relay == "up" else (bus, relay)
+        try:
+            relay_server = running_server(
+                ctx.procs, "relay", relay_argv(ctx.tools, relay, bus), relay
+            )
+            with relay_server as relay_child:
+                return drive(
+                    ctx.procs,
+                    ctx.tools,
+                    load,
+                    pub_at,
+                    sub_at,
+                    [server, relay_child],
+                    ctx.idle_s,
+                    before_publish=lambda: relay_warmup(pub_at, sub_at),
+                )
+        except Failure as exc:
+            raise _Unavailable(str(exc)) from exc
+
+
+def _side_summary(runs: list[RunResult]) -> dict[str, Any]:
+    med = report.median
+    return {
+        "median": med([r.rate for r in runs]),
+        "p50_us": med([r.lat_p50_us for r in runs]),
+        "p99_us": med([r.lat_p99_us for r in runs]),
+        "cpu_us_per_delivery": med([r.cpu_us_per_delivery for r in runs]),
+        "rss_bytes": med([r.rss_bytes for r in runs]),
+        "delivered": min(r.delivered for r in runs),
+        "expected": runs[-1].expected,
+        "lost": max(r.expected - r.delivered for r in runs),
+        "stalled": any(r.stalled for r in runs),
+        "runs": [r.as_dict() for r in runs],
+    }
+
+
+def _throughput(ctx: _Context, sc: Scenario, reference: Reference) -> dict[str, Any]:
     entry: dict[str, Any] = {"title": sc.title, "unit": "deliveries/s", "status": "ok"}
-    runs: list[RunResult] = []
-    base_runs: list[RunResult] = []
+    # At a fixed rate every side delivers the same: the latency is the figure.
+    entry["fixed_rate"] = sc.load.rate > 0
+    sides = [s for s in sc.sides if s != "reference" or reference.path is not None]
+    if "reference" in sc.sides and reference.path is None:
+        entry["reference_left_out"] = reference.reason
+    runs: dict[str, list[RunResult]] = {side: [] for side in sides}
     try:
         for i in range(ctx.options.n_repeat):
-            run = _run_bus(ctx, sc)
-            runs.append(run)
-            ctx.say(f"  {sc.name} #{i + 1}: {run.rate:,.0f}/s ({run.delivered}/{run.expected})")
-            if sc.baseline is not None:
-                base = _run_baseline(ctx, sc.baseline)
-                base_runs.append(base)
-                ctx.say(f"  {sc.name} #{i + 1} limit: {base.rate:,.0f}/s")
+            for side in sides:
+                run = _run_side(ctx, sc, side)
+                runs[side].append(run)
+                state = " (stalled)" if run.stalled else ""
+                ctx.say(
+                    f"  {sc.name} #{i + 1} {side}: {run.rate:,.0f}/s "
+                    f"({run.delivered}/{run.expected}){state}"
+                )
     except _Unavailable as exc:
         return {**entry, "status": "unavailable", "reason": _first_line(exc)}
     except Failure as exc:
         return {**entry, "status": "failed", "reason": _first_line(exc), "detail": str(exc)}
-    med = report.median([r.rate for r in runs])
-    entry.update(
-        median=med,
-        runs=[r.as_dict() for r in runs],
-        sent=runs[-1].sent,
-        expected=runs[-1].expected,
-        delivered=min(r.delivered for r in runs),
-        lost=max(r.expected - r.delivered for r in runs),
-    )
-    if base_runs:
-        base_med = report.median([r.rate for r in base_runs])
-        entry.update(
-            baseline_median=base_med,
-            baseline_runs=[r.as_dict() for r in base_runs],
-            ratio_baseline=report.ratio(med, base_med),
-        )
-    if sc.name in report.REFERENCE:
-        entry["reference"] = report.REFERENCE[sc.name]
-        entry["ratio_reference"] = report.ratio(med, report.REFERENCE[sc.name])
-    if sc.name in report.TARGET_VS_REFERENCE:
-        want = report.TARGET_VS_REFERENCE[sc.name]
-        entry["target"] = f">= {want:g}x ref"
-        entry["met"] = (entry["ratio_reference"] or 0.0) >= want
-    _compare(ctx, sc.name, entry)
+    entry["sides"] = {side: _side_summary(r) for side, r in runs.items()}
+    entry["compare"] = sc.compare
+    report.evaluate(sc.name, entry)
     return entry
 
 
-def _compare(ctx: _Context, name: str, entry: dict[str, Any]) -> None:
-    """Targets that compare two of our own scenarios."""
-    done = ctx.results.get("scenarios", {})
-    one_one = done.get("1to1", {}).get("median")
-    if name == "1to2_idle":
-        plain = done.get("1to2", {}).get("median")
-        entry["ratio_no_idle"] = report.ratio(entry["median"], plain)
-        if entry["ratio_no_idle"] is not None:
-            entry["note"] = f"{entry['ratio_no_idle']:.2f}x the same load without idle patterns"
-    elif name == "1to1_stalled" and one_one:
-        overhead = 1.0 - entry["median"] / one_one
-        entry.update(
-            overhead=overhead,
-            target="overhead < 20 %",
-            met=overhead < report.TARGET_STALLED_OVERHEAD,
-            note=f"overhead vs plain 1 -> 1: {overhead * 100:.1f} %; ref: stalls (0/s)",
-        )
-    elif name == "relay" and one_one:
-        entry["ratio_single_bus"] = report.ratio(entry["median"], one_one)
-        entry.update(
-            target=">= 0.5x bus 1 -> 1",
-            met=(entry["ratio_single_bus"] or 0.0) >= report.TARGET_RELAY_VS_BUS,
-            note=f"{entry['ratio_single_bus']:.2f}x a single bus (1 -> 1)",
-        )
+def _memory_side(ctx: _Context, kind: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for phase, clients, per_client in (
+        ("clients", MEMORY_CLIENTS, 0),
+        ("patterns", MEMORY_PATTERN_CLIENTS, MEMORY_PATTERNS_PER_CLIENT),
+    ):
+        bus = new_address(ctx.workdir, "mem")
+        argv = server_argv(ctx.tools, kind, bus)
+        with running_server(ctx.procs, kind, argv, bus) as server:
+            mem = measure_memory(ctx.procs, ctx.tools, server, bus, clients, per_client)
+        result[phase] = mem.as_dict()
+        if phase == "clients":
+            result["per_client_bytes"] = mem.per_client_bytes
+        else:
+            result["per_pattern_bytes"] = mem.per_pattern_bytes
+    return result
 
 
-def _latency(ctx: _Context) -> dict[str, Any]:
-    seconds = QUICK_LATENCY_SECONDS if ctx.options.quick else LATENCY_SECONDS
-    load = Load(int(LATENCY_RATE * seconds), rate=LATENCY_RATE)
+def _memory(ctx: _Context, reference: Reference) -> dict[str, Any]:
     entry: dict[str, Any] = {
-        "title": f"latency at {LATENCY_RATE:,.0f} msg/s",
+        "title": "memory",
         "status": "ok",
-        "rate": LATENCY_RATE,
-        "messages": load.messages,
+        "clients": MEMORY_CLIENTS,
+        "patterns": MEMORY_PATTERN_CLIENTS * MEMORY_PATTERNS_PER_CLIENT,
     }
-    runs: list[RunResult] = []
-    base_runs: list[RunResult] = []
+    kinds = ["ours"] + (["reference"] if reference.path is not None else [])
+    if reference.path is None:
+        entry["reference_left_out"] = reference.reason
     try:
-        for i in range(ctx.options.n_repeat):
-            runs.append(_run_bus(ctx, Scenario("latency", "", load, None)))
-            base_runs.append(_run_baseline(ctx, load))
-            ctx.say(
-                f"  latency #{i + 1}: p50 {runs[-1].lat_p50_us:.0f} us, "
-                f"p99 {runs[-1].lat_p99_us:.0f} us"
-            )
+        entry["sides"] = {kind: _memory_side(ctx, kind) for kind in kinds}
     except Failure as exc:
         return {**entry, "status": "failed", "reason": _first_line(exc), "detail": str(exc)}
-    entry.update(
-        p50_us=report.median([r.lat_p50_us for r in runs]),
-        p99_us=report.median([r.lat_p99_us for r in runs]),
-        baseline_p50_us=report.median([r.lat_p50_us for r in base_runs]),
-        baseline_p99_us=report.median([r.lat_p99_us for r in base_runs]),
-        sent=runs[-1].sent,
-        expected=runs[-1].expected,
-        delivered=min(r.delivered for r in runs),
-        runs=[r.as_dict() for r in runs],
-        baseline_runs=[r.as_dict() for r in base_runs],
-    )
-    return entry
-
-
-def _memory(ctx: _Context) -> dict[str, Any]:
-    entry: dict[str, Any] = {"title": "memory", "status": "ok"}
-    bus = new_address(ctx.workdir, "mem")
-    try:
-        with running_server(ctx.procs, "sbusd", bus_argv(ctx.tools, bus), bus) as server:
-            mem = measure_memory(
-                ctx.procs, ctx.tools, server, bus, MEMORY_CLIENTS, MEMORY_PATTERNS_PER_CLIENT
-            )
-    except Failure as exc:
-        return {**entry, "status": "failed", "reason": _first_line(exc), "detail": str(exc)}
-    entry.update(mem.as_dict())
-    entry["met_client"] = mem.per_client_bytes < report.TARGET_BYTES_PER_CLIENT
-    entry["met_pattern"] = mem.per_pattern_bytes < report.TARGET_BYTES_PER_PATTERN
-    ctx.say(
-        f"  memory: {mem.per_client_bytes:,.0f} B/client, {mem.per_pattern_bytes:,.0f} B/pattern"
-    )
+    for kind, side in entry["sides"].items():
+        ctx.say(
+            f"  memory {kind}: {side['per_client_bytes']:,.0f} B/client, "
+            f"{side['per_pattern_bytes']:,.0f} B/pattern"
+        )
+    report.evaluate("memory", entry)
     return entry
 
 
@@ -314,57 +364,61 @@ def _signals_as_interrupt() -> Iterator[None]:
             signal.signal(sig, previous)
 
 
+def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "quick": options.quick,
+        "messages": options.n_messages,
+        "payload_bytes": 64,
+        "repeat": options.n_repeat,
+        "sbusd": list(tools.sbusd),
+        "sbus_relay": list(tools.sbus_relay),
+        "reference": str(reference.path) if reference.path else None,
+        "reference_source": reference.source or None,
+        "reference_left_out": reference.reason or None,
+    }
+
+
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, run every scenario, write the JSON if asked; return the results."""
     programs = build_programs(options.cache_dir)
-    tools = find_tools(programs, options.sbusd)
+    reference = resolve_reference(options.reference, options.no_reference, options.cache_dir)
+    if reference.path is None:
+        say(f"reference sbusd: {reference.reason}; its column is left out")
+    else:
+        say(f"reference sbusd: {reference.path}")
+    tools = find_tools(programs, options.sbusd, reference.path)
     workdir = Path(tempfile.mkdtemp(prefix="sbus-bench-", dir="/tmp"))
     (workdir / "logs").mkdir()
-    results: dict[str, Any] = {
-        "meta": {
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "quick": options.quick,
-            "messages": options.n_messages,
-            "payload_bytes": 64,
-            "repeat": options.n_repeat,
-            "sbusd": list(tools.sbusd),
-            "sbus_relay": list(tools.sbus_relay),
-            "reference": report.REFERENCE,
-            "reference_note": "C sbusd measured on this machine, quoted from the issue "
-            "(midpoints of the quoted ranges)",
-        },
-        "scenarios": {},
-    }
+    results: dict[str, Any] = {"meta": _meta(options, tools, reference), "scenarios": {}}
     ok = False
     try:
         with _signals_as_interrupt(), ProcessSet(workdir / "logs", child_env()) as procs:
-            ctx = _Context(tools, procs, workdir, options, say, results)
-            for sc in scenarios(options.n_messages):
+            ctx = _Context(tools, procs, workdir, options, say)
+            for sc in scenarios(options.n_messages, options.quick):
                 if options.only and sc.name not in options.only:
                     continue
                 say(f"{sc.name}: {sc.title}")
-                results["scenarios"][sc.name] = _throughput(ctx, sc)
-            if not options.only or "latency" in options.only:
-                say("latency")
-                results["scenarios"]["latency"] = _latency(ctx)
+                results["scenarios"][sc.name] = _throughput(ctx, sc, reference)
             if not options.only or "memory" in options.only:
                 say("memory")
-                results["scenarios"]["memory"] = _memory(ctx)
+                results["scenarios"]["memory"] = _memory(ctx, reference)
             if options.profile_path is not None:
                 from .profile import profile_one_to_one
 
-                say(f"profile: py-spy on sbusd during 1 -> 1 -> {options.profile_path}")
-                results["profile"] = profile_one_to_one(
-                    procs,
-                    tools,
-                    workdir,
-                    max(options.n_messages, 300_000),
-                    options.profile_path,
-                    ctx.idle_s,
-                )
+                say(f"profile: py-spy on our sbusd during 1 -> 1 -> {options.profile_path}")
+                messages = max(options.n_messages, PROFILE_MESSAGES)
+                try:
+                    results["profile"] = profile_one_to_one(
+                        procs, tools, workdir, messages, options.profile_path, ctx.idle_s
+                    )
+                except Failure as exc:
+                    results["profile"] = {"status": "failed", "reason": _first_line(exc)}
+                if results["profile"]["status"] != "ok":
+                    say(f"profile: {results['profile']['reason']}")
         ok = all(s["status"] == "ok" for s in results["scenarios"].values())
     finally:
         keep = options.keep or not ok

@@ -3,7 +3,9 @@
 A *load* is some loadgen processes against one or two addresses: optional idle
 clients holding non-matching patterns, optional stalled subscribers, reading
 subscribers, then publishers released together.  Throughput is counted at the
-reading subscribers: deliveries / (last receive - first send).
+reading subscribers: deliveries / (last receive - first send).  The servers'
+CPU time (utime + stime from /proc) is read just before the publishers start
+and after the last subscriber is done; their RSS at the end of the run.
 """
 
 from __future__ import annotations
@@ -21,38 +23,66 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .procs import Child, ProcessSet, rss_bytes, wait_accepting
+from .procs import BenchProcessError, Child, ProcessSet, cpu_seconds, rss_bytes, wait_accepting
 
-#: Routing key of the measured traffic and the subscribers' pattern.
-KEY = "bench/data"
+#: Routing-key prefix of the measured traffic (keys are PREFIX/<publisher>/...).
+KEY_PREFIX = "bench"
+#: The reading subscribers' pattern: every measured key.
+PATTERN = f"{KEY_PREFIX}/"
+#: The wildcard-heavy subscriber: what matches the "wild" keys (a/P/c/Q, bench/P/Q
+#: and the secret bench/P/Q), plus wildcard patterns that never match.
+WILD_PATTERNS = (
+    "a/*/c/",
+    PATTERN,
+    f"!/cred////{KEY_PREFIX}/",
+    "a/*/d/",
+    "b/*/c/",
+    f"{KEY_PREFIX}/*/x/",
+    "*/*/never/",
+)
+#: Key prefix of secret messages to a subscriber whose pattern left its
+#: credentials empty.  Our server fills them in at SUB (SPEC §3), so the key
+#: carries the subscriber's gid/uid/pid; the reference stores the pattern as
+#: given, so the key must carry the empty fields too.
+SECRET_LITERAL = "!/cred////"
 #: Flood mode the reading subscribers ask for (SPEC §4): over the hard limit the
 #: server stops reading publishers instead of dropping, so every run is lossless
 #: like the reference sbusd (which always blocks) and deliveries = messages.
 #: The stalled subscriber keeps the defaults (queue, then discard): it must not
 #: be able to block anyone.
 SUB_FLOOD_MODE = "hard/block"
-#: Prefix of the idle clients' patterns: never matches ``KEY``.
-IDLE_PREFIX = "idle"
+#: Prefix of the idle clients' patterns (PREFIX/<client>/<n>/x): in the measured
+#: keys' namespace, as on a real bus, but never matching one (publisher ids are numbers).
+IDLE_PREFIX = f"{KEY_PREFIX}/idle"
 #: Seconds for idle clients to connect, and again to subscribe everything.
 IDLE_SETUP_TIMEOUT = 120.0
 #: Seconds for a subscriber or publisher to connect and pass its barrier.
 READY_TIMEOUT = 30.0
 #: Seconds the relay gets for its upstream link and interest to work end to end.
 RELAY_WARMUP_TIMEOUT = 15.0
+#: Key and pattern of the relay warm-up probes: outside ``PATTERN``.
+WARMUP_KEY = "warmup/probe"
+WARMUP_PATTERN = "warmup/"
 #: Seconds left to a server to settle before its RSS is read.
 RSS_SETTLE = 0.5
+#: Seconds a publisher may still take once every subscriber is done; longer
+#: means the server stopped reading it (the reference blocks on a full socket).
+STALL_GRACE = 3.0
+#: Seconds for a run, on top of the time its messages need at this rate.
+RUN_BUDGET_BASE = 60.0
+RUN_BUDGET_RATE = 2_000.0
 
 _serial = itertools.count(1)
 
 
 @dataclass(frozen=True)
 class Tools:
-    """Where the programs are: the compiled C ones and the argv of our servers."""
+    """Where the programs are: the load generator and the argv of the servers."""
 
     loadgen: Path
-    forwarder: Path
     sbusd: tuple[str, ...]
     sbus_relay: tuple[str, ...]
+    reference: Path | None
 
 
 def _entry_point(script: str, func: str) -> tuple[str, ...]:
@@ -67,13 +97,15 @@ def _entry_point(script: str, func: str) -> tuple[str, ...]:
     return (sys.executable, "-c", code)
 
 
-def find_tools(programs: dict[str, Path], sbusd: Sequence[str] | None = None) -> Tools:
-    """Tools from the built C programs; ``sbusd`` overrides the measured server's argv."""
+def find_tools(
+    programs: dict[str, Path], sbusd: Sequence[str] | None = None, reference: Path | None = None
+) -> Tools:
+    """Tools from the built programs; ``sbusd`` overrides our measured server's argv."""
     return Tools(
         loadgen=programs["loadgen"],
-        forwarder=programs["forwarder"],
         sbusd=tuple(sbusd) if sbusd else _entry_point("sbusd", "sbusd_main"),
         sbus_relay=_entry_point("sbus-relay", "main"),
+        reference=reference,
     )
 
 
@@ -103,12 +135,13 @@ def running_server(
         child.stop()
 
 
-def bus_argv(tools: Tools, address: str) -> list[str]:
+def server_argv(tools: Tools, server: str, address: str) -> list[str]:
+    """``ours`` or ``reference``, in the foreground on ``address``."""
+    if server == "reference":
+        if tools.reference is None:
+            raise ValueError("no reference sbusd")
+        return [str(tools.reference), "-f", "-a", address]
     return [*tools.sbusd, "-f", "-a", address]
-
-
-def forwarder_argv(tools: Tools, address: str) -> list[str]:
-    return [str(tools.forwarder), address]
 
 
 def relay_argv(tools: Tools, address: str, upstream: str) -> list[str]:
@@ -120,13 +153,41 @@ class Load:
     """What to throw at a server in one run."""
 
     messages: int  # published in total, split between the publishers
-    publishers: int = 1
-    subscribers: int = 1
+    publishers: int = 1  # publisher processes
+    pub_conns: int = 1  # connections per publisher process (one publisher id each)
+    subscribers: int = 1  # reading subscriber processes
+    sub_conns: int = 1  # connections per subscriber process
+    each: bool = False  # subscriber connection j hears only publisher j
+    patterns: tuple[str, ...] = (PATTERN,)
+    keymode: str = "distinct"  # fixed | cycle | distinct | wild (see loadgen.c)
+    keys: int = 1000  # distinct keys per publisher in "cycle"
     size: int = 64  # payload bytes
-    rate: float = 0.0  # packets/s per publisher; 0 = as fast as possible
+    rate: float = 0.0  # packets/s per publisher process; 0 = as fast as possible
     stalled: int = 0  # subscribers that never read
     idle_clients: int = 0
     idle_patterns: int = 0  # per idle client
+
+    @property
+    def sent_total(self) -> int:
+        return self.per_pub * self.publishers
+
+    @property
+    def per_pub(self) -> int:
+        return self.messages // self.publishers
+
+    @property
+    def expected(self) -> int:
+        """Deliveries if nothing is lost."""
+        if self.each:
+            return self.sent_total
+        return self.sent_total * self.subscribers * self.sub_conns
+
+    @property
+    def per_sub_conn(self) -> int:
+        """Messages each reading connection should receive."""
+        if self.each:
+            return self.sent_total // (self.publishers * self.pub_conns)
+        return self.sent_total
 
 
 @dataclass(frozen=True)
@@ -134,7 +195,7 @@ class RunResult:
     """One run's outcome, as counted by the reading subscribers."""
 
     sent: int
-    expected: int  # deliveries if nothing is lost: sent x reading subscribers
+    expected: int  # deliveries if nothing is lost
     delivered: int
     window_s: float
     rate: float  # deliveries per second
@@ -144,6 +205,10 @@ class RunResult:
     gaps: int
     reordered: int
     truncated: int
+    cpu_s: float  # server CPU time during the run
+    cpu_us_per_delivery: float
+    rss_bytes: int  # server RSS at the end of the run
+    stalled: bool  # a publisher never finished: the server stopped reading it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,21 +218,29 @@ def _loadgen(tools: Tools, mode: str, address: str, *args: object) -> list[str]:
     return [str(tools.loadgen), mode, "-a", address, *(str(a) for a in args)]
 
 
+def _secret_prefix(sub: Child, literal: bool) -> str:
+    if literal:
+        return SECRET_LITERAL
+    return f"!/cred/{os.getegid()}/{os.geteuid()}/{sub.pid}/"
+
+
 def drive(
     procs: ProcessSet,
     tools: Tools,
     load: Load,
     pub_address: str,
     sub_address: str,
+    servers: Sequence[Child],
     idle_s: float,
+    *,
+    literal_secrets: bool = False,
     before_publish: Callable[[], object] | None = None,
 ) -> RunResult:
     """Run ``load``: publishers on ``pub_address``, everyone else on ``sub_address``.
 
+    ``servers`` are the processes whose CPU and RSS are measured.
     ``before_publish`` runs once every subscriber is ready (the relay warm-up).
     """
-    per_pub = load.messages // load.publishers
-    sent_total = per_pub * load.publishers
     with ProcessSet(procs.log_dir, procs.env) as mine:
         if load.idle_clients:
             idle = mine.start(
@@ -191,67 +264,60 @@ def drive(
             idle.expect("ready", IDLE_SETUP_TIMEOUT)
         for i in range(load.stalled):
             stalled = mine.start(
-                f"stalled{i}", _loadgen(tools, "stalled", sub_address, "-p", KEY), stdin=True
+                f"stalled{i}", _loadgen(tools, "stalled", sub_address, "-p", PATTERN), stdin=True
             )
             stalled.expect("ready", READY_TIMEOUT)
         subs = []
         for i in range(load.subscribers):
-            sub = mine.start(
-                f"sub{i}",
-                _loadgen(
-                    tools,
-                    "sub",
-                    sub_address,
-                    "-n",
-                    sent_total,
-                    "-p",
-                    KEY,
-                    "-t",
-                    idle_s,
-                    "-m",
-                    SUB_FLOOD_MODE,
-                ),
-            )
+            args: list[object] = ["-n", load.per_sub_conn, "-c", load.sub_conns, "-t", idle_s]
+            args += ["-m", SUB_FLOOD_MODE]
+            for pattern in load.patterns:
+                args += ["-p", pattern]
+            if load.each:
+                args.append("-e")
+            sub = mine.start(f"sub{i}", _loadgen(tools, "sub", sub_address, *args))
             sub.expect("ready", READY_TIMEOUT)
             subs.append(sub)
         if before_publish is not None:
             before_publish()
         pubs = []
         for i in range(load.publishers):
-            pub = mine.start(
-                f"pub{i}",
-                _loadgen(
-                    tools,
-                    "pub",
-                    pub_address,
-                    "-n",
-                    per_pub,
-                    "-s",
-                    load.size,
-                    "-r",
-                    load.rate,
-                    "-k",
-                    KEY,
-                    "-i",
-                    i,
-                    "-w",
-                ),
-                stdin=True,
-            )
+            args = ["-n", load.per_pub, "-c", load.pub_conns, "-s", load.size, "-r", load.rate]
+            args += ["-k", KEY_PREFIX, "-x", load.keymode, "-N", load.keys]
+            args += ["-i", i * load.pub_conns, "-w"]
+            if load.keymode == "wild":
+                args += ["-S", _secret_prefix(subs[0], literal_secrets)]
+            pub = mine.start(f"pub{i}", _loadgen(tools, "pub", pub_address, *args), stdin=True)
             pub.expect("ready", READY_TIMEOUT)
             pubs.append(pub)
+        cpu0 = sum(cpu_seconds(s.pid) for s in servers)
         for pub in pubs:
             pub.tell("go")
-        budget = 30.0 + sent_total / 5_000 + (sent_total / load.rate if load.rate else 0.0)
-        pub_results = [pub.result(budget) for pub in pubs]
+        budget = RUN_BUDGET_BASE + load.expected / RUN_BUDGET_RATE
+        if load.rate:
+            budget += load.per_pub / load.rate
         sub_results = [sub.result(budget + idle_s) for sub in subs]
-    start = min(int(r["start_ns"]) for r in pub_results)
+        cpu1 = sum(cpu_seconds(s.pid) for s in servers)
+        rss = sum(rss_bytes(s.pid) for s in servers)
+        pub_results = []
+        stalled_run = False
+        for pub in pubs:
+            try:
+                pub_results.append(pub.result(STALL_GRACE))
+            except BenchProcessError:
+                if pub.popen.poll() is not None:
+                    raise
+                stalled_run = True
     delivered = sum(int(r["count"]) for r in sub_results)
+    starts = [int(r["start_ns"]) for r in pub_results]
+    firsts = [int(r["first_ns"]) for r in sub_results if r["count"]]
+    start = min(starts) if starts else min(firsts, default=0)
     lasts = [int(r["last_ns"]) for r in sub_results if r["count"]]
     window = (max(lasts) - start) / 1e9 if lasts else 0.0
+    cpu = max(0.0, cpu1 - cpu0)
     return RunResult(
         sent=sum(int(r["sent"]) for r in pub_results),
-        expected=sent_total * load.subscribers,
+        expected=load.expected,
         delivered=delivered,
         window_s=round(window, 6),
         rate=delivered / window if window > 0 else 0.0,
@@ -261,6 +327,10 @@ def drive(
         gaps=sum(int(r["gaps"]) for r in sub_results),
         reordered=sum(int(r["reordered"]) for r in sub_results),
         truncated=sum(int(r["truncated"]) for r in sub_results),
+        cpu_s=round(cpu, 3),
+        cpu_us_per_delivery=cpu * 1e6 / delivered if delivered else 0.0,
+        rss_bytes=rss,
+        stalled=stalled_run,
     )
 
 
@@ -274,40 +344,51 @@ def _await_control(sock: socket.socket, timeout: float) -> None:
     raise TimeoutError("no answer to CMSG !/cred/whoami")
 
 
-def relay_warmup(relay: str, master: str, timeout: float = RELAY_WARMUP_TIMEOUT) -> float:
-    """Publish probes on the relay until one reaches a subscriber on the master.
+def relay_warmup(
+    pub_address: str, sub_address: str, timeout: float = RELAY_WARMUP_TIMEOUT
+) -> float:
+    """Publish probes on ``pub_address`` until one reaches a subscriber on ``sub_address``.
 
-    Run after the measured subscribers are ready: the master sends the relay its
-    interest in order, so once a later probe pattern works, theirs does too.
-    Returns the seconds it took; raises ``TimeoutError``.
+    Run after the measured subscribers are ready: subscriptions travel between
+    relay and master in order, so once a later probe pattern works, theirs
+    does too.  Returns the seconds it took; raises ``TimeoutError``.
     """
     started = time.monotonic()
+    probe = f"MSG {WARMUP_KEY}\0probe".encode()
     with (
         socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sub,
         socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as pub,
     ):
-        sub.connect(master)
-        sub.send(b"SUB bench/warmup")
+        sub.connect(sub_address)
+        sub.send(f"SUB {WARMUP_PATTERN}".encode())
         sub.send(b"CMSG !/cred/whoami")
         _await_control(sub, timeout)
-        pub.connect(relay)
+        pub.connect(pub_address)
         while time.monotonic() - started < timeout:
-            pub.send(b"MSG bench/warmup\0probe")
+            pub.send(probe)
             ready, _, _ = select.select([sub], [], [], 0.05)
-            if ready and sub.recv(65536).startswith(b"MSG bench/warmup\0"):
+            if ready and sub.recv(65536).startswith(b"MSG " + WARMUP_KEY.encode()):
                 return time.monotonic() - started
-    raise TimeoutError(f"no probe crossed relay -> master within {timeout:.0f} s")
+    raise TimeoutError(f"no probe crossed the relay within {timeout:.0f} s")
 
 
 @dataclass(frozen=True)
 class MemoryResult:
+    """RSS of a fresh server, after idle clients connect, after they subscribe."""
+
     clients: int
     patterns: int
     rss_start: int
     rss_connected: int
     rss_subscribed: int
-    per_client_bytes: float
-    per_pattern_bytes: float
+
+    @property
+    def per_client_bytes(self) -> float:
+        return (self.rss_connected - self.rss_start) / self.clients
+
+    @property
+    def per_pattern_bytes(self) -> float:
+        return (self.rss_subscribed - self.rss_connected) / self.patterns if self.patterns else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,13 +415,4 @@ def measure_memory(
         idle.expect("ready", IDLE_SETUP_TIMEOUT)
         time.sleep(RSS_SETTLE)
         rss2 = rss_bytes(server.pid)
-    patterns = clients * per_client
-    return MemoryResult(
-        clients=clients,
-        patterns=patterns,
-        rss_start=rss0,
-        rss_connected=rss1,
-        rss_subscribed=rss2,
-        per_client_bytes=(rss1 - rss0) / clients,
-        per_pattern_bytes=(rss2 - rss1) / patterns if patterns else 0.0,
-    )
+    return MemoryResult(clients, clients * per_client, rss0, rss1, rss2)

@@ -1,8 +1,9 @@
-"""``sbus-relay bench``: measure the bus against the C limit baseline and the reference.
+"""``sbus-relay bench``: measure the bus live against the reference C sbusd, same run.
 
-Starts every server it measures (``sbusd -f``, ``sbus-relay serve --upstream``,
-and ``forwarder.c``), drives them with the C load generator, prints a table
-and optionally writes JSON.  See docs/performance.md.
+Starts every server it measures (our ``sbusd -f``, ``sbus-relay serve
+--upstream`` and the reference ``sbusd -f``), drives them with the C load
+generator in interleaved runs, prints the figures and the targets, and
+optionally writes JSON.  See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import shlex
 import sys
 from pathlib import Path
 
-SCENARIOS = ("1to1", "2to4", "1to2", "1to2_idle", "1to1_stalled", "relay", "latency", "memory")
+from sbus_relay.bench.runner import SCENARIO_NAMES as SCENARIOS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer messages and one run per scenario (under a minute)",
+        help="fewer messages and one run per side and scenario (about a minute)",
     )
     parser.add_argument(
         "--messages",
@@ -31,14 +32,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeat",
         type=int,
         metavar="N",
-        help="runs per scenario, the median is reported (default 3, 1 with --quick)",
+        help="interleaved runs per side, the median is reported (default 3, 1 with --quick)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     parser.add_argument(
         "--profile",
         type=Path,
-        metavar="FILE",
-        help="also run 1 -> 1 under py-spy and write collapsed stacks to FILE",
+        metavar="SVG",
+        help="also run 1 -> 1 (distinct keys) under py-spy: a flame graph to SVG, "
+        "collapsed stacks beside it (.txt), the top functions printed",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--reference",
+        type=Path,
+        metavar="PATH",
+        help="the reference C sbusd binary to measure beside ours (default: built with gcc "
+        "from the reference sources, found via $SBUS_REFERENCE_SRC or a reference-sbus "
+        "directory near the checkout)",
+    )
+    which.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="measure only our servers (the reference column is left out)",
     )
     parser.add_argument(
         "--only",
@@ -51,13 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sbusd",
         metavar="COMMAND",
-        help="measure this server command instead of our sbusd (it gets '-f -a PATH' appended)",
+        help="measure this command as ours instead of our sbusd (it gets '-f -a PATH' appended)",
     )
     parser.add_argument(
         "--cache-dir",
         type=Path,
         metavar="DIR",
-        help="where the C programs are compiled (default ~/.cache/sbus_relay/bench)",
+        help="where the C programs and the reference are compiled "
+        "(default ~/.cache/sbus_relay/bench)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
 
@@ -80,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         json_path=args.json,
         profile_path=args.profile,
         sbusd=tuple(shlex.split(args.sbusd)) if args.sbusd else None,
+        reference=args.reference,
+        no_reference=args.no_reference,
         cache_dir=args.cache_dir,
         keep=args.keep,
         only=tuple(args.only),

@@ -1,4 +1,4 @@
-/* common.h: what loadgen.c and forwarder.c share (static functions: each
+/* common.h: helpers of the benchmark's C programs (static functions: each
  * program includes it once).  Shipped beside them as package data
  * (the bench headers are in pyproject.toml's package-data); build.py hashes
  * it into the build cache key.

@@ -2,16 +2,28 @@
  *
  * One small program with four modes, so that the load never comes from Python:
  *
- *   loadgen pub     -a ADDR -n N [-s SIZE] [-r RATE] [-k KEY] [-i ID] [-w]
- *       Send N "MSG KEY\0<payload>" packets, as fast as possible or at RATE
- *       packets/s.  The payload (SIZE bytes, >= 24 to carry them) starts with
- *       "SBLG", the publisher id, a sequence number and the CLOCK_MONOTONIC
- *       send time.  With -w it prints "ready" once connected and waits for a
- *       line on stdin before sending.
- *   loadgen sub     -a ADDR -n N [-p PATTERN] [-t IDLE_S] [-T START_S] [-m MODE]
- *       Optionally send "CMSG blocking/MODE" (e.g. -m hard/block: SPEC §4),
- *       subscribe to PATTERN, wait until the server has taken the subscription
- *       (see barrier()), print "ready", then count MSG packets until it has N,
+ *   loadgen pub     -a ADDR -n N [-c CONNS] [-s SIZE] [-r RATE] [-k PREFIX]
+ *                   [-x KEYMODE] [-N KEYS] [-S SECRET] [-i ID] [-w]
+ *       Send N "MSG KEY\0<payload>" packets in all over CONNS connections
+ *       (round-robin, connection j publishing as id ID+j), as fast as possible
+ *       or at RATE packets/s in all.  The key of a packet of publisher P with
+ *       sequence number Q depends on KEYMODE:
+ *         fixed     PREFIX/P/0             one key per publisher
+ *         cycle     PREFIX/P/(Q mod KEYS)  KEYS keys round-robin
+ *         distinct  PREFIX/P/Q             a new key every message (default)
+ *         wild      a/P/c/Q, PREFIX/P/Q and SECRET PREFIX/P/Q in turn, for
+ *                   subscribers to "a/ * /c/", "PREFIX/" and a secret pattern
+ *       The payload (SIZE bytes, >= 24 to carry them) starts with "SBLG", the
+ *       publisher id, the sequence number and the CLOCK_MONOTONIC send time.
+ *       With -w it prints "ready" once connected, waits for a line on stdin
+ *       before sending, and keeps its connections open until stdin's EOF.
+ *   loadgen sub     -a ADDR -n N [-c CONNS] [-p PATTERN]... [-e] [-i ID]
+ *                   [-t IDLE_S] [-T START_S] [-m MODE]
+ *       Open CONNS connections; on each, optionally send "CMSG blocking/MODE"
+ *       (e.g. -m hard/block: SPEC §4) and subscribe every PATTERN (with -e,
+ *       connection j subscribes PATTERN(ID+j)/ instead: one publisher each);
+ *       wait until the server has taken the subscriptions (see barrier()),
+ *       print "ready", then count MSG packets until every connection has N,
  *       or none came for IDLE_S seconds (START_S before the first one).
  *   loadgen idle    -a ADDR -c CLIENTS -K PATTERNS [-P PREFIX] [-w]
  *       Open CLIENTS connections (barrier, "connected"), with -w wait for a line
@@ -20,14 +32,13 @@
  *   loadgen stalled -a ADDR [-p PATTERN]
  *       Subscribe (barrier, "ready") and never read again, until stdin's EOF.
  *
- * Every mode ends by printing one JSON line on stdout.  Sockets are blocking:
- * a server applying backpressure to a publisher simply slows it down, and the
- * throughput is measured at the subscribers.
+ * Every mode ends by printing one JSON line on stdout.  Sockets are blocking
+ * for sending: a server applying backpressure to a publisher simply slows it
+ * down, and the throughput is measured at the subscribers.
  *
  * The barrier: packets of one client are handled in order, so once the server
  * has answered "CMSG !/cred/whoami" (sbus-README "Secret messages") it has
- * taken every packet sent before it.  The reference sbusd answers it and so
- * does forwarder.c.
+ * taken every packet sent before it.  The reference sbusd answers it too.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -46,15 +58,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h" /* address parsing, shared with forwarder.c */
+#include "common.h" /* address parsing */
 
 #define MAGIC "SBLG"
 #define HEADER_SIZE 24          /* magic(4) + publisher id(4) + seq(8) + time(8) */
 #define MAX_PACKET 409600       /* the reference sbusd's limit (SPEC §1) */
+#define MAX_KEY 1024            /* bytes of a generated routing key */
 #define BATCH 64                /* packets per sendmmsg/recvmmsg call */
 #define RECV_SLOT 65536         /* receive buffer per packet of a batch */
 #define MAX_PUBLISHERS 256      /* publisher ids tracked for gap detection */
+#define MAX_PATTERNS 16         /* -p options of one subscriber */
+#define MAX_CONNS 4096          /* connections of one pub or sub process */
+#define BARRIER_TIMEOUT 30.0    /* seconds for the server to answer a whoami */
 #define WHOAMI "CMSG !/cred/whoami"
+
+enum keymode { KEY_FIXED, KEY_CYCLE, KEY_DISTINCT, KEY_WILD };
 
 struct options {
 	const char *address;
@@ -62,13 +80,18 @@ struct options {
 	long size;
 	double rate;
 	const char *key;
-	const char *pattern;
+	enum keymode keymode;
+	long keys;
+	const char *secret;
+	const char *patterns[MAX_PATTERNS];
+	int npatterns;
+	int each;
 	const char *prefix;
 	const char *mode;
 	double idle_s;
 	double start_s;
 	long clients;
-	long patterns;
+	long idle_patterns;
 	unsigned id;
 	int wait_go;
 };
@@ -139,10 +162,15 @@ static int await_control(int fd, double timeout_s)
 	}
 }
 
-static int barrier(int fd, double timeout_s)
+/* Barrier on every connection: send all the whoamis, then collect the answers. */
+static long barrier_all(const int *fds, long n)
 {
-	send_text(fd, WHOAMI);
-	return await_control(fd, timeout_s);
+	long i, ok = 0;
+	for (i = 0; i < n; i++)
+		send_text(fds[i], WHOAMI);
+	for (i = 0; i < n; i++)
+		ok += await_control(fds[i], BARRIER_TIMEOUT);
+	return ok;
 }
 
 static void say(const char *word)
@@ -165,6 +193,28 @@ static void wait_eof(void)
 		;
 }
 
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+static int *connect_all(const char *address, long n)
+{
+	int *fds;
+	long i;
+	raise_fd_limit();
+	fds = calloc((size_t)n, sizeof(*fds));
+	if (!fds)
+		die("calloc");
+	for (i = 0; i < n; i++)
+		fds[i] = connect_bus(address);
+	return fds;
+}
+
 static void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -172,40 +222,82 @@ static uint64_t get_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); 
 
 /* ------------------------------------------------------------------ pub */
 
+/* Write the routing key of publisher id's packet seq; return its length. */
+static size_t make_key(char *out, const struct options *o, unsigned id, uint64_t seq)
+{
+	unsigned long long q = (unsigned long long)seq;
+	int n;
+	switch (o->keymode) {
+	case KEY_FIXED:
+		n = snprintf(out, MAX_KEY, "%s/%u/0", o->key, id);
+		break;
+	case KEY_CYCLE:
+		n = snprintf(out, MAX_KEY, "%s/%u/%llu", o->key, id, q % (unsigned long long)o->keys);
+		break;
+	case KEY_WILD:
+		if (q % 3 == 0)
+			n = snprintf(out, MAX_KEY, "a/%u/c/%llu", id, q);
+		else if (q % 3 == 1)
+			n = snprintf(out, MAX_KEY, "%s/%u/%llu", o->key, id, q);
+		else
+			n = snprintf(out, MAX_KEY, "%s%s/%u/%llu", o->secret, o->key, id, q);
+		break;
+	default:
+		n = snprintf(out, MAX_KEY, "%s/%u/%llu", o->key, id, q);
+		break;
+	}
+	if (n < 0 || n >= MAX_KEY) {
+		fprintf(stderr, "loadgen: routing key too long\n");
+		exit(2);
+	}
+	return (size_t)n;
+}
+
+/* Fill buf with one MSG packet; return its length. */
+static size_t make_packet(unsigned char *buf, const struct options *o, unsigned id,
+			  uint64_t seq, uint64_t t)
+{
+	size_t klen;
+	unsigned char *p;
+	memcpy(buf, "MSG ", 4);
+	klen = make_key((char *)buf + 4, o, id, seq);
+	buf[4 + klen] = 0;
+	p = buf + 5 + klen;
+	memset(p, 'x', (size_t)o->size);
+	if (o->size >= HEADER_SIZE) {
+		memcpy(p, MAGIC, 4);
+		put_u32(p + 4, id);
+		put_u64(p + 8, seq);
+		put_u64(p + 16, t);
+	}
+	return 5 + klen + (size_t)o->size;
+}
+
 static int run_pub(const struct options *o)
 {
-	size_t klen = strlen(o->key), plen = 4 + klen + 1 + (size_t)o->size;
-	int stamped = o->size >= HEADER_SIZE, batch = o->rate > 0 ? 1 : BATCH, i;
+	size_t slot = 5 + MAX_KEY + (size_t)o->size;
+	int batch = o->rate > 0 ? 1 : BATCH, i, *fds;
+	long conns = o->clients, c = 0;
 	unsigned char *bufs;
 	struct mmsghdr msgs[BATCH];
 	struct iovec iov[BATCH];
-	uint64_t start, end, interval = 0, seq = 0;
-	int fd;
+	uint64_t start, end, interval = 0, total = 0, *seq;
 
-	if (plen > MAX_PACKET) {
+	if (slot > MAX_PACKET) {
 		fprintf(stderr, "loadgen: packet too large\n");
 		return 2;
 	}
-	bufs = malloc(plen * BATCH);
-	if (!bufs)
+	bufs = malloc(slot * BATCH);
+	seq = calloc((size_t)conns, sizeof(*seq));
+	if (!bufs || !seq)
 		die("malloc");
 	for (i = 0; i < BATCH; i++) {
-		unsigned char *p = bufs + plen * (size_t)i;
-		memcpy(p, "MSG ", 4);
-		memcpy(p + 4, o->key, klen);
-		p[4 + klen] = 0;
-		memset(p + 5 + klen, 'x', (size_t)o->size);
-		if (stamped) {
-			memcpy(p + 5 + klen, MAGIC, 4);
-			put_u32(p + 9 + klen, o->id);
-		}
-		iov[i].iov_base = p;
-		iov[i].iov_len = plen;
+		iov[i].iov_base = bufs + slot * (size_t)i;
 		memset(&msgs[i], 0, sizeof(msgs[i]));
 		msgs[i].msg_hdr.msg_iov = &iov[i];
 		msgs[i].msg_hdr.msg_iovlen = 1;
 	}
-	fd = connect_bus(o->address);
+	fds = connect_all(o->address, conns);
 	if (o->wait_go) {
 		say("ready");
 		wait_line();
@@ -213,39 +305,45 @@ static int run_pub(const struct options *o)
 	if (o->rate > 0)
 		interval = (uint64_t)(1e9 / o->rate);
 	start = now_ns();
-	while ((long)seq < o->count) {
-		int n = (int)(o->count - (long)seq < batch ? o->count - (long)seq : batch);
+	while ((long)total < o->count) {
+		int n = (int)(o->count - (long)total < batch ? o->count - (long)total : batch);
 		int off = 0;
+		unsigned id = o->id + (unsigned)c;
 		uint64_t t;
 		if (interval) {
-			uint64_t target = start + seq * interval;
+			uint64_t target = start + total * interval;
 			struct timespec ts = { (time_t)(target / 1000000000u),
 					       (long)(target % 1000000000u) };
 			while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 				;
 		}
 		t = now_ns();
-		if (stamped)
-			for (i = 0; i < n; i++) {
-				unsigned char *p = bufs + plen * (size_t)i + 5 + klen;
-				put_u64(p + 8, seq + (uint64_t)i);
-				put_u64(p + 16, t);
-			}
+		for (i = 0; i < n; i++)
+			iov[i].iov_len = make_packet(iov[i].iov_base, o, id, seq[c] + (uint64_t)i, t);
 		while (off < n) {
-			int sent = sendmmsg(fd, msgs + off, (unsigned)(n - off), MSG_NOSIGNAL);
+			int sent = sendmmsg(fds[c], msgs + off, (unsigned)(n - off), MSG_NOSIGNAL);
 			if (sent < 0 && errno == EINTR)
 				continue;
 			if (sent < 0)
 				die("sendmmsg");
 			off += sent;
 		}
-		seq += (uint64_t)n;
+		seq[c] += (uint64_t)n;
+		total += (uint64_t)n;
+		c = (c + 1) % conns;
 	}
 	end = now_ns();
 	printf("{\"mode\":\"pub\",\"sent\":%llu,\"start_ns\":%llu,\"end_ns\":%llu}\n",
-	       (unsigned long long)seq, (unsigned long long)start, (unsigned long long)end);
+	       (unsigned long long)total, (unsigned long long)start, (unsigned long long)end);
 	fflush(stdout);
-	close(fd);
+	/* Closing at once would lose packets still in the socket: the reference
+	 * sbusd drops a client at its hang-up before reading what it left. */
+	if (o->wait_go)
+		wait_eof();
+	for (c = 0; c < conns; c++)
+		close(fds[c]);
+	free(fds);
+	free(seq);
 	free(bufs);
 	return 0;
 }
@@ -267,19 +365,65 @@ static double percentile_us(const uint64_t *v, size_t n, double q)
 	return (double)v[k] / 1000.0;
 }
 
+struct sub_state {
+	uint64_t *lat, first, last, bytes;
+	size_t nlat, cap;
+	long count, control, truncated, gaps, reordered;
+	uint64_t *last_seq;     /* [connection][publisher] */
+	unsigned char *seen;    /* [connection][publisher] */
+};
+
+static void note_packet(struct sub_state *s, long conn, const unsigned char *p, size_t len,
+			uint64_t t)
+{
+	const unsigned char *nul;
+	if (len < 4 || memcmp(p, "MSG ", 4) != 0) {
+		s->control++;
+		return;
+	}
+	if (!s->count++)
+		s->first = t;
+	s->last = t;
+	s->bytes += len;
+	nul = memchr(p + 4, 0, len - 4);
+	if (nul && (size_t)(p + len - nul - 1) >= HEADER_SIZE && memcmp(nul + 1, MAGIC, 4) == 0) {
+		uint32_t id = get_u32(nul + 5);
+		uint64_t seq = get_u64(nul + 9), ts = get_u64(nul + 17);
+		if (s->nlat == s->cap) {
+			s->cap = s->cap ? s->cap * 2 : 65536;
+			s->lat = realloc(s->lat, s->cap * sizeof(*s->lat));
+			if (!s->lat)
+				die("realloc");
+		}
+		s->lat[s->nlat++] = t > ts ? t - ts : 0;
+		if (id < MAX_PUBLISHERS) {
+			size_t k = (size_t)conn * MAX_PUBLISHERS + id;
+			if (s->seen[k] && seq <= s->last_seq[k])
+				s->reordered++;
+			else if (s->seen[k] ? seq > s->last_seq[k] + 1 : seq > 0)
+				s->gaps++;
+			s->seen[k] = 1;
+			s->last_seq[k] = seq;
+		}
+	}
+}
+
 static int run_sub(const struct options *o)
 {
 	static unsigned char bufs[BATCH][RECV_SLOT];
-	static uint64_t last_seq[MAX_PUBLISHERS];
-	static unsigned char seen[MAX_PUBLISHERS];
 	struct mmsghdr msgs[BATCH];
 	struct iovec iov[BATCH];
-	uint64_t *lat = NULL, first = 0, last = 0, bytes = 0;
-	size_t nlat = 0, cap = 0;
-	long count = 0, control = 0, truncated = 0, gaps = 0, reordered = 0;
-	int fd, i, ok, timed_out = 0, closed = 0;
-	char sub[4096];
+	struct epoll_event evs[BATCH];
+	struct sub_state s;
+	long conns = o->clients, want = o->count * o->clients, open_conns, c, ok;
+	int *fds, ep, i, k, timed_out = 0;
+	char line[4096];
 
+	memset(&s, 0, sizeof(s));
+	s.last_seq = calloc((size_t)conns * MAX_PUBLISHERS, sizeof(*s.last_seq));
+	s.seen = calloc((size_t)conns * MAX_PUBLISHERS, 1);
+	if (!s.last_seq || !s.seen)
+		die("calloc");
 	for (i = 0; i < BATCH; i++) {
 		iov[i].iov_base = bufs[i];
 		iov[i].iov_len = RECV_SLOT;
@@ -287,111 +431,92 @@ static int run_sub(const struct options *o)
 		msgs[i].msg_hdr.msg_iov = &iov[i];
 		msgs[i].msg_hdr.msg_iovlen = 1;
 	}
-	fd = connect_bus(o->address);
-	if (o->mode) {
-		snprintf(sub, sizeof(sub), "CMSG blocking/%s", o->mode);
-		send_text(fd, sub);
+	fds = connect_all(o->address, conns);
+	for (c = 0; c < conns; c++) {
+		if (o->mode) {
+			snprintf(line, sizeof(line), "CMSG blocking/%s", o->mode);
+			send_text(fds[c], line);
+		}
+		for (k = 0; k < o->npatterns; k++) {
+			if (o->each)
+				snprintf(line, sizeof(line), "SUB %s%u/", o->patterns[k],
+					 o->id + (unsigned)c);
+			else
+				snprintf(line, sizeof(line), "SUB %s", o->patterns[k]);
+			send_text(fds[c], line);
+		}
 	}
-	snprintf(sub, sizeof(sub), "SUB %s", o->pattern);
-	send_text(fd, sub);
-	ok = barrier(fd, 10.0);
+	ok = barrier_all(fds, conns);
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0)
+		die("epoll_create1");
+	for (c = 0; c < conns; c++) {
+		struct epoll_event ev;
+		ev.events = EPOLLIN;
+		ev.data.u64 = (uint64_t)c;
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[c], &ev) < 0)
+			die("epoll_ctl");
+	}
+	open_conns = conns;
 	say("ready");
-	set_timeout(fd, o->start_s);
-	while (count < o->count) {
-		int n = recvmmsg(fd, msgs, BATCH, MSG_WAITFORONE, NULL);
-		uint64_t t;
+	while (s.count < want && open_conns > 0) {
+		double wait_s = s.count ? o->idle_s : o->start_s;
+		int n = epoll_wait(ep, evs, BATCH, (int)(wait_s * 1000));
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		if (n < 0)
+			die("epoll_wait");
+		if (n == 0) {
 			timed_out = 1;
 			break;
 		}
-		if (n < 0)
-			die("recvmmsg");
-		t = now_ns();
 		for (i = 0; i < n; i++) {
-			unsigned char *p = bufs[i], *nul;
-			size_t len = msgs[i].msg_len;
-			if (len == 0) {
-				closed = 1;
-				break;
-			}
-			if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)
-				truncated++;
-			if (len < 4 || memcmp(p, "MSG ", 4) != 0) {
-				control++;
+			long conn = (long)evs[i].data.u64;
+			int got = recvmmsg(fds[conn], msgs, BATCH, MSG_DONTWAIT, NULL);
+			uint64_t t;
+			if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 				continue;
+			if (got < 0)
+				die("recvmmsg");
+			t = now_ns();
+			for (k = 0; k < got; k++) {
+				if (msgs[k].msg_len == 0)
+					break;
+				if (msgs[k].msg_hdr.msg_flags & MSG_TRUNC)
+					s.truncated++;
+				note_packet(&s, conn, bufs[k], msgs[k].msg_len, t);
 			}
-			if (!count++) {
-				first = t;
-				set_timeout(fd, o->idle_s);
-			}
-			last = t;
-			bytes += len;
-			nul = memchr(p + 4, 0, len - 4);
-			if (nul && (size_t)(p + len - nul - 1) >= HEADER_SIZE &&
-			    memcmp(nul + 1, MAGIC, 4) == 0) {
-				uint32_t id = get_u32(nul + 5);
-				uint64_t seq = get_u64(nul + 9), ts = get_u64(nul + 17);
-				if (nlat == cap) {
-					cap = cap ? cap * 2 : 65536;
-					lat = realloc(lat, cap * sizeof(*lat));
-					if (!lat)
-						die("realloc");
-				}
-				lat[nlat++] = t > ts ? t - ts : 0;
-				if (id < MAX_PUBLISHERS) {
-					if (seen[id] && seq <= last_seq[id])
-						reordered++;
-					else if (seen[id] ? seq > last_seq[id] + 1 : seq > 0)
-						gaps++;
-					seen[id] = 1;
-					last_seq[id] = seq;
-				}
+			if (got == 0 || (k < got && msgs[k].msg_len == 0)) {
+				epoll_ctl(ep, EPOLL_CTL_DEL, fds[conn], NULL);
+				open_conns--;
 			}
 		}
-		if (closed)
-			break;
 	}
-	if (nlat)
-		qsort(lat, nlat, sizeof(*lat), cmp_u64);
+	if (s.nlat)
+		qsort(s.lat, s.nlat, sizeof(*s.lat), cmp_u64);
 	printf("{\"mode\":\"sub\",\"count\":%ld,\"bytes\":%llu,\"first_ns\":%llu,"
 	       "\"last_ns\":%llu,\"control\":%ld,\"truncated\":%ld,\"gaps\":%ld,"
-	       "\"reordered\":%ld,\"timed_out\":%s,\"closed\":%s,\"barrier\":%s,"
+	       "\"reordered\":%ld,\"timed_out\":%s,\"closed\":%ld,\"barrier\":%ld,"
 	       "\"lat_n\":%zu,\"lat_p50_us\":%.1f,\"lat_p90_us\":%.1f,"
 	       "\"lat_p99_us\":%.1f,\"lat_max_us\":%.1f}\n",
-	       count, (unsigned long long)bytes, (unsigned long long)first,
-	       (unsigned long long)last, control, truncated, gaps, reordered,
-	       timed_out ? "true" : "false", closed ? "true" : "false", ok ? "true" : "false",
-	       nlat, percentile_us(lat, nlat, 0.50), percentile_us(lat, nlat, 0.90),
-	       percentile_us(lat, nlat, 0.99), nlat ? (double)lat[nlat - 1] / 1000.0 : 0.0);
+	       s.count, (unsigned long long)s.bytes, (unsigned long long)s.first,
+	       (unsigned long long)s.last, s.control, s.truncated, s.gaps, s.reordered,
+	       timed_out ? "true" : "false", conns - open_conns, ok, s.nlat,
+	       percentile_us(s.lat, s.nlat, 0.50), percentile_us(s.lat, s.nlat, 0.90),
+	       percentile_us(s.lat, s.nlat, 0.99),
+	       s.nlat ? (double)s.lat[s.nlat - 1] / 1000.0 : 0.0);
 	fflush(stdout);
-	free(lat);
-	close(fd);
+	for (c = 0; c < conns; c++)
+		close(fds[c]);
+	close(ep);
+	free(fds);
+	free(s.lat);
+	free(s.last_seq);
+	free(s.seen);
 	return 0;
 }
 
 /* ------------------------------------------------------- idle, stalled */
-
-static void raise_fd_limit(void)
-{
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
-	}
-}
-
-/* Barrier on every connection: send all the whoamis, then collect the answers. */
-static long barrier_all(const int *fds, long n)
-{
-	long i, ok = 0;
-	for (i = 0; i < n; i++)
-		send_text(fds[i], WHOAMI);
-	for (i = 0; i < n; i++)
-		ok += await_control(fds[i], 30.0);
-	return ok;
-}
 
 static int run_idle(const struct options *o)
 {
@@ -399,18 +524,13 @@ static int run_idle(const struct options *o)
 	int *fds;
 	char sub[4096];
 
-	raise_fd_limit();
-	fds = calloc((size_t)o->clients, sizeof(*fds));
-	if (!fds)
-		die("calloc");
-	for (c = 0; c < o->clients; c++)
-		fds[c] = connect_bus(o->address);
+	fds = connect_all(o->address, o->clients);
 	ok1 = barrier_all(fds, o->clients);
 	say("connected");
 	if (o->wait_go)
 		wait_line();
 	for (c = 0; c < o->clients; c++)
-		for (k = 0; k < o->patterns; k++) {
+		for (k = 0; k < o->idle_patterns; k++) {
 			snprintf(sub, sizeof(sub), "SUB %s/%ld/%ld/x", o->prefix, c, k);
 			send_text(fds[c], sub);
 		}
@@ -418,7 +538,7 @@ static int run_idle(const struct options *o)
 	say("ready");
 	printf("{\"mode\":\"idle\",\"clients\":%ld,\"patterns\":%ld,"
 	       "\"barrier_connected\":%ld,\"barrier_ready\":%ld}\n",
-	       o->clients, o->clients * o->patterns, ok1, ok2);
+	       o->clients, o->clients * o->idle_patterns, ok1, ok2);
 	fflush(stdout);
 	wait_eof();
 	for (c = 0; c < o->clients; c++)
@@ -430,11 +550,12 @@ static int run_idle(const struct options *o)
 static int run_stalled(const struct options *o)
 {
 	char sub[4096];
-	int fd = connect_bus(o->address), ok;
+	int fd = connect_bus(o->address);
+	long ok;
 
-	snprintf(sub, sizeof(sub), "SUB %s", o->pattern);
+	snprintf(sub, sizeof(sub), "SUB %s", o->npatterns ? o->patterns[0] : "bench/");
 	send_text(fd, sub);
-	ok = barrier(fd, 10.0);
+	ok = barrier_all(&fd, 1);
 	say("ready");
 	printf("{\"mode\":\"stalled\",\"barrier\":%s}\n", ok ? "true" : "false");
 	fflush(stdout);
@@ -446,44 +567,80 @@ static int run_stalled(const struct options *o)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: loadgen pub|sub|idle|stalled -a ADDRESS [-n N] [-s SIZE] [-r RATE]\n"
-		"       [-k KEY] [-p PATTERN] [-P PREFIX] [-t IDLE_S] [-T START_S]\n"
-		"       [-c CLIENTS] [-K PATTERNS] [-i ID] [-m FLOOD_MODE] [-w]\n");
+		"usage: loadgen pub|sub|idle|stalled -a ADDRESS [-n N] [-c CONNS] [-s SIZE]\n"
+		"       [-r RATE] [-k PREFIX] [-x fixed|cycle|distinct|wild] [-N KEYS]\n"
+		"       [-S SECRET] [-p PATTERN]... [-e] [-P PREFIX] [-t IDLE_S] [-T START_S]\n"
+		"       [-K PATTERNS] [-i ID] [-m FLOOD_MODE] [-w]\n");
 	exit(2);
+}
+
+static enum keymode parse_keymode(const char *text)
+{
+	if (!strcmp(text, "fixed"))
+		return KEY_FIXED;
+	if (!strcmp(text, "cycle"))
+		return KEY_CYCLE;
+	if (!strcmp(text, "distinct"))
+		return KEY_DISTINCT;
+	if (!strcmp(text, "wild"))
+		return KEY_WILD;
+	usage();
+	return KEY_DISTINCT;
 }
 
 int main(int argc, char **argv)
 {
-	struct options o = { NULL, 100000, 64, 0, "bench/data", "bench/data", "idle", NULL,
-			     2.0, 30.0, 1, 0, 0, 0 };
+	struct options o;
 	const char *mode;
 	int c;
 
+	memset(&o, 0, sizeof(o));
+	o.count = 100000;
+	o.size = 64;
+	o.key = "bench";
+	o.keymode = KEY_DISTINCT;
+	o.keys = 1000;
+	o.secret = "";
+	o.prefix = "idle";
+	o.idle_s = 2.0;
+	o.start_s = 30.0;
+	o.clients = 1;
 	if (argc < 2)
 		usage();
 	mode = argv[1];
 	optind = 2;
-	while ((c = getopt(argc, argv, "a:n:s:r:k:p:P:t:T:c:K:i:m:w")) != -1) {
+	while ((c = getopt(argc, argv, "a:n:s:r:k:x:N:S:p:eP:t:T:c:K:i:m:w")) != -1) {
 		switch (c) {
 		case 'a': o.address = optarg; break;
 		case 'n': o.count = atol(optarg); break;
 		case 's': o.size = atol(optarg); break;
 		case 'r': o.rate = atof(optarg); break;
 		case 'k': o.key = optarg; break;
-		case 'p': o.pattern = optarg; break;
+		case 'x': o.keymode = parse_keymode(optarg); break;
+		case 'N': o.keys = atol(optarg); break;
+		case 'S': o.secret = optarg; break;
+		case 'p':
+			if (o.npatterns == MAX_PATTERNS)
+				usage();
+			o.patterns[o.npatterns++] = optarg;
+			break;
+		case 'e': o.each = 1; break;
 		case 'P': o.prefix = optarg; break;
 		case 't': o.idle_s = atof(optarg); break;
 		case 'T': o.start_s = atof(optarg); break;
 		case 'c': o.clients = atol(optarg); break;
-		case 'K': o.patterns = atol(optarg); break;
+		case 'K': o.idle_patterns = atol(optarg); break;
 		case 'i': o.id = (unsigned)atol(optarg); break;
 		case 'm': o.mode = optarg; break;
 		case 'w': o.wait_go = 1; break;
 		default: usage();
 		}
 	}
-	if (!o.address || o.count < 0 || o.size < 0 || o.clients < 1 || o.patterns < 0)
+	if (!o.address || o.count < 0 || o.size < 0 || o.clients < 1 || o.clients > MAX_CONNS ||
+	    o.idle_patterns < 0 || o.keys < 1)
 		usage();
+	if (!strcmp(mode, "sub") && !o.npatterns)
+		o.patterns[o.npatterns++] = "bench/";
 	/* Die with the benchmark runner, whatever kills it. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	signal(SIGPIPE, SIG_IGN);

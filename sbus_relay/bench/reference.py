@@ -1,0 +1,127 @@
+"""The reference C ``sbusd``, measured live beside ours: found, built, or left out.
+
+``--reference PATH`` names a binary.  Otherwise the sources are looked for in
+``$SBUS_REFERENCE_SRC``, else in a ``reference-sbus`` directory (holding
+``sbusd.c``) beside the checkout or one level below any of its ancestors, and
+compiled once with gcc into the bench cache, keyed by a hash of the sources.
+The build writes nothing into the source directory.  When there is no
+reference, ``Reference.path`` is None and ``reason`` says why in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .build import COMPILE_TIMEOUT, BuildError, default_cache_dir
+
+#: Environment variable naming the directory of the reference sources.
+SOURCE_ENV = "SBUS_REFERENCE_SRC"
+#: Name of the directory that holds the reference sources.
+SOURCE_DIR_NAME = "reference-sbus"
+#: The daemon's translation units (its Makefile links sbusd.o with libsbusd.a).
+SOURCES = ("sbusd.c", "libsbusd.c")
+#: The reference's own config.mk flags, so the binary is the one its Makefile makes.
+CFLAGS = (
+    "-std=c99",
+    "-O2",
+    "-D_DEFAULT_SOURCE",
+    "-D_BSD_SOURCE",
+    "-D_XOPEN_SOURCE=700",
+    "-D_GNU_SOURCE",
+)
+#: Ancestors of the checkout searched for the sources (beside them and one level down).
+SEARCH_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference binary to measure, or why there is none."""
+
+    path: Path | None
+    reason: str = ""
+    source: str = ""
+
+
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _has_sources(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in SOURCES)
+
+
+def find_sources(start: Path | None = None) -> tuple[Path | None, str]:
+    """The reference source directory, or None and the reason it was not found."""
+    named = os.environ.get(SOURCE_ENV)
+    if named:
+        if _has_sources(Path(named)):
+            return Path(named), ""
+        return None, f"${SOURCE_ENV}={named} has no {' and '.join(SOURCES)}"
+    root = (start or _checkout_root()).resolve()
+    for ancestor in [root, *root.parents][:SEARCH_DEPTH]:
+        beside = ancestor / SOURCE_DIR_NAME
+        below = sorted(ancestor.glob(f"*/{SOURCE_DIR_NAME}"))
+        for candidate in (beside, *below):
+            if _has_sources(candidate):
+                return candidate, ""
+    return None, (
+        f"no reference sources found (no {SOURCE_DIR_NAME}/sbusd.c near the checkout; "
+        f"set ${SOURCE_ENV} or pass --reference PATH)"
+    )
+
+
+def _digest(compiler: str, source: Path) -> str:
+    h = hashlib.sha256(compiler.encode())
+    h.update(" ".join(CFLAGS).encode())
+    for path in sorted([*source.glob("*.c"), *source.glob("*.h")]):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_reference(source: Path, cache_dir: Path | None = None, cc: str = "gcc") -> Path:
+    """Compile the reference ``sbusd`` from ``source`` into the cache; return its path."""
+    compiler = shutil.which(cc)
+    if compiler is None:
+        raise BuildError(f"{cc} not found: it is needed to build the reference sbusd")
+    out_dir = (cache_dir or default_cache_dir()) / f"reference-{_digest(compiler, source)}"
+    target = out_dir / "sbusd"
+    if os.access(target, os.X_OK):
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".sbusd-", dir=out_dir)
+    os.close(fd)
+    cmd = [compiler, *CFLAGS, "-I", str(source), "-o", tmp, *(str(source / s) for s in SOURCES)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT, check=False)
+    if proc.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise BuildError(f"compiling the reference sbusd failed:\n{proc.stderr}")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    return target
+
+
+def resolve_reference(
+    binary: Path | None, disabled: bool, cache_dir: Path | None = None
+) -> Reference:
+    """What to compare with: ``--reference``, else a build from the sources, else nothing."""
+    if disabled:
+        return Reference(None, "--no-reference given")
+    if binary is not None:
+        if not os.access(binary, os.X_OK) or binary.is_dir():
+            raise BuildError(f"--reference {binary}: not an executable file")
+        return Reference(binary.resolve(), source=str(binary))
+    source, reason = find_sources()
+    if source is None:
+        return Reference(None, reason)
+    try:
+        return Reference(build_reference(source, cache_dir), source=str(source))
+    except (BuildError, OSError, subprocess.SubprocessError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Reference(None, f"building the reference from {source} failed: {first}")
