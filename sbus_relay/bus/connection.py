@@ -28,6 +28,25 @@ _MSG = b"MSG "
 _NUL = b"\0"
 _TRUNC = socket.MSG_TRUNC
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
+#: Reasons for which the peer itself ended the connection: no notice is sent.
+_PEER_ENDED = ("closed", "io_error")
+#: Bytes of detail carried by a ``CMSG disconnect`` notice; the rest is cut.
+DISCONNECT_DETAIL_MAX = 200
+
+
+def disconnect_notice(reason: str, detail: str = "") -> bytes:
+    """``CMSG disconnect\\0<reason>[: <detail>]``: why the server is closing a client."""
+    text = f"{reason}: {detail[:DISCONNECT_DETAIL_MAX]}" if detail else reason
+    return b"CMSG disconnect\0" + text.encode("utf-8", "replace")
+
+
+def send_notice(sock: socket.socket, packet: bytes) -> None:
+    """One best-effort send that never waits: a full or closed socket loses it."""
+    try:
+        sock.setblocking(False)
+        sock.send(packet)
+    except OSError:
+        pass
 
 
 class Connection:
@@ -303,4 +322,6 @@ class Connection:
                 g.kill(block=False)
         self._read_watcher.close()
         self._write_watcher.close()
+        if reason not in _PEER_ENDED:
+            send_notice(self.sock, disconnect_notice(reason, detail))
         self.sock.close()

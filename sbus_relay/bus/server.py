@@ -39,7 +39,7 @@ from sbus_relay.protocol.limits import (
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
-from .connection import Connection
+from .connection import Connection, disconnect_notice, send_notice
 
 if TYPE_CHECKING:
     from .upstream import UpstreamLink
@@ -163,11 +163,13 @@ class Server:
         if self._allowed is not None and uid not in self._allowed:
             self.stats.connections_refused += 1
             self.log.warning("client.refused", reason="user_not_allowed", uid=uid, pid=pid)
+            send_notice(sock, disconnect_notice("user_not_allowed"))
             sock.close()
             return
         if len(self.clients) >= self.config.max_clients:
             self.stats.connections_refused += 1
             self.log.warning("client.refused", reason="too_many_clients", uid=uid, pid=pid)
+            send_notice(sock, disconnect_notice("too_many_clients"))
             sock.close()
             return
         sock.setblocking(False)
