@@ -33,8 +33,13 @@ from sbus_relay.protocol.codec import (
 from sbus_relay.protocol.errors import BusClosed, PeerError, UsageError
 from sbus_relay.protocol.limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
 
-#: The credentials request and reply key (sbus-README "Secret messages"; SPEC §3).
+#: The credentials request and reply key (docs/protocol.md, "Credentials").
 WHOAMI_KEY = b"!/cred/whoami"
+#: The server's notice, just before it closes us, of why (docs/protocol.md).
+DISCONNECT_KEY = b"disconnect"
+#: Packets read, without waiting, to find the server's disconnect notice after
+#: a failed send: it is behind at most the messages already queued to us.
+NOTICE_SCAN_PACKETS = 64
 #: Flood-control modes a client may ask for (SPEC §4).
 FLOOD_MODES = frozenset(
     {
@@ -98,7 +103,7 @@ class Client:
         try:
             sent = self._sock.send(packet)
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            raise self._closed_error(str(exc)) from exc
         if sent != len(packet):  # cannot happen on SEQPACKET; be loud if it does
             raise BusClosed(f"short send: {sent} of {len(packet)} bytes")
 
@@ -142,7 +147,7 @@ class Client:
         """
         if self._pending:
             return self._pending.popleft()
-        return self._parse(self._recv(self.timeout if timeout is None else timeout))
+        return self._next(self.timeout if timeout is None else timeout)
 
     def iter_messages(self, timeout: float | None = None) -> Iterator[Message]:
         """Messages until the bus closes the connection (``TimeoutError`` propagates)."""
@@ -163,7 +168,7 @@ class Client:
         self.control(WHOAMI_KEY)
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            message = self._parse(self._recv(remaining))
+            message = self._next(remaining)
             if message.control and message.key == WHOAMI_KEY:
                 return message.payload.decode("utf-8", "surrogateescape")
             if len(self._pending) >= CLIENT_PENDING_MESSAGES:
@@ -178,13 +183,43 @@ class Client:
         """Messages already received and waiting for ``receive`` (select() won't see them)."""
         return len(self._pending)
 
+    def _next(self, timeout: float | None) -> Message:
+        """The next packet as a Message; the server's disconnect notice raises BusClosed."""
+        message = self._parse(self._recv(timeout))
+        if message.control and message.key == DISCONNECT_KEY:
+            reason = message.payload.decode("utf-8", "replace")
+            raise BusClosed(f"the bus closed the connection: {reason}", reason)
+        return message
+
+    def _closed_error(self, error: str) -> BusClosed:
+        """A send failed: the reason is the disconnect notice still waiting to be read."""
+        try:
+            for _ in range(NOTICE_SCAN_PACKETS):
+                message = self._next(0.0)
+                if len(self._pending) < CLIENT_PENDING_MESSAGES:
+                    self._pending.append(message)
+        except BusClosed as exc:
+            if exc.reason:
+                return exc
+        except (OSError, PeerError):
+            pass
+        return BusClosed(f"the bus closed the connection: {error}")
+
     def _recv(self, timeout: float | None) -> bytes:
         self._check_open()
         self._sock.settimeout(timeout)
         try:
             size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            # A reset is reported once, before the packets still queued to us
+            # (the server's disconnect notice among them): read those first.
+            try:
+                self._sock.settimeout(0.0)
+                size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
+            except OSError:
+                size = 0
+            if size == 0:
+                raise BusClosed(f"the bus closed the connection: {exc}") from exc
         if size == 0:
             # The server never sends empty packets, so 0 bytes is end of stream.
             raise BusClosed("the bus closed the connection")
