@@ -56,7 +56,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
 #: Boolean fields: field -> (flags, help); each also gets --no-<name>.
 _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "foreground": (("-f", "--foreground"), "do not daemonise; stdin/stdout are closed"),
-    "exit_when_empty": (("-C", "--exit-when-empty"), "exit once the last client has gone"),
+    "exit_when_empty": (("-c", "--exit-when-empty"), "exit once the last client has gone"),
     "remove_stale": (("-r", "--remove-stale"), "remove a stale socket file first"),
     "group_access": (("-g", "--group-access"), "let the socket's group connect"),
     "other_access": (("-o", "--other-access"), "let everyone connect"),
@@ -64,8 +64,13 @@ _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for ``sbus-relay serve``: -c CONFIG and one flag per config field."""
-    parser.add_argument("-c", "--config", metavar="CONFIG.yaml", help="YAML config file")
+    """Flags for ``sbus-relay serve``: -C CONFIG and one flag per config field.
+
+    ``-c`` means "exit when the last client leaves", as it does for ``sbusd``.
+    """
+    parser.add_argument(
+        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
+    )
     for name, (flags, metavar, text) in _VALUE_FLAGS.items():
         parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
     for name, (flags, text) in _BOOL_FLAGS.items():
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     return run_server(config.merged(**overrides))
 
 
-def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
+def _listener(config: ServerConfig, log: Any) -> tuple[socket.socket, str, str | None]:
     """The listening socket, its printable address and the socket file we own."""
     address = parse_address(config.address)
     activated = systemd_listeners()
@@ -100,7 +105,12 @@ def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
         mode |= MODE_GROUP
     if config.other_access:
         mode |= MODE_OTHER
-    sock, printable = listen(address, mode=mode, remove_stale=config.remove_stale)
+    sock, printable = listen(
+        address,
+        mode=mode,
+        remove_stale=config.remove_stale,
+        warn=lambda line: log.warning("address.removed", detail=line),
+    )
     if address.kind == "abstract" and address.name is None:
         # SPEC §5: the chosen name goes to stdout, for the caller to pass on.
         sys.stdout.write(printable + "\n")
@@ -118,7 +128,7 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
-    sock, printable, socket_file = _listener(config)
+    sock, printable, socket_file = _listener(config, log)
     pidfile = None
     status = 0
     try:
