@@ -69,8 +69,12 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
     try:
         return int(module.run(args))
     except (ConfigError, AddressError, UsageError) as exc:
-        # One line, no traceback: the user can fix this (SPEC: one clear error).
+        # One line, no traceback: the user can fix this.
         print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RecursionError:
+        # Only input nested thousands deep recurses this far (a YAML file, say).
+        print(f"{prog}: input nested too deeply", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -31,7 +31,7 @@ from sbus_relay.ops.addresses import (
 )
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
 from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
-from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.errors import AddressError, ConfigError
 
 #: Signals that stop the server cleanly (SPEC §5).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -52,6 +52,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
     "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
+    "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),
 }
 #: Boolean fields: field -> (flags, help); each also gets --no-<name>.
 _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -120,7 +121,7 @@ def _listener(config: ServerConfig, log: Any) -> tuple[socket.socket, str, str |
 
 def run_server(config: ServerConfig) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    logsetup.configure(config.log_level, config.log_format)
+    _configure_logging(config, config.log_file)
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
@@ -132,13 +133,20 @@ def run_server(config: ServerConfig) -> int:
     pidfile = None
     status = 0
     try:
+        # Bound before daemonising, like the bus socket: a busy port is one
+        # line on the terminal, not a daemon that dies out of sight.
+        web_sock = _metrics_listener(config) if config.metrics else None
         if config.foreground:
             close_stdin_stdout()
             ready = None
         else:
             pidfile = os.path.abspath(config.pidfile)
-            ready = daemonize(pidfile)
-        _serve(config, sock, printable, log, ready)
+            on_terminal = os.isatty(2)
+            ready = daemonize(pidfile, keep_stderr=config.log_file is None)
+            if config.log_file is None and on_terminal:
+                # The terminal is no longer ours: the system log takes over.
+                _configure_logging(config, logsetup.SYSLOG)
+        _serve(config, sock, printable, log, ready, web_sock)
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
     except DaemonError:
@@ -153,6 +161,22 @@ def run_server(config: ServerConfig) -> int:
     return status
 
 
+def _configure_logging(config: ServerConfig, target: str | None) -> None:
+    try:
+        logsetup.configure(config.log_level, config.log_format, target=target)
+    except OSError as exc:
+        raise ConfigError(
+            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
+        ) from None
+
+
+def _metrics_listener(config: ServerConfig) -> socket.socket:
+    from sbus_relay.ops.metrics import bind_metrics
+
+    assert config.metrics is not None
+    return bind_metrics(config.metrics)
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -163,6 +187,7 @@ def _serve(
     printable: str,
     log: Any,
     ready: Callable[[], None] | None,
+    web_sock: socket.socket | None,
 ) -> None:
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
@@ -178,14 +203,14 @@ def _serve(
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
     web = None
-    if config.metrics:
+    if web_sock is not None:
         from sbus_relay.ops import (
             metrics,  # only when asked: prometheus_client is not free to import
         )
 
         # cast: metrics declares its config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = metrics.serve_from_config(cast(Any, config), server)
+        web = metrics.serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
     if ready is not None:
         ready()

@@ -65,6 +65,9 @@ class ServerConfig:
     instance: str = field(default_factory=_hostname)
     log_level: str = "info"
     log_format: str = "auto"
+    #: where the log goes: None = stderr (a daemon whose stderr was a terminal
+    #: switches to syslog once detached), a file path (appended to), or "syslog"
+    log_file: str | None = None
 
     def merged(self, **overrides: Any) -> ServerConfig:
         """A copy with ``overrides`` applied; ``None`` values are ignored.
@@ -228,6 +231,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
     "instance": _text,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
+    "log_file": _optional_text,
 }
 
 
@@ -248,7 +252,10 @@ def _check_together(config: ServerConfig, source: str) -> None:
 
 def _show(value: Any) -> str:
     """A value and its YAML type, for messages ("'16' (str)")."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = "(nested too deeply to show)"
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{text} ({type(value).__name__})"
@@ -299,6 +306,9 @@ def read_yaml(path: str) -> Any:
         raise ConfigError(path, str(exc.key), reason) from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
+    except RecursionError:
+        # The YAML parser recurses once per level of nesting.
+        raise ConfigError(path, "(file)", "nested too deeply to be a config file") from None
 
 
 def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:

@@ -433,3 +433,12 @@ def test_client_sends_and_receives_the_largest_legal_packet(sbusd: BusProcess) -
         got = sub.receive()
     assert len(got.packet) == 409_600
     assert got.payload == payload
+
+
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "deep.yaml"
+    config.write_text("address: " + "[" * 5000 + "]" * 5000 + "\n")
+    done = run_cli("serve", "-f", "-C", str(config))
+    assert done.returncode == 2
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and str(config) in lines[0] and "nested too deeply" in lines[0]
