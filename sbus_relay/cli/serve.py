@@ -129,13 +129,14 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    # Bound first, before the bus socket and before daemonising: a busy port
+    # is one line on the terminal, never a bus that listens for a moment and
+    # dies, nor a daemon that dies out of sight.
+    web_sock = _metrics_listener(config) if config.metrics else None
     sock, printable, socket_file = _listener(config, log)
     pidfile = None
     status = 0
     try:
-        # Bound before daemonising, like the bus socket: a busy port is one
-        # line on the terminal, not a daemon that dies out of sight.
-        web_sock = _metrics_listener(config) if config.metrics else None
         if config.foreground:
             close_stdin_stdout()
             ready = None

@@ -442,3 +442,17 @@ def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and str(config) in lines[0] and "nested too deeply" in lines[0]
+
+
+def test_a_busy_metrics_port_is_one_line_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        address = tmp_path / "bus"
+        done = run_cli("serve", "-f", "-a", str(address), "--metrics", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"sbus-relay serve: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert not address.exists()  # the bus never listened
