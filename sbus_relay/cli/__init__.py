@@ -32,6 +32,11 @@ COMMANDS: dict[str, str] = {
 EXIT_USAGE = 2
 #: Exit status after SIGINT in an interactive command (128 + SIGINT).
 EXIT_INTERRUPTED = 130
+#: Modules of the optional ``spark`` extra (record, analyze): missing, they are
+#: one line saying how to install them, not a traceback.
+SPARK_EXTRA = frozenset({"pyspark", "pyarrow", "matplotlib", "py4j"})
+#: Exit status when a command needs an optional extra that is not installed.
+EXIT_MISSING_EXTRA = 3
 
 
 def _summary(module: ModuleType) -> str:
@@ -72,6 +77,17 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
         # One line, no traceback: the user can fix this.
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in SPARK_EXTRA:
+            raise
+        print(
+            f"{prog}: needs {top}, from the optional 'spark' extra; install it with"
+            " `.venv/bin/pip install -e '.[spark]'` in a clone (`make test` does),"
+            " or `pip install 'sbus_relay[spark]'`",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING_EXTRA
     except RecursionError:
         # Only input nested thousands deep recurses this far (a YAML file, say).
         print(f"{prog}: input nested too deeply", file=sys.stderr)
