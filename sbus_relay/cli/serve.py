@@ -43,7 +43,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
     "max_clients": (("--max-clients",), "N", "most clients connected at once"),
-    "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS (SPEC §6)"),
+    "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS"),
     "upstream_queue_messages": (("--upstream-queue-messages",), "N", "upward queue bound"),
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
