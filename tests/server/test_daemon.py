@@ -495,3 +495,22 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
+def test_the_readme_multi_user_example_admits_the_listed_user(tmp_path: Path) -> None:
+    # README: `sbusd -a /run/sbus.socket -o -u 1000` run as root lets uid 1000 in.
+    bus = start_bus(tmp_path, "-o", "-u", str(NOBODY))
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        assert whoami_as_nobody(bus.address).startswith("answer "), bus.stderr_text()[-2000:]
+    finally:
+        bus.stop(signal.SIGTERM)
+    # ... whereas -g opens the socket only to root's group: the listed user
+    # cannot even connect (what the old example got wrong).
+    bus = start_bus(tmp_path, "-g", "-u", str(NOBODY))
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        assert whoami_as_nobody(bus.address).startswith("connect-failed")
+    finally:
+        bus.stop(signal.SIGTERM)
