@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.payload == "-":
         # Read one byte more than fits in a packet, so that too much input is
-        # an error rather than a silently truncated message (SPEC §1).
+        # an error rather than a silently truncated message (docs/protocol.md, Packets).
         payload = sys.stdin.buffer.read(MAX_PACKET + 1)
     else:
         payload = os.fsencode(args.payload)

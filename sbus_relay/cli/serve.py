@@ -1,6 +1,6 @@
 """Run a bus: a master, or a relay with --upstream (also what ``sbusd`` runs).
 
-The order matters (SPEC §5): resolve the listener and bind it *before*
+The order matters (docs/protocol.md, Addresses): resolve the listener and bind it *before*
 daemonising, so an address in use is reported on the terminal with a non-zero
 status; print a random abstract address before stdout is closed; fork before
 anything starts gevent's hub; and remove the socket file and pid file however
@@ -33,7 +33,7 @@ from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_co
 from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
 from sbus_relay.protocol.errors import AddressError, ConfigError
 
-#: Signals that stop the server cleanly (SPEC §5).
+#: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
@@ -92,8 +92,16 @@ def run(args: argparse.Namespace) -> int:
     return run_server(config.merged(**overrides))
 
 
-def _listener(config: ServerConfig, log: Any) -> tuple[socket.socket, str, str | None]:
-    """The listening socket, its printable address and the socket file we own."""
+def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:
+    """The listening socket, its printable address and the socket file we own.
+
+    ``log`` (default: the package logger) hears about a non-socket file that
+    ``remove_stale`` removed.
+    """
+    if log is None:
+        import structlog
+
+        log = structlog.get_logger("sbus_relay")
     address = parse_address(config.address)
     activated = systemd_listeners()
     if len(activated) > 1:
@@ -113,7 +121,7 @@ def _listener(config: ServerConfig, log: Any) -> tuple[socket.socket, str, str |
         warn=lambda line: log.warning("address.removed", detail=line),
     )
     if address.kind == "abstract" and address.name is None:
-        # SPEC §5: the chosen name goes to stdout, for the caller to pass on.
+        # docs/protocol.md, Addresses: the chosen name goes to stdout, for the caller to pass on.
         sys.stdout.write(printable + "\n")
         sys.stdout.flush()
     return sock, printable, printable if address.kind == "path" else None

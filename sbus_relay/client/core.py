@@ -4,11 +4,12 @@ Blocking with the stdlib ``socket``.  Cooperative under gevent either when
 gevent has monkey-patched ``socket`` (``addresses.connect`` then builds a gevent
 socket) or with ``Client(..., cooperative=True)``.
 
-The server keeps no state for us beyond subscriptions and modes (sbus-README
+The server keeps no state for us beyond subscriptions and modes (the protocol
 "No state-keeping required in clients"), so this class is thin: it encodes with
 ``codec``, receives into one reusable buffer one byte larger than the largest
-legal packet so that an over-long packet is detected (SPEC §1), and keeps a
-bounded backlog of messages that arrived while it waited for a reply.
+legal packet so that an over-long packet is detected (docs/protocol.md,
+Packets), and keeps a bounded backlog of messages that arrived while it waited
+for a reply.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ DISCONNECT_KEY = b"disconnect"
 #: Packets read, without waiting, to find the server's disconnect notice after
 #: a failed send: it is behind at most the messages already queued to us.
 NOTICE_SCAN_PACKETS = 64
-#: Flood-control modes a client may ask for (SPEC §4).
+#: Flood-control modes a client may ask for (docs/protocol.md, Flood control).
 FLOOD_MODES = frozenset(
     {
         "blocking/soft/queue",
@@ -113,7 +114,7 @@ class Client:
         self.send_raw(packet)
 
     def subscribe(self, pattern: Data) -> None:
-        """``SUB pattern``; the same pattern twice needs two unsubscribes (SPEC §1)."""
+        """``SUB pattern``; the same pattern twice needs two unsubscribes."""
         self._send(encode_sub(_bytes(pattern)))
 
     def unsubscribe(self, pattern: Data) -> None:
@@ -129,11 +130,11 @@ class Client:
         self._send(encode_cmsg(_bytes(key), None if payload is None else _bytes(payload)))
 
     def echo(self, on: bool) -> None:
-        """Receive (or not) our own publishes when subscribed (SPEC §2)."""
+        """Receive (or not) our own publishes when subscribed (docs/protocol.md, Echo)."""
         self.control(b"echo/on" if on else b"echo/off")
 
     def flood(self, mode: str) -> None:
-        """Ask for a flood-control mode, e.g. ``"blocking/soft/discard"`` (SPEC §4)."""
+        """Ask for a flood-control mode, e.g. ``"blocking/soft/discard"`` (docs/protocol.md)."""
         if mode not in FLOOD_MODES:
             raise UsageError(f"unknown flood mode {mode!r}; one of {sorted(FLOOD_MODES)}")
         self.control(mode)

@@ -44,7 +44,7 @@ from sbus_relay.protocol.limits import (
 ABSTRACT_PREFIX = "/dev/unix/abstract"
 #: Prefix of inherited-descriptor addresses.
 FD_PREFIX = "/dev/fd/"
-#: Socket file mode without -g/-o: only the owner may connect (SPEC §3).
+#: Socket file mode without -g/-o: only the owner may connect (docs/protocol.md, Credentials).
 MODE_OWNER = 0o700
 #: Added by -g: the socket's group may connect.
 MODE_GROUP = 0o070

@@ -238,7 +238,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
 def _check_together(config: ServerConfig, source: str) -> None:
     """Rules that involve more than one key."""
     if config.upstream is not None and config.upstream == config.address:
-        # A relay of itself would only ever reconnect to itself (SPEC §6: relays
+        # A relay of itself would only ever reconnect to itself (docs/protocol.md, Relays: relays
         # form a tree).  Other spellings of the same socket are caught at run
         # time by the upstream link's SO_PEERCRED check (docs/relays.md).
         raise ConfigError(source, "upstream", f"{config.upstream} is this server's own address")

@@ -1,4 +1,4 @@
-"""Becoming a daemon, and pid files (SPEC §5: ``sbusd`` without ``-f``).
+"""Becoming a daemon, and pid files (docs/protocol.md, Addresses: ``sbusd`` without ``-f``).
 
 The classic double fork: fork, ``setsid`` (new session, no controlling
 terminal), fork again (a non-leader can never reacquire one), ``chdir("/")``.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from sbus_relay.protocol.errors import SbusError
 from sbus_relay.protocol.limits import DAEMON_READY_TIMEOUT
 
-#: A pid file path that means "no pid file" (SPEC §5).
+#: A pid file path that means "no pid file" (docs/protocol.md, Addresses).
 NO_PIDFILE = os.devnull
 _READY = b"\0"
 _FAILED = b"\1"
@@ -124,7 +124,7 @@ def _detach_stdio(keep_stderr: bool) -> None:
 
 
 def close_stdin_stdout() -> None:
-    """``-f``: stdin and stdout are closed (SPEC §5).
+    """``-f``: stdin and stdout are closed (docs/protocol.md, Addresses).
 
     They are pointed at /dev/null rather than closed, so that descriptors 0 and
     1 cannot be reused by a client socket that a stray print would then corrupt.

@@ -105,7 +105,7 @@ class MetricsCollector(Collector):
         yield self._queue_wait(self._stats)
         if gauges is not None:
             # Every known flood mode is exported, at 0 when no client uses it, so
-            # a series exists before the first client switches (SPEC §4).
+            # a series exists before the first client switches (docs/protocol.md, Flood control).
             yield from self._gauges(gauges)
             if gauges.is_relay:
                 yield from self._upstream(self._stats, gauges)
@@ -259,7 +259,7 @@ class MetricsCollector(Collector):
         )
         yield _gauge(
             "sbus_upstream_interest_patterns",
-            "Patterns the upstream reported wanted (interest extension, SPEC §6).",
+            "Patterns the upstream reported wanted (the interest extension).",
             g.upstream_interest_patterns,
         )
         yield _gauge(
@@ -417,7 +417,7 @@ def serve_from_config(
 
     Healthy means the server has not stopped and can still produce its gauges
     snapshot; a relay whose upstream is away is still healthy (it keeps
-    the local bus running, SPEC §6) and says so in ``sbus_upstream_connected``.
+    the local bus running, docs/protocol.md, Relays) and says so in ``sbus_upstream_connected``.
     """
     if not config.metrics:
         raise ConfigError("config", "metrics", "no HOST:PORT to serve metrics on")

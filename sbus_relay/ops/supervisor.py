@@ -5,12 +5,12 @@ naming its parent by name).  ``load_hierarchy`` validates it once into frozen
 objects, with the same strictness as ``config.py``: unknown or duplicate keys,
 wrong types, unknown parents, a bus that is its own parent and cycles are all
 one ``ConfigError`` naming the file, the key and the reason.  The tree rule of
-SPEC §6 ("relays form a tree") is checked here, before anything runs.
+docs/protocol.md, Relays ("relays form a tree") is checked here, before anything runs.
 
 ``Supervisor`` starts each bus as an ``sbus-relay serve -f`` child, parents
 first, and waits for each socket before starting its children.  A child that
 dies is restarted with capped exponential back-off (a relay whose master
-restarts reconnects by itself, SPEC §6.6).  ``stop()`` stops the children in
+restarts reconnects by itself, docs/protocol.md, Relays).  ``stop()`` stops the children in
 reverse order -- relays before their upstream, so no relay logs a needless
 outage -- with SIGTERM, then SIGKILL after a grace period.
 
@@ -173,7 +173,7 @@ def _checked(
 
 
 def _check_tree(source: str, specs: list[BusSpec]) -> None:
-    """SPEC §6: relays form a tree.  Unique names and addresses, known parents, no cycles."""
+    """Relays form a tree: unique names, addresses and ports, known parents, no cycles."""
     names: dict[str, BusSpec] = {}
     addresses: dict[str, str] = {}
     ports: dict[str, str] = {}

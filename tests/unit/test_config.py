@@ -223,7 +223,7 @@ def test_shipped_configs_load(name: str) -> None:
         assert config.address.startswith("/tmp/") and config.foreground
         assert config.pidfile == "/dev/null"
     else:
-        assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9810")
+        assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9800")
 
 
 def test_upstream_cannot_be_the_servers_own_address(tmp_path: Path) -> None:
