@@ -59,3 +59,29 @@ def test_bench_profile_finds_py_spy_in_the_dev_install() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout.startswith(b"py-spy ")
+
+
+#: The checkout's root (this file is tests/firstrun/...).
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reports_written_to_report_are_ignored_by_git() -> None:
+    # `sbus-relay analyze ... --out report`, as the README shows.
+    done = subprocess.run(
+        ["git", "check-ignore", "-q", "report/report.md"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, "report/ is not in .gitignore"
+
+
+def test_docs_stand_on_their_own() -> None:
+    # A clone has no files beside the repository: the protocol is docs/protocol.md.
+    assert (ROOT / "docs" / "protocol.md").is_file()
+    outside = ("shared/sbus-README", "shared/SPEC", "../shared")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for needle in outside:
+            assert needle not in text, f"{path.name} points at {needle}"
