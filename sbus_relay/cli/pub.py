@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             client.whoami()
     except TimeoutError:
         print(
-            f"sbus-relay pub: the bus did not confirm the message within {CONFIRM_TIMEOUT:g} s",
+            f"sbus-relay pub: the bus did not confirm the message within {CONFIRM_TIMEOUT:g} s"
+            " (a relay confirms only once it has reached its upstream)",
             file=sys.stderr,
         )
         return 1
