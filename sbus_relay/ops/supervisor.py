@@ -55,6 +55,10 @@ STABLE_AFTER = 10.0
 START_ATTEMPTS = 5
 #: Seconds between checks that a starting bus listens.
 LISTEN_POLL = 0.05
+#: Bytes read from the end of a bus's log to quote its last line on failure.
+LOG_TAIL_BYTES = 4096
+#: Characters of that last line quoted.
+LOG_LINE_QUOTED = 300
 #: Default restart back-off, seconds (first delay, cap).
 RESTART_MIN = 0.5
 RESTART_MAX = 10.0
@@ -494,11 +498,11 @@ def _last_line(path: str) -> str:
     try:
         with open(path, "rb") as stream:
             stream.seek(0, os.SEEK_END)
-            stream.seek(max(0, stream.tell() - 4096))
+            stream.seek(max(0, stream.tell() - LOG_TAIL_BYTES))
             lines = [line for line in stream.read().splitlines() if line.strip()]
     except OSError:
         return ""
-    return lines[-1].decode("utf-8", "replace")[:300] if lines else ""
+    return lines[-1].decode("utf-8", "replace")[:LOG_LINE_QUOTED] if lines else ""
 
 
 def _printer(stream: IO[str]) -> Callable[[str], None]:
