@@ -175,9 +175,16 @@ def clone(tmp_path: Path) -> Iterator[Path]:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
+    venv = Path(VENV_BIN).parent
+    if not (venv / ".installed").exists():
+        # Without make's stamp, `make run` would reinstall into this venv from the clone.
+        reason = f"{venv} was not installed by make (no .installed stamp)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
     target = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(target)], check=True, timeout=WAIT * 4)
-    (target / ".venv").symlink_to(Path(VENV_BIN).parent)
+    (target / ".venv").symlink_to(venv)
     os.utime(target / "pyproject.toml", (0, 0))  # older than the venv's install stamps
     yield target
 
