@@ -27,7 +27,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/sbus-relay serve -c configs/default.yaml -f
+	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
 test: $(VENV)/.installed-dev
 	bash .ci/system-deps.sh

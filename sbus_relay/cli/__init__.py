@@ -1,7 +1,7 @@
 """Command-line entry points: the only code that reads argv or exits (STYLE §6).
 
 ``sbusd`` is a drop-in for the reference daemon and takes exactly its flags
-(SPEC §5).  ``sbus-relay`` is a family of subcommands listed in ``COMMANDS``;
+(docs/protocol.md).  ``sbus-relay`` is a family of subcommands listed in ``COMMANDS``;
 a command's module is imported only when it is run (or for ``--help``).
 """
 
@@ -32,15 +32,54 @@ COMMANDS: dict[str, str] = {
 EXIT_USAGE = 2
 #: Exit status after SIGINT in an interactive command (128 + SIGINT).
 EXIT_INTERRUPTED = 130
+#: Modules of the optional ``spark`` extra (record, analyze): missing, they are
+#: one line saying how to install them, not a traceback.
+SPARK_EXTRA = frozenset({"pyspark", "pyarrow", "matplotlib", "py4j"})
+#: Exit status when a command needs an optional extra that is not installed.
+EXIT_MISSING_EXTRA = 3
 
 
-def _summary(module: ModuleType) -> str:
-    return (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+#: What each command does, and one example: its line in ``sbus-relay --help``
+#: and the top of its own ``--help``.
+HELP: dict[str, tuple[str, str]] = {
+    "serve": (
+        "Run a bus: a master, or with --upstream a relay of another bus.",
+        "sbus-relay serve -C configs/default.yaml",
+    ),
+    "pub": (
+        "Publish one message, and wait until the bus has taken it.",
+        "sbus-relay pub sensors/kitchen/temp 21.5",
+    ),
+    "sub": (
+        "Print every message whose key matches a pattern, one line each.",
+        "sbus-relay sub 'sensors/*/temp' 'alerts/'",
+    ),
+    "bench": (
+        "Measure the bus against a minimal C forwarder and the reference daemon.",
+        "sbus-relay bench --quick",
+    ),
+    "up": (
+        "Run a master and its relays from one file; restart any that dies.",
+        "sbus-relay up configs/dev-hierarchy.yaml",
+    ),
+    "record": (
+        "Record bus traffic to rotating Parquet files.",
+        "sbus-relay record --duration 60 --out captures",
+    ),
+    "analyze": (
+        "Compute traffic statistics and a report with charts from recordings (PySpark).",
+        "sbus-relay analyze captures --out report",
+    ),
+}
+#: Where the protocol is described, named at the end of ``sbus-relay --help``.
+PROTOCOL_DOC = "docs/protocol.md"
 
 
 def _build_parser(only: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sbus-relay", description="A local sbus message bus, with relays."
+        prog="sbus-relay",
+        description="A local sbus message bus, with relays.",
+        epilog=f"Each command's -h says more; the protocol is described in {PROTOCOL_DOC}.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -48,8 +87,13 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             continue
         module = importlib.import_module(module_name)
-        summary = _summary(module)
-        sub = subparsers.add_parser(name, help=summary, description=summary)
+        summary, example = HELP.get(name, ("", ""))
+        sub = subparsers.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=f"example: {example}" if example else None,
+        )
         module.add_arguments(sub)
         sub.set_defaults(_module=module)
     return parser
@@ -69,15 +113,30 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
     try:
         return int(module.run(args))
     except (ConfigError, AddressError, UsageError) as exc:
-        # One line, no traceback: the user can fix this (SPEC: one clear error).
+        # One line, no traceback: the user can fix this.
         print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in SPARK_EXTRA:
+            raise
+        print(
+            f"{prog}: needs {top}, from the optional 'spark' extra; install it with"
+            " `.venv/bin/pip install -e '.[spark]'` in a clone (`make test` does),"
+            " or `pip install 'sbus_relay[spark]'`",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING_EXTRA
+    except RecursionError:
+        # Only input nested thousands deep recurses this far (a YAML file, say).
+        print(f"{prog}: input nested too deeply", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
 
 def sbusd_main(argv: Sequence[str] | None = None) -> int:
-    """``sbusd``: the drop-in daemon (SPEC §5); returns the exit status."""
+    """``sbusd``: the drop-in daemon; returns the exit status."""
     from . import sbusd
 
     args = sbusd.parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -11,7 +11,7 @@ import os
 
 #: Environment variable naming the bus for client commands (like NATS_URL).
 ADDRESS_ENV = "SBUS_ADDRESS"
-#: The reference sbusd's default address (SPEC §5).
+#: The reference sbusd's default address (docs/protocol.md, Addresses).
 DEFAULT_ADDRESS = "/run/sbus.socket"
 
 

@@ -2,6 +2,9 @@
 
 Like ``mosquitto_pub -t KEY -m PAYLOAD`` or ``nats pub KEY PAYLOAD``.  ``-``
 reads the payload from stdin (bytes, unchanged); no payload is an empty one.
+It exits 0 only once the bus has taken the message: after the MSG it asks
+whoami, and as the server handles a client's packets in order, the reply
+proves the MSG was accepted.  A refusal exits 1 with the server's reason.
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ import os
 import sys
 
 from .options import add_address_argument, bus_address
+
+#: Seconds to wait for the bus to confirm it took the message.  A relay
+#: answers only once its upstream has told it who it is, so this is generous.
+CONFIRM_TIMEOUT = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Connect, publish, close."""
+    """Connect, publish, wait for the bus to confirm, close."""
     from sbus_relay.client import Client
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.protocol.errors import AddressError, BusClosed, UsageError
@@ -33,13 +40,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.payload == "-":
         # Read one byte more than fits in a packet, so that too much input is
-        # an error rather than a silently truncated message (SPEC §1).
+        # an error rather than a silently truncated message (docs/protocol.md, Packets).
         payload = sys.stdin.buffer.read(MAX_PACKET + 1)
     else:
         payload = os.fsencode(args.payload)
     try:
-        with Client(address) as client:
+        with Client(address, timeout=CONFIRM_TIMEOUT) as client:
             client.publish(os.fsencode(args.key), payload)
+            client.whoami()
+    except TimeoutError:
+        print(
+            f"sbus-relay pub: the bus did not confirm the message within {CONFIRM_TIMEOUT:g} s"
+            " (a relay confirms only once it has reached its upstream)",
+            file=sys.stderr,
+        )
+        return 1
     except (AddressError, BusClosed, UsageError) as exc:
         # No bus there, the bus went away, or the message is too large.
         print(f"sbus-relay pub: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Run a bus: a master, or a relay with --upstream (also what ``sbusd`` runs).
 
-The order matters (SPEC §5): resolve the listener and bind it *before*
+The order matters (docs/protocol.md, Addresses): resolve the listener and bind it *before*
 daemonising, so an address in use is reported on the terminal with a non-zero
 status; print a random abstract address before stdout is closed; fork before
 anything starts gevent's hub; and remove the socket file and pid file however
@@ -31,9 +31,9 @@ from sbus_relay.ops.addresses import (
 )
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
 from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
-from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.errors import AddressError, ConfigError
 
-#: Signals that stop the server cleanly (SPEC §5).
+#: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
@@ -43,7 +43,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
     "max_clients": (("--max-clients",), "N", "most clients connected at once"),
-    "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS (SPEC §6)"),
+    "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS"),
     "upstream_queue_messages": (("--upstream-queue-messages",), "N", "upward queue bound"),
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
@@ -52,6 +52,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
     "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
+    "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),
     "max_patterns_per_client": (
         ("--max-patterns-per-client",),
         "N",
@@ -75,7 +76,7 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
 #: Boolean fields: field -> (flags, help); each also gets --no-<name>.
 _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "foreground": (("-f", "--foreground"), "do not daemonise; stdin/stdout are closed"),
-    "exit_when_empty": (("-C", "--exit-when-empty"), "exit once the last client has gone"),
+    "exit_when_empty": (("-c", "--exit-when-empty"), "exit once the last client has gone"),
     "remove_stale": (("-r", "--remove-stale"), "remove a stale socket file first"),
     "group_access": (("-g", "--group-access"), "let the socket's group connect"),
     "other_access": (("-o", "--other-access"), "let everyone connect"),
@@ -83,8 +84,13 @@ _BOOL_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for ``sbus-relay serve``: -c CONFIG and one flag per config field."""
-    parser.add_argument("-c", "--config", metavar="CONFIG.yaml", help="YAML config file")
+    """Flags for ``sbus-relay serve``: -C CONFIG and one flag per config field.
+
+    ``-c`` means "exit when the last client leaves", as it does for ``sbusd``.
+    """
+    parser.add_argument(
+        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
+    )
     for name, (flags, metavar, text) in _VALUE_FLAGS.items():
         parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
     for name, (flags, text) in _BOOL_FLAGS.items():
@@ -105,8 +111,16 @@ def run(args: argparse.Namespace) -> int:
     return run_server(config.merged(**overrides))
 
 
-def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
-    """The listening socket, its printable address and the socket file we own."""
+def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:
+    """The listening socket, its printable address and the socket file we own.
+
+    ``log`` (default: the package logger) hears about a non-socket file that
+    ``remove_stale`` removed.
+    """
+    if log is None:
+        import structlog
+
+        log = structlog.get_logger("sbus_relay")
     address = parse_address(config.address)
     activated = systemd_listeners()
     if len(activated) > 1:
@@ -119,9 +133,14 @@ def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
         mode |= MODE_GROUP
     if config.other_access:
         mode |= MODE_OTHER
-    sock, printable = listen(address, mode=mode, remove_stale=config.remove_stale)
+    sock, printable = listen(
+        address,
+        mode=mode,
+        remove_stale=config.remove_stale,
+        warn=lambda line: log.warning("address.removed", detail=line),
+    )
     if address.kind == "abstract" and address.name is None:
-        # SPEC §5: the chosen name goes to stdout, for the caller to pass on.
+        # docs/protocol.md, Addresses: the chosen name goes to stdout, for the caller to pass on.
         sys.stdout.write(printable + "\n")
         sys.stdout.flush()
     return sock, printable, printable if address.kind == "path" else None
@@ -129,7 +148,7 @@ def _listener(config: ServerConfig) -> tuple[socket.socket, str, str | None]:
 
 def run_server(config: ServerConfig) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    logsetup.configure(config.log_level, config.log_format)
+    _configure_logging(config, config.log_file)
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
@@ -137,7 +156,11 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
-    sock, printable, socket_file = _listener(config)
+    # Bound first, before the bus socket and before daemonising: a busy port
+    # is one line on the terminal, never a bus that listens for a moment and
+    # dies, nor a daemon that dies out of sight.
+    web_sock = _metrics_listener(config) if config.metrics else None
+    sock, printable, socket_file = _listener(config, log)
     pidfile = None
     status = 0
     try:
@@ -146,8 +169,12 @@ def run_server(config: ServerConfig) -> int:
             ready = None
         else:
             pidfile = os.path.abspath(config.pidfile)
-            ready = daemonize(pidfile)
-        _serve(config, sock, printable, log, ready)
+            on_terminal = os.isatty(2)
+            ready = daemonize(pidfile, keep_stderr=config.log_file is None)
+            if config.log_file is None and on_terminal:
+                # The terminal is no longer ours: the system log takes over.
+                _configure_logging(config, logsetup.SYSLOG)
+        _serve(config, sock, printable, log, ready, web_sock)
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
     except DaemonError:
@@ -162,6 +189,22 @@ def run_server(config: ServerConfig) -> int:
     return status
 
 
+def _configure_logging(config: ServerConfig, target: str | None) -> None:
+    try:
+        logsetup.configure(config.log_level, config.log_format, target=target)
+    except OSError as exc:
+        raise ConfigError(
+            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
+        ) from None
+
+
+def _metrics_listener(config: ServerConfig) -> socket.socket:
+    from sbus_relay.ops.metrics import bind_metrics
+
+    assert config.metrics is not None
+    return bind_metrics(config.metrics)
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -172,6 +215,7 @@ def _serve(
     printable: str,
     log: Any,
     ready: Callable[[], None] | None,
+    web_sock: socket.socket | None,
 ) -> None:
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
@@ -187,14 +231,14 @@ def _serve(
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
     web = None
-    if config.metrics:
+    if web_sock is not None:
         from sbus_relay.ops import (
             metrics,  # only when asked: prometheus_client is not free to import
         )
 
         # cast: metrics declares its config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = metrics.serve_from_config(cast(Any, config), server)
+        web = metrics.serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
     if ready is not None:
         ready()

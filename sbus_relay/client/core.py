@@ -4,11 +4,12 @@ Blocking with the stdlib ``socket``.  Cooperative under gevent either when
 gevent has monkey-patched ``socket`` (``addresses.connect`` then builds a gevent
 socket) or with ``Client(..., cooperative=True)``.
 
-The server keeps no state for us beyond subscriptions and modes (sbus-README
+The server keeps no state for us beyond subscriptions and modes (the protocol
 "No state-keeping required in clients"), so this class is thin: it encodes with
 ``codec``, receives into one reusable buffer one byte larger than the largest
-legal packet so that an over-long packet is detected (SPEC §1), and keeps a
-bounded backlog of messages that arrived while it waited for a reply.
+legal packet so that an over-long packet is detected (docs/protocol.md,
+Packets), and keeps a bounded backlog of messages that arrived while it waited
+for a reply.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ from sbus_relay.protocol.codec import (
 from sbus_relay.protocol.errors import BusClosed, PeerError, UsageError
 from sbus_relay.protocol.limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
 
-#: The credentials request and reply key (sbus-README "Secret messages"; SPEC §3).
+#: The credentials request and reply key (docs/protocol.md, "Credentials").
 WHOAMI_KEY = b"!/cred/whoami"
-#: What the server sends just before it closes a client, with the reason after it.
-_DISCONNECT = b"CMSG disconnect\0"
-#: Flood-control modes a client may ask for (SPEC §4).
+#: The server's notice, just before it closes us, of why (docs/protocol.md).
+DISCONNECT_KEY = b"disconnect"
+#: Packets read, without waiting, to find the server's disconnect notice after
+#: a failed send: it is behind at most the messages already queued to us.
+NOTICE_SCAN_PACKETS = 64
+#: Flood-control modes a client may ask for (docs/protocol.md, Flood control).
 FLOOD_MODES = frozenset(
     {
         "blocking/soft/queue",
@@ -100,7 +104,7 @@ class Client:
         try:
             sent = self._sock.send(packet)
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            raise self._closed_error(str(exc)) from exc
         if sent != len(packet):  # cannot happen on SEQPACKET; be loud if it does
             raise BusClosed(f"short send: {sent} of {len(packet)} bytes")
 
@@ -110,7 +114,7 @@ class Client:
         self.send_raw(packet)
 
     def subscribe(self, pattern: Data) -> None:
-        """``SUB pattern``; the same pattern twice needs two unsubscribes (SPEC §1)."""
+        """``SUB pattern``; the same pattern twice needs two unsubscribes."""
         self._send(encode_sub(_bytes(pattern)))
 
     def unsubscribe(self, pattern: Data) -> None:
@@ -126,11 +130,11 @@ class Client:
         self._send(encode_cmsg(_bytes(key), None if payload is None else _bytes(payload)))
 
     def echo(self, on: bool) -> None:
-        """Receive (or not) our own publishes when subscribed (SPEC §2)."""
+        """Receive (or not) our own publishes when subscribed (docs/protocol.md, Echo)."""
         self.control(b"echo/on" if on else b"echo/off")
 
     def flood(self, mode: str) -> None:
-        """Ask for a flood-control mode, e.g. ``"blocking/soft/discard"`` (SPEC §4)."""
+        """Ask for a flood-control mode, e.g. ``"blocking/soft/discard"`` (docs/protocol.md)."""
         if mode not in FLOOD_MODES:
             raise UsageError(f"unknown flood mode {mode!r}; one of {sorted(FLOOD_MODES)}")
         self.control(mode)
@@ -144,7 +148,7 @@ class Client:
         """
         if self._pending:
             return self._pending.popleft()
-        return self._parse(self._recv(self.timeout if timeout is None else timeout))
+        return self._next(self.timeout if timeout is None else timeout)
 
     def iter_messages(self, timeout: float | None = None) -> Iterator[Message]:
         """Messages until the bus closes the connection (``TimeoutError`` propagates)."""
@@ -165,7 +169,7 @@ class Client:
         self.control(WHOAMI_KEY)
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            message = self._parse(self._recv(remaining))
+            message = self._next(remaining)
             if message.control and message.key == WHOAMI_KEY:
                 return message.payload.decode("utf-8", "surrogateescape")
             if len(self._pending) >= CLIENT_PENDING_MESSAGES:
@@ -180,24 +184,49 @@ class Client:
         """Messages already received and waiting for ``receive`` (select() won't see them)."""
         return len(self._pending)
 
+    def _next(self, timeout: float | None) -> Message:
+        """The next packet as a Message; the server's disconnect notice raises BusClosed."""
+        message = self._parse(self._recv(timeout))
+        if message.control and message.key == DISCONNECT_KEY:
+            reason = message.payload.decode("utf-8", "replace")
+            raise BusClosed(f"the bus closed the connection: {reason}", reason)
+        return message
+
+    def _closed_error(self, error: str) -> BusClosed:
+        """A send failed: the reason is the disconnect notice still waiting to be read."""
+        try:
+            for _ in range(NOTICE_SCAN_PACKETS):
+                message = self._next(0.0)
+                if len(self._pending) < CLIENT_PENDING_MESSAGES:
+                    self._pending.append(message)
+        except BusClosed as exc:
+            if exc.reason:
+                return exc
+        except (OSError, PeerError):
+            pass
+        return BusClosed(f"the bus closed the connection: {error}")
+
     def _recv(self, timeout: float | None) -> bytes:
         self._check_open()
         self._sock.settimeout(timeout)
         try:
             size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            # A reset is reported once, before the packets still queued to us
+            # (the server's disconnect notice among them): read those first.
+            try:
+                self._sock.settimeout(0.0)
+                size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
+            except OSError:
+                size = 0
+            if size == 0:
+                raise BusClosed(f"the bus closed the connection: {exc}") from exc
         if size == 0:
             # The server never sends empty packets, so 0 bytes is end of stream.
             raise BusClosed("the bus closed the connection")
         if flags & socket.MSG_TRUNC or size > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
-        packet = bytes(self._view[:size])
-        if packet.startswith(_DISCONNECT):
-            # The server says why it is about to close us (docs/protocol.md).
-            why = packet[len(_DISCONNECT) :].decode("utf-8", "replace")
-            raise BusClosed(f"the bus closed the connection: {why}")
-        return packet
+        return bytes(self._view[:size])
 
     @staticmethod
     def _parse(packet: bytes) -> Message:

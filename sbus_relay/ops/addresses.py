@@ -1,4 +1,4 @@
-"""Bus addresses: parse them, listen on them, connect to them (SPEC §5).
+"""Bus addresses: parse them, listen on them, connect to them (docs/protocol.md).
 
 An address is one of
 
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import socket
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,7 +44,7 @@ from sbus_relay.protocol.limits import (
 ABSTRACT_PREFIX = "/dev/unix/abstract"
 #: Prefix of inherited-descriptor addresses.
 FD_PREFIX = "/dev/fd/"
-#: Socket file mode without -g/-o: only the owner may connect (SPEC §3).
+#: Socket file mode without -g/-o: only the owner may connect (docs/protocol.md, Credentials).
 MODE_OWNER = 0o700
 #: Added by -g: the socket's group may connect.
 MODE_GROUP = 0o070
@@ -52,6 +54,10 @@ MODE_OTHER = 0o007
 SD_LISTEN_FDS_START = 3
 #: Random bytes in a generated abstract name, written as hex after "sbus-".
 _RANDOM_NAME_BYTES = 8
+#: Suffix of the lock file kept beside a socket path: with -r, checking the old
+#: file, removing it and binding happen under an flock on it, so that two
+#: servers started at once on one stale path can never both bind.
+LOCK_SUFFIX = ".lock"
 
 Kind = Literal["path", "abstract", "fd"]
 
@@ -128,12 +134,20 @@ def _new_socket() -> socket.socket:
 
 
 def listen(
-    address: Address, *, mode: int = MODE_OWNER, remove_stale: bool = False
+    address: Address,
+    *,
+    mode: int = MODE_OWNER,
+    remove_stale: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[socket.socket, str]:
     """Bind and listen on ``address``; return the socket and its printable address.
 
-    A path is created with ``mode`` (no window with a wider mode) and an
-    existing file is an error unless ``remove_stale`` and nobody answers on it.
+    A path is created with ``mode`` (no window with a wider mode).  An existing
+    file is an error, unless ``remove_stale``: then a socket nobody answers on,
+    or a file of any other kind (``warn`` is told), is removed first, as the
+    reference ``sbusd -r`` does; a live server's socket is never taken over.
+    With ``remove_stale`` the check, the removal and the bind hold an flock on
+    ``<path>.lock``, which is left in place for the next start.
     The printable address of a path is absolute, so it can still be removed
     after the daemon has changed directory to ``/``.
     """
@@ -143,17 +157,24 @@ def listen(
     if address.kind == "abstract":
         return _listen_abstract(address.name)
     path = os.path.abspath(address.path)
-    if os.path.lexists(path):
-        if not remove_stale:
+    if not remove_stale:
+        if os.path.lexists(path):
             raise AddressError(f"{path} already exists (use -r to remove a stale socket)")
-        _remove_stale(path)
+        return _bind_path(address.path, path, mode), path
+    with _locked(path + LOCK_SUFFIX):
+        if os.path.lexists(path):
+            _remove_stale(path, warn or (lambda _line: None))
+        return _bind_path(address.path, path, mode), path
+
+
+def _bind_path(given: str, path: str, mode: int) -> socket.socket:
     sock = _new_socket()
     try:
         # bind(2) creates the file as 0777 & ~umask: set the umask so the file is
         # never wider than ``mode``, then chmod to add what the umask cannot.
         old_umask = os.umask(0o777 & ~mode)
         try:
-            sock.bind(os.fsencode(address.path))
+            sock.bind(os.fsencode(given))
         finally:
             os.umask(old_umask)
         os.chmod(path, mode)
@@ -161,7 +182,21 @@ def listen(
     except OSError as exc:
         sock.close()
         raise AddressError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
-    return sock, path
+    return sock
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` (created if missing, never removed)."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AddressError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:
@@ -186,10 +221,17 @@ def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:
     raise AddressError(f"no free random abstract name after {ABSTRACT_BIND_ATTEMPTS} tries")
 
 
-def _remove_stale(path: str) -> None:
-    """Unlink ``path`` if it is a socket nobody answers on (-r, SPEC §5)."""
+def _remove_stale(path: str, warn: Callable[[str], None]) -> None:
+    """Unlink ``path`` unless it is a socket a server answers on (-r, docs/protocol.md)."""
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise AddressError(f"{path} exists and is not a socket; not removing it")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise AddressError(f"cannot remove {path}: {exc.strerror or exc}") from exc
+        warn(f"removed {path}, which was not a socket")
+        return
     probe = _new_socket()
     probe.settimeout(STALE_PROBE_TIMEOUT)
     try:

@@ -66,6 +66,9 @@ class ServerConfig:
     instance: str = field(default_factory=_hostname)
     log_level: str = "info"
     log_format: str = "auto"
+    #: where the log goes: None = stderr (a daemon whose stderr was a terminal
+    #: switches to syslog once detached), a file path (appended to), or "syslog"
+    log_file: str | None = None
     # --- per-client limits and per-user quotas (docs/reliability.md) ---
     max_patterns_per_client: int = limits.MAX_PATTERNS_PER_CLIENT
     max_patterns_per_relay: int = limits.MAX_PATTERNS_PER_RELAY
@@ -291,6 +294,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
     "instance": _text,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
+    "log_file": _optional_text,
     "max_patterns_per_client": _count(1),
     "max_patterns_per_relay": _count(1),
     "max_pattern_bytes_per_client": _size(1),
@@ -305,9 +309,10 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
 def _check_together(config: ServerConfig, source: str) -> None:
     """Rules that involve more than one key."""
     if config.upstream is not None and _same_socket(config.upstream, config.address):
-        # A relay of itself would only ever reconnect to itself (SPEC §6: relays
-        # form a tree).  Other spellings of the same socket are caught at run
-        # time by the upstream link's SO_PEERCRED check (docs/relays.md).
+        # A relay of itself would only ever reconnect to itself (relays form a
+        # tree: docs/protocol.md, "Relays").  The socket file is compared with
+        # symlinks resolved; spellings that appear later are caught at run time
+        # by the upstream link's SO_PEERCRED check (docs/relays.md).
         raise ConfigError(source, "upstream", f"{config.upstream} is this server's own address")
     if config.reconnect_min > config.reconnect_max:
         raise ConfigError(
@@ -328,7 +333,10 @@ def _same_socket(one: str, other: str) -> bool:
 
 def _show(value: Any) -> str:
     """A value and its YAML type, for messages ("'16' (str)")."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = "(nested too deeply to show)"
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{text} ({type(value).__name__})"
@@ -379,6 +387,9 @@ def read_yaml(path: str) -> Any:
         raise ConfigError(path, str(exc.key), reason) from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
+    except RecursionError:
+        # The YAML parser recurses once per level of nesting.
+        raise ConfigError(path, "(file)", "nested too deeply to be a config file") from None
 
 
 def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:

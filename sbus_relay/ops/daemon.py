@@ -1,4 +1,4 @@
-"""Becoming a daemon, and pid files (SPEC §5: ``sbusd`` without ``-f``).
+"""Becoming a daemon, and pid files (docs/protocol.md, Addresses: ``sbusd`` without ``-f``).
 
 The classic double fork: fork, ``setsid`` (new session, no controlling
 terminal), fork again (a non-leader can never reacquire one), ``chdir("/")``.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from sbus_relay.protocol.errors import SbusError
 from sbus_relay.protocol.limits import DAEMON_READY_TIMEOUT
 
-#: A pid file path that means "no pid file" (SPEC §5).
+#: A pid file path that means "no pid file" (docs/protocol.md, Addresses).
 NO_PIDFILE = os.devnull
 _READY = b"\0"
 _FAILED = b"\1"
@@ -33,8 +33,13 @@ class DaemonError(SbusError):
     """The daemon could not finish starting; the waiting parent has the reason."""
 
 
-def daemonize(pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT) -> Callable[[], None]:
+def daemonize(
+    pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT, keep_stderr: bool = True
+) -> Callable[[], None]:
     """Detach; returns only in the daemon, with a function to call once ready.
+
+    ``keep_stderr`` False points stderr at /dev/null too (the log goes
+    elsewhere); otherwise a stderr that is a file or pipe is kept.
 
     The original process exits 0 when that function is called, or 1 (after
     printing the daemon's reason, if it gave one) when the daemon exits first
@@ -62,7 +67,7 @@ def daemonize(pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT) -> C
         _report(write_fd, reason)
         # Raised, not _exit: the caller still removes the socket file it made.
         raise DaemonError(reason) from exc
-    _detach_stdio()
+    _detach_stdio(keep_stderr)
 
     def ready() -> None:
         with contextlib.suppress(OSError):
@@ -102,23 +107,24 @@ def _wait_ready(fd: int, timeout: float) -> int:
     return 1
 
 
-def _detach_stdio() -> None:
+def _detach_stdio(keep_stderr: bool) -> None:
     """Point stdin and stdout at /dev/null; stderr too when it is a terminal.
 
-    A stderr that is a file or pipe is kept, so ``sbusd 2>>log`` still logs.
+    A stderr that is a file or pipe is kept (unless not ``keep_stderr``), so
+    ``sbusd 2>>log`` still logs.  The terminal is never kept: it is not ours.
     """
     sys.stdout.flush()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    if os.isatty(2):
+    if os.isatty(2) or not keep_stderr:
         os.dup2(null, 2)
     if null > 2:
         os.close(null)
 
 
 def close_stdin_stdout() -> None:
-    """``-f``: stdin and stdout are closed (SPEC §5).
+    """``-f``: stdin and stdout are closed (docs/protocol.md, Addresses).
 
     They are pointed at /dev/null rather than closed, so that descriptors 0 and
     1 cannot be reused by a client socket that a stray print would then corrupt.

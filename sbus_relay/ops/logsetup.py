@@ -1,15 +1,26 @@
-"""structlog configuration: called once, from the CLI, and nowhere else (STYLE §6).
+"""structlog configuration: called from the CLI, and nowhere else (STYLE §6).
 
-JSON lines when stderr is not a terminal (journald, files, tests parse them);
-coloured key=value lines on a terminal, for people.  Loggers are bound per
-connection by the server; here we only choose the renderer and the level.
+JSON lines when the destination is not a terminal (journald, files, tests
+parse them); coloured key=value lines on a terminal, for people.  Loggers are
+bound per connection by the server; here we only choose the renderer, the
+level and where lines go: a stream (stderr by default), a file, or syslog.
+
+A log line must never cost the bus anything.  Every line is written with one
+``write(2)`` that cannot block -- the descriptor is polled first -- and a line
+that cannot be written (a closed pipe, a full disk, a reader that stopped
+reading) is dropped and counted (``dropped_lines``, exported as
+``sbus_log_lines_dropped_total``), never raised into the code that logged it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import sys
-from typing import TextIO
+import syslog
+from typing import Any, TextIO
 
 import structlog
 
@@ -21,19 +32,167 @@ LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
 }
+#: The log target that means "send lines to the system log" (syslog(3)).
+SYSLOG = "syslog"
+#: Longest line written, in bytes (newline included); longer lines are cut.
+#: At most PIPE_BUF, so that a write to a pipe that polled writable is atomic
+#: and never blocks.
+MAX_LINE = 4096
+#: Marks a line that was cut to MAX_LINE.
+_CUT = b"...\n"
+#: syslog priorities for our level names.
+_SYSLOG_PRIORITY = {
+    "debug": syslog.LOG_DEBUG,
+    "info": syslog.LOG_INFO,
+    "warning": syslog.LOG_WARNING,
+    "error": syslog.LOG_ERR,
+    "critical": syslog.LOG_CRIT,
+}
+
+_dropped = 0
 
 
-def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
-    """Configure structlog (and stdlib logging, for libraries) to write to ``stream``.
+def dropped_lines() -> int:
+    """Log lines dropped since start because they could not be written."""
+    return _dropped
 
-    ``fmt`` is ``auto`` (JSON unless ``stream`` is a terminal), ``json`` or
-    ``console``.  ``level`` is one of ``LEVELS``.
+
+def _count_drop() -> None:
+    global _dropped
+    _dropped += 1
+
+
+class LineWriter:
+    """Writes whole lines to a descriptor without ever blocking or raising."""
+
+    def __init__(self, fd: int, *, owned: bool = False) -> None:
+        self.fd = fd
+        self._owned = owned
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLOUT)
+
+    def write_line(self, text: str) -> None:
+        """Write ``text`` and a newline, or drop it (counted)."""
+        data = text.encode("utf-8", "backslashreplace") + b"\n"
+        if len(data) > MAX_LINE:
+            data = data[: MAX_LINE - len(_CUT)] + _CUT
+        try:
+            ready = self._poll.poll(0)
+            if not ready or not ready[0][1] & select.POLLOUT:
+                _count_drop()  # the reader is not reading: never wait for it
+                return
+            if os.write(self.fd, data) != len(data):
+                _count_drop()
+        except (OSError, ValueError):
+            _count_drop()  # EPIPE, ENOSPC, EIO, a closed descriptor...
+
+    def close(self) -> None:
+        if self._owned:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
+
+class _StreamWriter:
+    """Lines to a stream that has no descriptor (tests pass a StringIO)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write_line(self, text: str) -> None:
+        try:
+            self._stream.write(text + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):
+            _count_drop()
+
+    def close(self) -> None:
+        pass
+
+
+class _SyslogWriter:
+    """Lines to syslog(3); the level picks the priority."""
+
+    def __init__(self, ident: str) -> None:
+        syslog.openlog(ident, syslog.LOG_PID, syslog.LOG_DAEMON)
+
+    def write_line(self, text: str, level: str = "info") -> None:
+        try:
+            syslog.syslog(_SYSLOG_PRIORITY.get(level, syslog.LOG_INFO), text)
+        except (OSError, ValueError):
+            _count_drop()
+
+    def close(self) -> None:
+        syslog.closelog()
+
+
+class _Logger:
+    """What structlog's renderer output is handed to: one line per event."""
+
+    def __init__(self, writer: _Writer) -> None:
+        self._writer = writer
+
+    def msg(self, message: str) -> None:
+        self._writer.write_line(message)
+
+    log = debug = info = warn = warning = err = error = critical = exception = failure = msg
+
+
+class _Handler(logging.Handler):
+    """stdlib logging (gevent and other libraries) through the same writer."""
+
+    def __init__(self, writer: _Writer) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._writer.write_line(self.format(record))
+        except Exception:
+            _count_drop()
+
+
+_Writer = LineWriter | _StreamWriter | _SyslogWriter
+_current: _Writer | None = None
+
+
+def configure(
+    level: str = "info",
+    fmt: str = "auto",
+    stream: TextIO | None = None,
+    *,
+    target: str | None = None,
+) -> None:
+    """Configure structlog (and stdlib logging, for libraries).
+
+    Lines go to ``target`` when given -- a file path (appended to) or
+    ``"syslog"`` -- else to ``stream`` (default stderr).  ``fmt`` is ``auto``
+    (JSON unless the destination is a terminal), ``json`` or ``console``;
+    ``level`` is one of ``LEVELS``.  Raises ``OSError`` if the file cannot be
+    opened.
     """
-    out = stream if stream is not None else sys.stderr
+    global _current
     number = LEVELS[level.lower()]
-    console = fmt == "console" or (fmt == "auto" and _isatty(out))
+    writer: _Writer
+    if target == SYSLOG:
+        writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
+        tty = False
+    elif target is not None:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        writer = LineWriter(fd, owned=True)
+        tty = False
+    else:
+        out = stream if stream is not None else sys.stderr
+        with contextlib.suppress(ValueError, OSError):
+            out.flush()
+        descriptor = _fileno(out)
+        writer = LineWriter(descriptor) if descriptor is not None else _StreamWriter(out)
+        tty = _isatty(out)
+    previous, _current = _current, writer
+    if previous is not None and previous is not writer:
+        previous.close()
+    console = fmt == "console" or (fmt == "auto" and tty)
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer(colors=_isatty(out))
+        structlog.dev.ConsoleRenderer(colors=tty)
         if console
         else structlog.processors.JSONRenderer()
     )
@@ -47,14 +206,64 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(number),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=_factory(writer),
         # Not cached: the CLI configures once, but tests configure several
         # times in one process and must see the newest configuration.
         cache_logger_on_first_use=False,
     )
     # gevent and other libraries log through the stdlib; keep them at the
-    # same level and on the same stream.
-    logging.basicConfig(level=number, stream=out, format="%(name)s: %(message)s", force=True)
+    # same level and on the same destination.
+    handler = _Handler(writer)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.basicConfig(level=number, handlers=[handler], force=True)
+
+
+def _factory(writer: _Writer) -> Any:
+    if isinstance(writer, _SyslogWriter):
+
+        def make_syslog(*_args: Any) -> _SyslogLogger:
+            return _SyslogLogger(writer)
+
+        return make_syslog
+
+    def make(*_args: Any) -> _Logger:
+        return _Logger(writer)
+
+    return make
+
+
+class _SyslogLogger:
+    """structlog calls the method named after the level: it picks the priority."""
+
+    def __init__(self, writer: _SyslogWriter) -> None:
+        self._writer = writer
+
+    def debug(self, message: str) -> None:
+        self._writer.write_line(message, "debug")
+
+    def info(self, message: str) -> None:
+        self._writer.write_line(message, "info")
+
+    def warning(self, message: str) -> None:
+        self._writer.write_line(message, "warning")
+
+    def error(self, message: str) -> None:
+        self._writer.write_line(message, "error")
+
+    def critical(self, message: str) -> None:
+        self._writer.write_line(message, "critical")
+
+    msg = log = info
+    warn = warning
+    err = exception = error
+    failure = fatal = critical
+
+
+def _fileno(stream: TextIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _keep(

@@ -15,6 +15,7 @@ with a small fixed set of values (``type``, ``reason``, ``mode``,
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,9 +32,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sbus_relay import __version__
-from sbus_relay.protocol.errors import ConfigError
+from sbus_relay.protocol.errors import AddressError, ConfigError
 from sbus_relay.protocol.flood import HARD_MODES, SOFT_MODES
+from sbus_relay.protocol.limits import LISTEN_BACKLOG
 from sbus_relay.protocol.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
+
+from . import logsetup
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -101,7 +105,7 @@ class MetricsCollector(Collector):
         yield self._queue_wait(self._stats)
         if gauges is not None:
             # Every known flood mode is exported, at 0 when no client uses it, so
-            # a series exists before the first client switches (SPEC §4).
+            # a series exists before the first client switches (docs/protocol.md, Flood control).
             yield from self._gauges(gauges)
             if gauges.is_relay:
                 yield from self._upstream(self._stats, gauges)
@@ -171,6 +175,11 @@ class MetricsCollector(Collector):
             "sbus_accept_errors_total",
             "accept(2) failures (EMFILE, ENFILE ...).",
             stats.accept_errors,
+        )
+        yield _counter(
+            "sbus_log_lines_dropped_total",
+            "Log lines dropped because they could not be written (closed pipe, full disk).",
+            logsetup.dropped_lines(),
         )
         yield _counter(
             "sbus_unknown_unsubscribes_total",
@@ -262,7 +271,7 @@ class MetricsCollector(Collector):
         )
         yield _gauge(
             "sbus_upstream_interest_patterns",
-            "Patterns the upstream reported wanted (interest extension, SPEC §6).",
+            "Patterns the upstream reported wanted (the interest extension).",
             g.upstream_interest_patterns,
         )
         yield _gauge(
@@ -354,8 +363,36 @@ def _wsgi_app(
     return app
 
 
+def bind_metrics(text: str) -> socket.socket:
+    """A TCP socket listening at ``HOST:PORT`` for the metrics endpoint.
+
+    Bound before the server daemonises, so that a busy or forbidden port is
+    one ``AddressError`` naming the address.
+    """
+    host, port = parse_host_port(text)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}") from None
+    sock.set_inheritable(False)
+    sock.setblocking(False)  # gevent's server accepts only when it is readable
+    return sock
+
+
 def serve(
-    host: str, port: int, registry: CollectorRegistry, health_fn: Callable[[], bool]
+    host: str | socket.socket,
+    port: int,
+    registry: CollectorRegistry,
+    health_fn: Callable[[], bool],
 ) -> WSGIServer:
     """Start serving ``/metrics`` and ``/healthz`` in the current gevent hub.
 
@@ -363,7 +400,8 @@ def serve(
     (useful with port 0), ``server.stop()`` stops it.  Access logging is off:
     Prometheus scrapes every few seconds and would drown the bus's own events.
     """
-    server = WSGIServer((host, port), _wsgi_app(registry, health_fn), log=None)
+    listener: Any = host if isinstance(host, socket.socket) else (host, port)
+    server = WSGIServer(listener, _wsgi_app(registry, health_fn), log=None)
     server.start()
     return server
 
@@ -384,12 +422,14 @@ def parse_host_port(text: str, source: str = "metrics") -> tuple[str, int]:
     return host, port
 
 
-def serve_from_config(config: _ConfigLike, server: _ServerLike) -> WSGIServer:
+def serve_from_config(
+    config: _ConfigLike, server: _ServerLike, *, listener: socket.socket | None = None
+) -> WSGIServer:
     """Serve metrics for ``server`` at ``config.metrics``; the CLI stops the result.
 
     Healthy means the server has not stopped and can still produce its gauges
     snapshot; a relay whose upstream is away is still healthy (it keeps
-    the local bus running, SPEC §6) and says so in ``sbus_upstream_connected``.
+    the local bus running, docs/protocol.md, Relays) and says so in ``sbus_upstream_connected``.
     """
     if not config.metrics:
         raise ConfigError("config", "metrics", "no HOST:PORT to serve metrics on")
@@ -402,6 +442,6 @@ def serve_from_config(config: _ConfigLike, server: _ServerLike) -> WSGIServer:
         server.gauges()  # raises (-> 503) if the server's state is broken
         return True
 
-    wsgi = serve(host, port, registry, healthy)
+    wsgi = serve(listener if listener is not None else host, port, registry, healthy)
     log.info("metrics.listening", host=host, port=wsgi.server_port)
     return wsgi

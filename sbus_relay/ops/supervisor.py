@@ -5,12 +5,12 @@ naming its parent by name).  ``load_hierarchy`` validates it once into frozen
 objects, with the same strictness as ``config.py``: unknown or duplicate keys,
 wrong types, unknown parents, a bus that is its own parent and cycles are all
 one ``ConfigError`` naming the file, the key and the reason.  The tree rule of
-SPEC §6 ("relays form a tree") is checked here, before anything runs.
+docs/protocol.md, Relays ("relays form a tree") is checked here, before anything runs.
 
 ``Supervisor`` starts each bus as an ``sbus-relay serve -f`` child, parents
 first, and waits for each socket before starting its children.  A child that
 dies is restarted with capped exponential back-off (a relay whose master
-restarts reconnects by itself, SPEC §6.6).  ``stop()`` stops the children in
+restarts reconnects by itself, docs/protocol.md, Relays).  ``stop()`` stops the children in
 reverse order -- relays before their upstream, so no relay logs a needless
 outage -- with SIGTERM, then SIGKILL after a grace period.
 
@@ -25,6 +25,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -48,11 +50,22 @@ STOP_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
 #: A child that ran this long before dying gets the shortest restart delay again.
 STABLE_AFTER = 10.0
+#: Failed starts in a row (exited or never listening, each within STABLE_AFTER
+#: of its start) after which a bus is given up on rather than restarted forever.
+START_ATTEMPTS = 5
+#: Seconds between checks that a starting bus listens.
+LISTEN_POLL = 0.05
+#: Bytes read from the end of a bus's log to quote its last line on failure.
+LOG_TAIL_BYTES = 4096
+#: Characters of that last line quoted.
+LOG_LINE_QUOTED = 300
 #: Default restart back-off, seconds (first delay, cap).
 RESTART_MIN = 0.5
 RESTART_MAX = 10.0
 #: prctl(2) option: signal to get when the parent dies.
 _PR_SET_PDEATHSIG = 1
+#: struct ucred, as SO_PEERCRED returns it: pid, uid, gid.
+_UCRED = struct.Struct("3i")
 
 
 class SupervisorError(SbusError):
@@ -164,7 +177,7 @@ def _checked(
 
 
 def _check_tree(source: str, specs: list[BusSpec]) -> None:
-    """SPEC §6: relays form a tree.  Unique names and addresses, known parents, no cycles."""
+    """Relays form a tree: unique names, addresses and ports, known parents, no cycles."""
     names: dict[str, BusSpec] = {}
     addresses: dict[str, str] = {}
     ports: dict[str, str] = {}
@@ -173,7 +186,9 @@ def _check_tree(source: str, specs: list[BusSpec]) -> None:
         if spec.name in names:
             raise ConfigError(source, f"{where}.name", "two buses have this name")
         names[spec.name] = spec
-        path = os.path.abspath(spec.address)
+        # Resolved, so that two spellings of one socket (a symlinked directory,
+        # a symlink to the socket) are caught too.
+        path = os.path.realpath(spec.address)
         if path in addresses:
             other = addresses[path]
             raise ConfigError(source, f"{where}.address", f"bus {other!r} listens there too")
@@ -234,6 +249,9 @@ class Child:
         self.delay = 0.0
         self.restart_at: float | None = None
         self.restarts = 0
+        #: failed starts in a row; the bus is given up on at START_ATTEMPTS
+        self.failures = 0
+        self.gave_up = False
 
 
 class Supervisor:
@@ -275,14 +293,33 @@ class Supervisor:
         self.out(f"sbus-relay up: {len(self.children)} buses running; Ctrl-C stops them all")
 
     def run(self) -> None:
-        """Watch the children until ``request_stop()``; restart those that die."""
+        """Watch the children until ``request_stop()``; restart those that die.
+
+        Raises ``SupervisorError`` once every bus has been given up on.
+        """
         while not self._stopping:
             now = time.monotonic()
             for child in self.children:
                 if self._stopping:
                     break
                 self._watch(child, now)
+            if all(child.gave_up for child in self.children):
+                raise SupervisorError("every bus failed to start repeatedly; nothing left to run")
             time.sleep(POLL_INTERVAL)
+
+    def status(self) -> dict[str, str]:
+        """Each bus's state: running (pid N), restarting, or gave up."""
+        result = {}
+        for child in self.children:
+            if child.gave_up:
+                result[child.spec.name] = f"gave up after {child.failures} failed starts"
+            elif child.restart_at is not None:
+                result[child.spec.name] = "restarting"
+            elif child.proc is not None and child.proc.poll() is None:
+                result[child.spec.name] = f"running (pid {child.proc.pid})"
+            else:
+                result[child.spec.name] = "stopped"
+        return result
 
     def request_stop(self) -> None:
         """Ask ``run`` to return (safe to call from a signal handler)."""
@@ -337,30 +374,48 @@ class Supervisor:
         self.out(f"{spec.name} ({role}) listening at {spec.address} ({', '.join(where)})")
 
     def _wait_listening(self, child: Child) -> None:
-        """Poll until the bus accepts a connection (or it exits, or we are stopped)."""
+        """Poll until the child itself accepts a connection (or exits, or we stop).
+
+        "Something accepts at the address" is not enough: another process may
+        hold it.  The test connection's SO_PEERCRED pid must be the child's.
+        """
         assert child.proc is not None
         address = parse_address(child.spec.address)
         deadline = time.monotonic() + START_TIMEOUT
+        other: int | None = None
         while not self._stopping:
             status = child.proc.poll()
             if status is not None:
                 raise SupervisorError(
                     f"bus {child.spec.name} exited with status {status} before listening"
-                    + (f" (see {self._log_path(child.spec)})" if self.hierarchy.log_dir else "")
+                    + self._why(child, other)
                 )
-            try:
-                connect(address).close()
+            listener = _listener_pid(address)
+            if listener == child.proc.pid:
                 return
-            except (OSError, AddressError):
-                pass
+            if listener is not None:
+                other = listener
             if time.monotonic() > deadline:
                 raise SupervisorError(
                     f"bus {child.spec.name} not listening at {child.spec.address}"
-                    f" after {START_TIMEOUT}s"
+                    f" after {START_TIMEOUT}s" + self._why(child, other)
                 )
-            time.sleep(0.05)
+            time.sleep(LISTEN_POLL)
+
+    def _why(self, child: Child, other: int | None) -> str:
+        """The likely reason a start failed: another listener, the log's last line."""
+        notes = []
+        if other is not None:
+            notes.append(f"another process (pid {other}) listens at {child.spec.address}")
+        log_path = self._log_path(child.spec)
+        if log_path:
+            last = _last_line(log_path)
+            notes.append(f"{last} (log {log_path})" if last else f"see {log_path}")
+        return ": " + "; ".join(notes) if notes else ""
 
     def _watch(self, child: Child, now: float) -> None:
+        if child.gave_up:
+            return
         proc = child.proc
         if child.restart_at is not None:
             if now >= child.restart_at:
@@ -368,20 +423,45 @@ class Supervisor:
                 try:
                     self._spawn(child)
                 except SupervisorError as exc:
-                    self._schedule(child, now, str(exc))
+                    self._terminate_quietly(child)
+                    why = f"failed to start ({exc})"
+                    self._schedule(child, time.monotonic(), why, failed=True)
             return
         if proc is None or proc.poll() is None:
             return
-        self._schedule(child, now, f"exited with status {proc.returncode}")
+        self._schedule(
+            child,
+            now,
+            f"exited with status {proc.returncode}",
+            failed=now - child.started_at < STABLE_AFTER,
+        )
 
-    def _schedule(self, child: Child, now: float, why: str) -> None:
-        """Plan a restart with capped exponential back-off."""
-        if now - child.started_at >= STABLE_AFTER:
+    def _schedule(self, child: Child, now: float, why: str, *, failed: bool) -> None:
+        """Plan a restart with capped exponential back-off, or give up on the bus."""
+        if failed:
+            child.failures += 1
+        else:
+            child.failures = 0
             child.delay = self.hierarchy.restart_min  # it ran fine for a while
+        if child.failures >= START_ATTEMPTS:
+            child.gave_up = True
+            child.restart_at = None
+            self.err(
+                f"sbus-relay up: {child.spec.name} {why}; giving up on it after"
+                f" {child.failures} failed starts in a row (the other buses keep running)"
+            )
+            return
         delay = child.delay
         child.delay = min(delay * 2, self.hierarchy.restart_max)
         child.restart_at = now + delay
         self.err(f"sbus-relay up: {child.spec.name} {why}; restarting in {delay:g}s")
+
+    def _terminate_quietly(self, child: Child) -> None:
+        """Stop a child that failed to start (it may still be running)."""
+        proc = child.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
     def _terminate(self, child: Child) -> None:
         proc = child.proc
@@ -396,6 +476,33 @@ class Supervisor:
                 proc.kill()
                 proc.wait()
         self.out(f"{child.spec.name} stopped")
+
+
+def _listener_pid(address: Any) -> int | None:
+    """The pid of the process listening at ``address``, or None if none answers."""
+    try:
+        sock = connect(address)
+    except (OSError, AddressError):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        return int(_UCRED.unpack(raw)[0])
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def _last_line(path: str) -> str:
+    """The last non-empty line of a text file ("" if none), shortened."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - LOG_TAIL_BYTES))
+            lines = [line for line in stream.read().splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].decode("utf-8", "replace")[:LOG_LINE_QUOTED] if lines else ""
 
 
 def _printer(stream: IO[str]) -> Callable[[str], None]:

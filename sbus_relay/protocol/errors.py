@@ -46,4 +46,12 @@ class AddressError(SbusError):
 
 
 class BusClosed(SbusError):
-    """The connection to the bus was closed (client side)."""
+    """The connection to the bus was closed (client side).
+
+    ``reason`` is the server's own word for why (``CMSG disconnect``, e.g.
+    ``"user_not_allowed"``), or ``""`` when it gave none.
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason

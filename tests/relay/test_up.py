@@ -7,10 +7,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,7 +34,9 @@ LISTENING = re.compile(rb"^(\S+) \(.*\) listening at (\S+) \(pid (\d+)")
 class Up:
     """``sbus-relay up`` on a copy of dev-hierarchy.yaml with private paths and ports."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(
+        self, tmp_path: Path, edit: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self.dir = short_dir()
         document = yaml.safe_load((CONFIGS / "dev-hierarchy.yaml").read_text())
         document["log_dir"] = self.dir
@@ -40,6 +44,9 @@ class Up:
         for bus in document["buses"]:
             bus["address"] = os.path.join(self.dir, bus["name"])
             bus["metrics"] = f"127.0.0.1:{free_port()}"
+        if edit is not None:
+            edit(document)
+        self.document = document
         self.config = tmp_path / "hierarchy.yaml"
         self.config.write_text(yaml.safe_dump(document))
         self.err = tmp_path / "up.err"
@@ -174,6 +181,16 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         ({"buses": [{"name": "m", "address": "/x"}], "restart_min": -1}, "restart_min", "positive"),
         ({"buses": [{"name": "m", "address": "/x", "args": "-v"}]}, "args", "list"),
         ({"busses": []}, "busses", "unknown key"),
+        (
+            {
+                "buses": [
+                    {"name": "m", "address": "/x", "metrics": "127.0.0.1:9900"},
+                    {"name": "r", "address": "/y", "upstream": "m", "metrics": "0.0.0.0:9900"},
+                ]
+            },
+            "metrics",
+            "port also used",
+        ),
     ],
 )
 def test_hierarchy_validation_names_key_and_reason(
@@ -221,3 +238,107 @@ def test_container_relay_config_points_at_the_mounted_master() -> None:
     assert config.address == "/run/sbus.socket"
     assert config.upstream == "/run/sbus-master/sbus.socket"
     assert config.upstream != config.address
+
+
+def test_up_refuses_two_buses_on_one_socket_through_a_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    hierarchy = tmp_path / "h.yaml"
+    hierarchy.write_text(
+        "buses:\n"
+        f"  - {{name: master, address: {real / 'bus.sock'}}}\n"
+        f"  - {{name: relay, address: {tmp_path / 'link' / 'bus.sock'}, upstream: master}}\n"
+    )
+    result = run_cli("up", str(hierarchy))
+    assert result.returncode == 2
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and "buses[relay].address" in lines[0], lines
+    assert "listens there too" in lines[0]
+    assert not (real / "bus.sock").exists()  # nothing was started
+
+
+def test_up_refuses_a_config_nested_thousands_deep(tmp_path: Path) -> None:
+    hierarchy = tmp_path / "deep.yaml"
+    hierarchy.write_text("buses: " + "[" * 5000 + "]" * 5000 + "\n")
+    result = run_cli("up", str(hierarchy))
+    assert result.returncode == 2
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and "nested too deeply" in lines[0], lines
+
+
+def test_shipped_configs_can_run_side_by_side() -> None:
+    ports: dict[str, str] = {}
+    sockets: dict[str, str] = {}
+    for path in shipped_configs():
+        if path.name == "dev-hierarchy.yaml":
+            entries = [
+                (f"{path.name}:{b.name}", b.metrics, b.address)
+                for b in load_hierarchy(str(path)).buses
+            ]
+        else:
+            config = load_config(str(path))
+            # relay.yaml runs in a container: its /run/sbus.socket is the container's.
+            address = None if path.name == "relay.yaml" else config.address
+            entries = [(path.name, config.metrics, address)]
+        for name, metrics, address in entries:
+            assert metrics is not None, f"{name} serves no metrics"
+            port = metrics.rsplit(":", 1)[1]
+            assert port not in ports, f"{name} and {ports[port]} both use port {port}"
+            ports[port] = name
+            if address is not None:
+                assert address not in sockets, f"{name} and {sockets[address]} share {address}"
+                sockets[address] = name
+
+
+def test_up_checks_that_the_bus_itself_listens(tmp_path: Path) -> None:
+    # Another process holds the master's address: the master cannot bind, and
+    # up must not take that other process's answer for the master's.
+    directory = short_dir()
+    address = os.path.join(directory, "master")
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    squatter.bind(address)
+    squatter.listen(16)
+    hierarchy = tmp_path / "h.yaml"
+    hierarchy.write_text(f"buses:\n  - {{name: master, address: {address}}}\n")
+    try:
+        result = run_cli("up", str(hierarchy), timeout=WAIT * 2)
+    finally:
+        squatter.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "master exited with status 2 before listening" in err
+    assert f"another process (pid {os.getpid()}) listens at {address}" in err
+    assert "Traceback" not in err
+
+
+def test_up_gives_up_on_a_bus_that_keeps_failing_at_start(tmp_path: Path) -> None:
+    def two_buses(document: dict[str, Any]) -> None:
+        document["buses"] = document["buses"][:2]  # master and relay-a
+        document["restart_max"] = 0.5
+
+    up = Up(tmp_path, two_buses)
+    try:
+        up.read_until(b"buses running")
+        port = int(up.document["buses"][1]["metrics"].rsplit(":", 1)[1])
+        blocker = socket.socket()
+        os.kill(up.pids["relay-a"], signal.SIGKILL)
+        wait_until(lambda: gone(up.pids["relay-a"]), "relay-a gone")
+        blocker.bind(("127.0.0.1", port))  # its metrics port is taken from now on
+        blocker.listen(1)
+        try:
+            wait_until(lambda: "giving up on it" in up.err.read_text(), "up gave up", timeout=30)
+            err = up.err.read_text()
+            # The kill (within 10 s of its start) counts too: 1 + 4 failed restarts.
+            assert "giving up on it after 5 failed starts in a row" in err, err
+            assert err.count("relay-a failed to start") == 4, err
+            assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in err
+            assert up.proc.poll() is None  # the master keeps running
+            assert not gone(up.pids["master"])
+        finally:
+            blocker.close()
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(WAIT) == 0
+    finally:
+        up.close()

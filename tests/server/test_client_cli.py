@@ -225,7 +225,7 @@ def test_signals_stop_cleanly_and_remove_the_socket(tmp_path: Path, sig: int) ->
 
 
 def test_exit_when_empty(tmp_path: Path) -> None:
-    for command, flag in (("sbusd", "-c"), ("serve", "-C")):
+    for command, flag in (("sbusd", "-c"), ("serve", "-c")):
         bus = start_bus(tmp_path, flag, command=command)
         Client(bus.address).close()
         assert bus.proc.wait(WAIT) == 0, bus.stderr_text()
@@ -260,7 +260,7 @@ def test_serve_reads_the_config_and_flags_override_it(tmp_path: Path, short_tmp:
     config.write_text(
         f"address: {short_tmp / 'from-file'}\ngroup_access: true\ninstance: from-file\n"
     )
-    with start_bus(tmp_path, "-c", str(config), "--no-group-access", command="serve") as bus:
+    with start_bus(tmp_path, "-C", str(config), "--no-group-access", command="serve") as bus:
         # start_bus passed -a: the flag wins over the file's address
         assert not os.path.exists(short_tmp / "from-file")
         assert stat.S_IMODE(os.stat(bus.address).st_mode) == 0o700
@@ -280,7 +280,7 @@ def test_serve_reads_the_config_and_flags_override_it(tmp_path: Path, short_tmp:
 def test_bad_config_exits_2_with_one_line(tmp_path: Path, yaml_text: str, key: str) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(yaml_text)
-    done = run_cli("serve", "-f", "-c", str(config), "-a", str(tmp_path / "never"))
+    done = run_cli("serve", "-f", "-C", str(config), "-a", str(tmp_path / "never"))
     assert done.returncode == 2
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1, lines
@@ -297,7 +297,7 @@ def test_bad_flag_value_exits_2_naming_the_flag(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("argv", [["-x"], ["-f", "-p", "/tmp/p"], ["-h"], ["extra"]])
+@pytest.mark.parametrize("argv", [["-x"], ["-f", "-p", "/tmp/p"], ["--version"], ["extra"]])
 def test_sbusd_takes_only_the_reference_flags(argv: list[str]) -> None:
     done = subprocess.run(
         [os.path.join(VENV_BIN, "sbusd"), *argv],
@@ -433,3 +433,26 @@ def test_client_sends_and_receives_the_largest_legal_packet(sbusd: BusProcess) -
         got = sub.receive()
     assert len(got.packet) == 409_600
     assert got.payload == payload
+
+
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "deep.yaml"
+    config.write_text("address: " + "[" * 5000 + "]" * 5000 + "\n")
+    done = run_cli("serve", "-f", "-C", str(config))
+    assert done.returncode == 2
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and str(config) in lines[0] and "nested too deeply" in lines[0]
+
+
+def test_a_busy_metrics_port_is_one_line_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        address = tmp_path / "bus"
+        done = run_cli("serve", "-f", "-a", str(address), "--metrics", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"sbus-relay serve: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert not address.exists()  # the bus never listened

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -18,7 +19,7 @@ from tests.server.rawclient import (
     connect_address,
     wait_accepting,
 )
-from tests.support import VENV_BIN, short_dir, start_bus
+from tests.support import VENV_BIN, is_listening, short_dir, start_bus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -150,7 +151,9 @@ def test_u_refuses_other_users(tmp_path: Path) -> None:
         with RawClient(bus.address) as root_client:  # root is allowed
             assert root_client.whoami()
         result = whoami_as_nobody(bus.address)
-        assert result.startswith(("connect-failed", "closed", "no-answer")), result
+        # Refused at accept: told why (when the notice is read before the reset), never answered.
+        told = result.startswith("answer ") and result.endswith("CMSG disconnect\0user_not_allowed")
+        assert told or result.startswith(("connect-failed", "closed", "no-answer")), result
         assert bus.proc.poll() is None
     finally:
         bus.stop(signal.SIGTERM)
@@ -310,6 +313,90 @@ def test_r_does_not_take_over_a_live_bus(tmp_path: Path) -> None:
         assert first.stop(signal.SIGTERM) == 0
 
 
+def test_r_removes_a_regular_file_and_logs_a_warning(tmp_path: Path) -> None:
+    # As the reference's own test does: a plain file at the path goes with -r.
+    path = os.path.join(short_dir(), "plain")
+    Path(path).write_text("left behind")
+    bus = start_bus(tmp_path, "-r", "-a", path)
+    try:
+        pubsub_works(path)
+        assert "which was not a socket" in bus.stderr_text()
+    finally:
+        assert bus.stop(signal.SIGTERM) == 0
+
+
+def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(tmp_path: Path) -> None:
+    path = stale_socket()
+    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    err_path = tmp_path / "sbusd.err"
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [os.path.join(VENV_BIN, "sbusd"), "-f", "-r", "-a", path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            time.sleep(1.0)  # long enough to start; it must wait for the lock
+            assert proc.poll() is None, err_path.read_text()
+            assert not is_listening(path)
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            wait_accepting(path, proc, timeout=15)
+            pubsub_works(path)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+    finally:
+        os.close(lock_fd)
+    assert os.path.exists(path + ".lock")  # kept for the next start
+
+
+def test_two_servers_started_with_r_on_one_stale_path_never_both_bind(tmp_path: Path) -> None:
+    path = stale_socket()
+    procs = []
+    for i in range(4):
+        with open(tmp_path / f"sbusd-{i}.err", "wb") as err:
+            procs.append(
+                subprocess.Popen(
+                    [os.path.join(VENV_BIN, "sbusd"), "-f", "-r", "-a", path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+            )
+    try:
+        wait_accepting(path, None, timeout=15)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and sum(p.poll() is None for p in procs) > 1:
+            time.sleep(0.05)
+        running = [p for p in procs if p.poll() is None]
+        assert len(running) == 1, [p.returncode for p in procs]
+        assert all(p.returncode == 2 for p in procs if p not in running)
+        pubsub_works(path)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(10)
+
+
+def test_h_prints_the_usage_and_every_flag() -> None:
+    done = subprocess.run(
+        [os.path.join(VENV_BIN, "sbusd"), "-h"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=15,
+        check=False,
+    )
+    assert done.returncode == 0
+    text = done.stdout.decode()
+    assert text.startswith("usage: sbusd [-a ADDRESS] [-f | -p PIDFILE] [-u USER]... [-cgor]")
+    for flag in ("-a ADDRESS", "-f ", "-p PIDFILE", "-u USER", "-c ", "-g ", "-o ", "-r "):
+        assert f"  {flag}" in text, flag
+
+
 # --- daemonising ------------------------------------------------------------------
 
 
@@ -410,3 +497,22 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
+def test_the_readme_multi_user_example_admits_the_listed_user(tmp_path: Path) -> None:
+    # README: `sbusd -a /run/sbus.socket -o -u 1000` run as root lets uid 1000 in.
+    bus = start_bus(tmp_path, "-o", "-u", str(NOBODY))
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        assert whoami_as_nobody(bus.address).startswith("answer "), bus.stderr_text()[-2000:]
+    finally:
+        bus.stop(signal.SIGTERM)
+    # ... whereas -g opens the socket only to root's group: the listed user
+    # cannot even connect (what the old example got wrong).
+    bus = start_bus(tmp_path, "-g", "-u", str(NOBODY))
+    try:
+        os.chmod(os.path.dirname(bus.address), 0o755)
+        assert whoami_as_nobody(bus.address).startswith("connect-failed")
+    finally:
+        bus.stop(signal.SIGTERM)

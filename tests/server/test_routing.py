@@ -178,7 +178,7 @@ def test_pattern_limit_per_client(connect: Callable[[], RawClient]) -> None:
     greedy.send(b"SUB p/0")  # a duplicate is fine
     greedy.sync(timeout=30)
     greedy.send(b"SUB one/too/many")
-    greedy.expect_closed()
+    assert greedy.expect_closed()[-1].startswith(b"CMSG disconnect\0too_many_patterns")
     other.sub(b"still")  # nobody else notices
     other.send(b"MSG still\0ok")
     assert other.recv_packet() == b"MSG still\0ok"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.ops.addresses import (
+    LOCK_SUFFIX,
     Address,
     connect,
     format_abstract,
@@ -146,12 +147,24 @@ def test_remove_stale_keeps_a_live_socket(sockdir: Path) -> None:
         live.close()
 
 
-def test_remove_stale_never_removes_a_regular_file(sockdir: Path) -> None:
+def test_remove_stale_removes_any_other_file_with_a_warning(sockdir: Path) -> None:
+    # As the reference sbusd -r does: whatever is at the path goes.
     path = sockdir / "bus"
     path.write_text("data")
-    with pytest.raises(AddressError, match="not a socket"):
-        listen(parse_address(str(path)), remove_stale=True)
-    assert path.read_text() == "data"
+    warnings: list[str] = []
+    sock, _ = listen(parse_address(str(path)), remove_stale=True, warn=warnings.append)
+    try:
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+        assert warnings == [f"removed {path}, which was not a socket"]
+    finally:
+        sock.close()
+
+
+def test_remove_stale_keeps_its_lock_file_beside_the_socket(sockdir: Path) -> None:
+    path = sockdir / "bus"
+    sock, _ = listen(parse_address(str(path)), remove_stale=True)
+    sock.close()
+    assert (sockdir / ("bus" + LOCK_SUFFIX)).is_file()
 
 
 def test_relative_paths_print_absolute(sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

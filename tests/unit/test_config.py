@@ -21,6 +21,7 @@ DESIGN_FIELDS = [
     "exit_when_empty", "remove_stale", "hard_limit_bytes", "hard_limit_messages",
     "max_clients", "upstream", "upstream_queue_messages", "upstream_queue_bytes",
     "reconnect_min", "reconnect_max", "metrics", "instance", "log_level", "log_format",
+    "log_file",
     "max_patterns_per_client", "max_patterns_per_relay", "max_pattern_bytes_per_client",
     "user_connections", "user_patterns", "user_pattern_bytes", "user_queued_bytes",
     "user_quotas",
@@ -225,7 +226,7 @@ def test_shipped_configs_load(name: str) -> None:
         assert config.address.startswith("/tmp/") and config.foreground
         assert config.pidfile == "/dev/null"
     else:
-        assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9810")
+        assert (config.address, config.metrics) == ("/run/sbus.socket", "127.0.0.1:9800")
 
 
 def test_upstream_cannot_be_the_servers_own_address(tmp_path: Path) -> None:
@@ -237,6 +238,14 @@ def test_upstream_cannot_be_the_servers_own_address(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         ServerConfig(address="/tmp/a").merged(upstream="/tmp/a")
     assert caught.value.key == "upstream"
+
+
+@pytest.mark.parametrize("depth", [100, 5000])
+def test_a_deeply_nested_file_is_one_config_error(tmp_path: Path, depth: int) -> None:
+    path = write(tmp_path, "address: " + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
 
 
 def test_quotas_load_with_per_user_overrides(tmp_path: Path) -> None:
