@@ -114,7 +114,6 @@ class RawConnection:
         if data.startswith(DISCONNECT):
             # The server says why it closes us, then closes (docs/protocol.md).
             self.disconnect_reason = data[len(DISCONNECT) :].decode("utf-8", "replace")
-            raise Closed("disconnect: " + self.disconnect_reason)
         return data
 
     def _whoami(self, timeout: float) -> bytes:

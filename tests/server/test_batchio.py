@@ -101,6 +101,7 @@ def test_a_server_on_the_pure_python_path(pure_bus: Any) -> None:
     sub, pub, stalled = (RawClient(pure_bus.address) for _ in range(3))
     stalled.shrink_rcvbuf()
     stalled.sub(b"k/")  # never reads: hard/discard at 100 must not hold up the others
+    sub.cmsg(b"blocking/hard/block")  # a lagging reader thread slows the publisher, loses none
     sub.sub(b"k/")
     packets = [b"MSG k/%d\0" % i + b"p" * 64 for i in range(5000)]
     got: list[bytes] = []
