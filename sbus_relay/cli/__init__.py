@@ -55,7 +55,7 @@ HELP: dict[str, tuple[str, str]] = {
         "sbus-relay sub 'sensors/*/temp' 'alerts/'",
     ),
     "bench": (
-        "Measure the bus against a minimal C forwarder and the reference daemon.",
+        "Measure the bus on realistic traffic, beside the reference sbusd run live.",
         "sbus-relay bench --quick",
     ),
     "up": (
