@@ -18,7 +18,8 @@ Theory of operation (after nats-server's sublist, SPEC §2):
   their own, and secret keys are looked up only there, so no wildcard ever
   sees a secret message.
 * A leaf holds a tuple of the clients that subscribe there (each once); how
-  many times each client subscribed is kept in the per-client count dict.
+  many times each client subscribed is kept per client (a set of its
+  patterns, and counts only for the duplicates).
   The pattern's global count therefore goes 0 -> 1 exactly when the tuple
   becomes non-empty: the ``on_first``/``on_last`` callbacks fire then.
 * ``match`` answers from a bounded key -> recipients cache, cleared whole on
@@ -96,7 +97,11 @@ class SubscriptionIndex(Generic[C]):
         self._exact: dict[bytes, Holders] = {}
         self._prefix: dict[bytes, Holders] = {}
         self._dead: dict[bytes, Holders] = {}
-        self._owned: dict[C, dict[bytes, int]] = {}
+        #: client -> its distinct patterns; a set (not a dict of counts) keeps a
+        #: stored pattern small, and the rare duplicates are counted in _extra
+        self._owned: dict[C, set[bytes]] = {}
+        #: client -> pattern -> how many times it holds it beyond the first
+        self._extra: dict[C, dict[bytes, int]] = {}
         #: client -> (client,), shared by all the patterns it alone holds
         self._solo: dict[C, Holders] = {}
         #: key -> recipients; bounded, cleared on every change of a recipient set
@@ -178,7 +183,8 @@ class SubscriptionIndex(Generic[C]):
 
     def patterns_of(self, client: C) -> dict[bytes, int]:
         """A copy of ``client``'s patterns and their counts."""
-        return dict(self._owned.get(client, {}))
+        extra = self._extra.get(client, {})
+        return {p: 1 + extra.get(p, 0) for p in self._owned.get(client, ())}
 
     def distinct_of(self, client: C) -> int:
         """How many distinct patterns ``client`` holds (no copy)."""
@@ -187,7 +193,9 @@ class SubscriptionIndex(Generic[C]):
     def count_of(self, client: C, pattern: bytes) -> int:
         """How many times ``client`` holds ``pattern``."""
         pattern = canonical(pattern)
-        return self._owned.get(client, {}).get(pattern, 0)
+        if pattern not in self._owned.get(client, ()):
+            return 0
+        return 1 + self._extra.get(client, {}).get(pattern, 0)
 
     def patterns(self) -> Iterator[bytes]:
         """Every distinct pattern held by anyone."""
@@ -212,12 +220,15 @@ class SubscriptionIndex(Generic[C]):
     def add(self, client: C, pattern: bytes) -> None:
         """Subscribe ``client`` to ``pattern`` once more."""
         pattern = canonical(pattern)
-        owned = self._owned.setdefault(client, {})
-        n = owned.get(pattern, 0)
-        owned[pattern] = n + 1
+        owned = self._owned.get(client)
+        if owned is None:
+            owned = self._owned[client] = set()
         self._total += 1
-        if n:
-            return  # a duplicate: recipients unchanged
+        if pattern in owned:  # a duplicate: recipients unchanged, only counted
+            extra = self._extra.setdefault(client, {})
+            extra[pattern] = extra.get(pattern, 0) + 1
+            return
+        owned.add(pattern)
         first = self._attach(client, pattern)
         self.cache.clear()
         if first:
@@ -229,15 +240,19 @@ class SubscriptionIndex(Generic[C]):
         """Remove one subscription; False if ``client`` did not hold ``pattern``."""
         pattern = canonical(pattern)
         owned = self._owned.get(client)
-        n = owned.get(pattern, 0) if owned else 0
-        if not n:
+        if owned is None or pattern not in owned:
             return False
-        assert owned is not None
         self._total -= 1
-        if n > 1:
-            owned[pattern] = n - 1
+        extra = self._extra.get(client)
+        if extra and pattern in extra:
+            if extra[pattern] > 1:
+                extra[pattern] -= 1
+            else:
+                del extra[pattern]
+                if not extra:
+                    del self._extra[client]
             return True
-        del owned[pattern]
+        owned.discard(pattern)
         self._detach_and_notify(client, pattern)
         if not owned:
             del self._owned[client]
@@ -247,13 +262,15 @@ class SubscriptionIndex(Generic[C]):
     def remove_client(self, client: C) -> int:
         """Drop every pattern of ``client``; returns how many subscriptions went."""
         owned = self._owned.pop(client, None)
+        extra = self._extra.pop(client, {})
         if not owned:
             return 0
-        for pattern, n in owned.items():
-            self._total -= n
+        removed = len(owned) + sum(extra.values())
+        self._total -= removed
+        for pattern in owned:
             self._detach_and_notify(client, pattern)
         self._solo.pop(client, None)
-        return sum(owned.values())
+        return removed
 
     # --- trie plumbing ---------------------------------------------------
 
