@@ -78,8 +78,9 @@ class Router(Protocol):
     def forget(self, conn: Connection) -> None:
         """``conn`` has closed: drop its patterns and interest."""
 
-    def flush(self) -> None:
-        """Send every recipient what ``publish`` routed to it since the last flush."""
+    def flush(self, sender: Connection | None = None) -> None:
+        """Send every recipient what ``publish`` routed to it since the last flush
+        (``sender``: the publisher of that batch, which a block mode may pause)."""
 
 
 class Connection:
@@ -143,8 +144,10 @@ class Connection:
         self.interest = False  # sent interest/on: a relay listening for notices
         self.relay = False  # declared itself a relay (its pattern limit is the relay one)
         self.alive = True
-        #: in a mode without blocking: what one read batch routes here waits in
-        #: ``pending`` and goes out in one call when the router flushes
+        #: not in soft/block: what one read batch routes here while nothing is
+        #: queued waits in ``pending`` and goes out in one call when the router
+        #: flushes.  (soft/block must pause the publisher at the very packet its
+        #: socket refuses, so it is always sent at once.)
         self.batch = True
         self.pending: list[bytes] | None = None
         #: drop reason while new messages for this client are shed without a
@@ -213,7 +216,7 @@ class Connection:
                     msgs += 1
                     publish(self, packet, packet[4:nul])
                 else:
-                    router.flush()  # what was routed before it goes first
+                    router.flush(self)  # what was routed before it goes first
                     router.handle(self, packet)
                 if self.pauses:
                     if self._retry:  # held for later: handle it again on resume
@@ -234,7 +237,7 @@ class Connection:
             self.log.exception("client.internal_error")
             self.close("internal_error", repr(e))
         finally:
-            router.flush()
+            router.flush(self)
             stats.packets_in["msg"] += msgs
             stats.bytes_in += nbytes
 
@@ -286,10 +289,12 @@ class Connection:
         elif action in flood.BLOCKING:
             self._enqueue(packet)
             if sender is not None and sender.alive:  # even when it fills its own queue
-                if self.waiters is None:
-                    self.waiters = []
-                self.waiters.append((sender, action))
-                sender.pause()
+                waiters = self.waiters
+                if waiters is None:
+                    waiters = self.waiters = []
+                if not any(p is sender and a is action for p, a in waiters):
+                    waiters.append((sender, action))
+                    sender.pause()
         elif action is Action.DISCONNECT:
             self.count_drop("slow_client_disconnected")
             self.close(

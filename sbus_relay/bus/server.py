@@ -254,7 +254,9 @@ class Server:
                     conn.dropped += 1
                     continue
                 if not conn.queue.count:
-                    if conn.batch:  # sent with the rest of this batch by flush()
+                    if conn.batch:  # sent with the rest of this batch by flush(),
+                        # which hands what the socket refuses to flood control
+                        # (so hard/block may pass its limit by one batch at most)
                         pending = conn.pending
                         if pending is None:
                             conn.pending = [packet]
@@ -280,10 +282,11 @@ class Server:
         if upstream is not None and sender is not None:
             upstream.forward(key, packet)
 
-    def flush(self) -> None:
+    def flush(self, sender: Connection | None = None) -> None:
         """Send each recipient what this batch routed to it, in one call where
         compiled (``batchio``); what its socket does not take goes through
-        ``Connection.deliver`` and so through flood control, in order."""
+        ``Connection.deliver`` and so through flood control, in order
+        (``sender``, the batch's publisher, may be paused by a hard/block)."""
         dirty = self._dirty
         if not dirty:
             return
@@ -304,7 +307,7 @@ class Server:
                 stats.delivered += sent
                 stats.bytes_out += sum(map(len, pending if sent == total else pending[:sent]))
             for i in range(sent, total):
-                conn.deliver(pending[i], None)  # never a block mode: no publisher to pause
+                conn.deliver(pending[i], sender)
 
     # --- everything but MSG ----------------------------------------------------
 
@@ -448,8 +451,8 @@ class Server:
                 q.hard = value
             else:
                 q.set_order(value)
-            # a block mode pauses publishers packet by packet: no batching for it
-            conn.batch = q.soft != "block" and q.hard != "block"
+            # soft/block pauses the publisher at the very packet refused: never batched
+            conn.batch = q.soft != "block"
 
     # --- the relay: index callbacks, and the UpstreamHost interface ----------------
 
