@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: run test install lint clean
+.PHONY: run test install lint clean system-deps
 
 # Created only when missing.  Debian splits venv support into python3-venv:
 # install it (as root) if creating the venv fails, then try once more.
@@ -15,22 +15,28 @@ $(PY):
 	  python3 -m venv $(VENV); }
 
 # Editable installs: code changes need no reinstall, so each is redone only when
-# pyproject.toml changes (a stamp file per set of extras).
-$(VENV)/.installed: pyproject.toml | $(PY)
+# pyproject.toml or the compiled helper's source changes (a stamp file per set
+# of extras).
+BUILT := pyproject.toml sbus_relay/bus/_batchio.c
+$(VENV)/.installed: $(BUILT) | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
+$(VENV)/.installed-dev: $(BUILT) | $(PY)
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	touch $@ $(VENV)/.installed
+
+# Prometheus, a JRE, gcc and the Python headers, when missing (as root); before
+# the install, so that the bus's compiled helper is built.
+system-deps:
+	bash .ci/system-deps.sh
 
 install: $(VENV)/.installed
 
 run: install
 	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
-test: $(VENV)/.installed-dev
-	bash .ci/system-deps.sh
+test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests
 	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay

@@ -4,13 +4,18 @@
 # with a loud reason):
 #   prometheus, promtool   tests/metrics: a real Prometheus scrapes real buses
 #   java (JRE 17+)         tests/pipeline: PySpark runs on the JVM
-#   gcc                    the benchmark's C load generator (tests/bench)
+#   gcc, Python headers    the bus's compiled helper (bus/_batchio.c) and the
+#                          benchmark's C load generator (tests/bench)
 set -euo pipefail
 
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+python3 - <<'PY' || missing+=(python3-dev)
+import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+PY
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
