@@ -39,6 +39,15 @@ PRINT_TIMEOUT = 15.0
 _READ_LIMIT = 1 << 20
 
 
+def rss(pid: int) -> int:
+    """Resident set size of a process, in bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def short_dir() -> str:
     """A fresh directory whose socket paths stay well under 108 bytes."""
     return tempfile.mkdtemp(prefix="sbus-", dir="/tmp")

@@ -18,6 +18,7 @@ import pytest
 
 from tests.relay.conftest import Hierarchy
 from tests.relay.helpers import WAIT, Bus, identity, wait_until
+from tests.support import rss
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -25,14 +26,6 @@ CONNECTED = "sbus_upstream_connected"
 STORED = "sbus_patterns_stored"
 OVERFLOW = 'sbus_messages_dropped_total{reason="upstream_queue_overflow"}'
 RECONNECTS = "sbus_upstream_reconnects_total"
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture

@@ -19,21 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.server.rawclient import RawClient, running_bus
-from tests.support import BusProcess
+from tests.support import BusProcess, rss
 
 pytestmark = pytest.mark.timeout(90)
 
 #: A user other than the test's own, for "everyone else" (tests run as root in CI).
 OTHER_USER = "nobody"
-
-
-def rss(pid: int) -> int:
-    """Resident set size of a process, in bytes."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def other_uid() -> int:
