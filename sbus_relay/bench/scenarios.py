@@ -41,11 +41,13 @@ WILD_PATTERNS = (
     "*/*/never/",
 )
 #: Key prefix of secret messages to a subscriber whose pattern left its
-#: credentials empty.  Our server fills them in at SUB (SPEC §3), so the key
+#: credentials empty.  Our server fills them in at SUB (docs/protocol.md,
+#: "Credentials and secret keys"), so the key
 #: carries the subscriber's gid/uid/pid; the reference stores the pattern as
 #: given, so the key must carry the empty fields too.
 SECRET_LITERAL = "!/cred////"
-#: Flood mode the reading subscribers ask for (SPEC §4): over the hard limit the
+#: Flood mode the reading subscribers ask for (docs/protocol.md, "Flood
+#: control"): over the hard limit the
 #: server stops reading publishers instead of dropping, so every run is lossless
 #: like the reference sbusd (which always blocks) and deliveries = messages.
 #: The stalled subscriber keeps the defaults (queue, then discard): it must not

@@ -1,4 +1,4 @@
-"""Command-line entry points: the only code that reads argv or exits (STYLE §6).
+"""Command-line entry points: the only code that reads argv or exits.
 
 ``sbusd`` is a drop-in for the reference daemon and takes exactly its flags
 (docs/protocol.md).  ``sbus-relay`` is a family of subcommands listed in ``COMMANDS``;

@@ -1,9 +1,9 @@
-"""Server configuration: one frozen object, loaded and validated once (STYLE §5).
+"""Server configuration: one frozen object, loaded and validated once.
 
 ``load_config(path)`` reads YAML whose keys are exactly the fields of
 ``ServerConfig``; flags are applied with ``ServerConfig.merged``.  Validation is
 strict, because a typo that silently falls back to a default is the worst kind
-of config bug (see amqtt in STYLE.md): unknown or duplicate keys, wrong types,
+of config bug: unknown or duplicate keys, wrong types,
 negative or malformed sizes are all errors.  Every error is one ``ConfigError``
 naming the file (or "command line"), the key and the reason.
 """

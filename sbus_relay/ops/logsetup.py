@@ -1,4 +1,4 @@
-"""structlog configuration: called from the CLI, and nowhere else (STYLE §6).
+"""structlog configuration: called from the CLI, and nowhere else.
 
 JSON lines when the destination is not a terminal (journald, files, tests
 parse them); coloured key=value lines on a terminal, for people.  Loggers are

@@ -1,6 +1,6 @@
 """Prometheus metrics and a health check for one server, served by gevent.
 
-The hot path only bumps plain integers in ``Stats`` (STYLE §4).  On each scrape
+The hot path only bumps plain integers in ``Stats``.  On each scrape
 ``MetricsCollector.collect`` reads those integers and a ``Gauges`` snapshot and
 builds fresh metric families.  Because the scrape runs in a greenlet of the same
 hub as the bus and ``collect`` never yields, it sees one consistent instant of

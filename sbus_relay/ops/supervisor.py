@@ -17,7 +17,7 @@ outage -- with SIGTERM, then SIGKILL after a grace period.
 Children run in their own session so that a Ctrl-C on the terminal reaches
 only the supervisor, which then stops them in order; and each asks the kernel
 for SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is orphaned.
-No argv parsing and no exits here (STYLE §6): ``commands/up.py`` does that.
+No argv parsing and no exits here: ``commands/up.py`` does that.
 """
 
 from __future__ import annotations

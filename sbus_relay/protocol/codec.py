@@ -1,6 +1,6 @@
 """The sbus packet codec: bytes in, events out, and back.  No I/O.
 
-One SOCK_SEQPACKET packet is one message (sbus-README "Protocol"; SPEC §1):
+One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
 
     SUB <pattern>[\\0<ignored>]      Subscribe
     UNSUB <pattern>[\\0<ignored>]    Unsubscribe
@@ -113,7 +113,7 @@ def encode_msg(key: bytes, payload: bytes) -> bytes:
 
 
 def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
-    """``CMSG <key>[\\0<payload>]``; servers always pass a payload (SPEC §1)."""
+    """``CMSG <key>[\\0<payload>]``; servers always pass a payload (docs/protocol.md, "Packets")."""
     _check_field(key)
     return CMSG + key if payload is None else CMSG + key + NUL + payload
 

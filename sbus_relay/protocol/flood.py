@@ -1,6 +1,6 @@
 """Flood control: every decision about a packet that cannot be sent now.  No I/O.
 
-sbus-README "Flood control", settled in docs/protocol.md ("Flood control").
+docs/protocol.md, "Flood control".
 A packet goes straight to a client's socket when the socket can take it and
 nothing is queued before it.  Otherwise this module decides, and the bus only
 carries the decision out:

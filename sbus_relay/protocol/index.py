@@ -1,6 +1,6 @@
 """The subscription index: which clients want a routing key.  No I/O.
 
-Theory of operation (after nats-server's sublist, SPEC §2):
+Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing keys and wildcards"):
 
 * Patterns without ``*`` (the common case) live in two flat dicts keyed by
   the pattern itself: exact ones, and those ending in '/' (prefixes).  A key
@@ -13,7 +13,8 @@ Theory of operation (after nats-server's sublist, SPEC §2):
 * ``*`` is greedy, as in the reference sbusd: it eats the rest of the
   segment, so a pattern segment ``a*b`` can never match and is kept only so
   that its UNSUB works.
-* ``""`` matches every key that is not secret (SPEC §3).  Secret patterns
+* ``""`` matches every key that is not secret (docs/protocol.md,
+  "Credentials and secret keys").  Secret patterns
   (``!/cred/...``, already checked by ``keys.check_pattern``) live in a trie of
   their own, and secret keys are looked up only there, so no wildcard ever
   sees a secret message.
@@ -82,7 +83,7 @@ class SubscriptionIndex(Generic[C]):
 
     ``on_first(pattern)`` runs when the first client subscribes to a pattern and
     ``on_last(pattern)`` when the last one leaves (a relay turns them into
-    upstream SUB/UNSUB, SPEC §6).
+    upstream SUB/UNSUB, docs/protocol.md, "Relays").
     """
 
     def __init__(

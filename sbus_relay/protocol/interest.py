@@ -1,6 +1,6 @@
 """Who needs to hear about which patterns: the interest extension.  No I/O.
 
-SPEC §6: a client that sends ``CMSG interest/on`` (a relay) is told every
+docs/protocol.md, "Relays": a client that sends ``CMSG interest/on`` (a relay) is told every
 pattern held by *some other* client, or by this server's own upstream
 interest, as it goes 0 -> 1 (``interest/add``) and 1 -> 0 (``interest/remove``).
 Excluding the listener's own patterns is what keeps a relay from attracting

@@ -1,6 +1,6 @@
 """Routing-key and pattern rules: secret keys, credentials, reserved '!'.  No I/O.
 
-sbus-README "Routing keys" and "Secret messages", settled by SPEC §3:
+docs/protocol.md, "Routing keys and wildcards" and "Credentials and secret keys":
 
 * A key or pattern is split on '/' into segments.  A segment that is exactly
   ``!`` is reserved, except at the start of a *credential chain*: one or more
@@ -30,7 +30,7 @@ _GROUP = 5
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
-    """A peer's identity from SO_PEERCRED at accept time (SPEC §3)."""
+    """A peer's identity from SO_PEERCRED at accept time (docs/protocol.md)."""
 
     gid: int
     uid: int
@@ -72,7 +72,7 @@ def _chain_end(segs: list[bytes], *, digits: bool) -> int | None:
 
 
 def valid_key(key: bytes) -> bool:
-    """False if a publish key uses '!' in a reserved way (SPEC §3)."""
+    """False if a publish key uses '!' in a reserved way (docs/protocol.md)."""
     if _BANG not in key:  # the common case costs one scan in C
         return True
     return _chain_end(key.split(b"/"), digits=True) is not None
@@ -81,7 +81,7 @@ def valid_key(key: bytes) -> bool:
 def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> bytes:
     """Validate a subscription pattern; return the pattern to store.
 
-    ``prefix`` is this server's identity chain plus '/' on a relay (SPEC §6),
+    ``prefix`` is this server's identity chain plus '/' on a relay (docs/protocol.md, "Relays"),
     empty on a master.  Secret patterns must read
     ``<prefix>!/cred/<gid>/<uid>/<pid>/<rest>`` with each field the client's
     own or empty; empty fields are filled in.  Raises ``PeerError`` with reason

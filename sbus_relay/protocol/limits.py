@@ -6,11 +6,11 @@ Defaults that the config may override are marked (config).
 from __future__ import annotations
 
 # --- packets ---------------------------------------------------------------
-#: Largest packet accepted; the reference sbusd's limit (SPEC §1).  Longer
+#: Largest packet accepted; the reference sbusd's limit (docs/protocol.md, "Packets").  Longer
 #: packets are detected with MSG_TRUNC and treated as a misbehaving client.
 MAX_PACKET = 409_600
 
-# --- per-client outbound queues (SPEC §4) ------------------------------------
+# --- per-client outbound queues (docs/protocol.md, "Flood control") ------------
 #: (config) Hard limit on bytes queued for one client before its hard mode applies.
 HARD_LIMIT_BYTES = 16 * 1024 * 1024
 #: (config) Hard limit on messages queued for one client.
@@ -73,7 +73,7 @@ SEND_BUFFER = MAX_PACKET + 4096
 #: Seconds ``Server.stop`` waits for client greenlets before killing them.
 STOP_TIMEOUT = 2.0
 
-# --- relays (SPEC §6) --------------------------------------------------------
+# --- relays (docs/protocol.md, "Relays") ----------------------------------------
 #: (config) Upward messages a relay keeps while its upstream is slow or away,
 #: as many as one client's hard limit; beyond it they are dropped and counted
 #: (the local bus never waits for its upstream).
@@ -97,7 +97,7 @@ DROP_EPISODE_QUIET = 1.0
 #: summarised: the first is logged, then one line with the count per interval.
 LOG_REPEAT_INTERVAL = 10.0
 
-# --- addresses, daemon and client (SPEC §5) --------------------------------
+# --- addresses, daemon and client (docs/protocol.md, "Addresses and ...") ------
 #: Size of sun_path in struct sockaddr_un on Linux; abstract names are printed
 #: and bound as the whole 108 bytes, as the reference sbusd does.
 SUN_PATH_SIZE = 108

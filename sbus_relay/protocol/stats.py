@@ -1,7 +1,7 @@
 """Plain-integer counters of one server, read by the metrics collector on scrape.
 
 The hot path increments attributes and dict entries here; nothing takes a lock
-per message (STYLE §4).  ``sbus_relay.metrics`` turns a ``Stats`` plus a
+per message.  ``sbus_relay.metrics`` turns a ``Stats`` plus a
 ``Gauges`` snapshot into Prometheus families at scrape time.
 """
 
@@ -18,8 +18,8 @@ DROP_REASONS = (
     "hard_discard",  # over the hard limit in blocking/hard/discard
     "slow_client_disconnected",  # queued messages lost when a slow client was cut off
     "client_gone",  # queued messages lost when a client disconnected by itself
-    "reserved_key",  # a publish used '!' in a reserved way (SPEC §3)
-    "upstream_queue_overflow",  # relay: upward queue full during an outage (SPEC §6)
+    "reserved_key",  # a publish used '!' in a reserved way (docs/protocol.md)
+    "upstream_queue_overflow",  # relay: upward queue full (docs/protocol.md, "Relays")
 )
 
 #: Why a client was disconnected (``Stats.disconnects`` keys).
@@ -82,7 +82,7 @@ class Stats:
         default_factory=lambda: [0] * (len(QUEUE_WAIT_BUCKETS) + 1)
     )
     queue_wait_sum: float = 0.0
-    # relay side (SPEC §6)
+    # relay side (docs/protocol.md, "Relays")
     upstream_reconnects: int = 0
     forwarded_up: int = 0
     forwarded_down: int = 0

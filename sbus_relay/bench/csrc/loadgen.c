@@ -20,7 +20,7 @@
  *   loadgen sub     -a ADDR -n N [-c CONNS] [-p PATTERN]... [-e] [-i ID]
  *                   [-t IDLE_S] [-T START_S] [-m MODE]
  *       Open CONNS connections; on each, optionally send "CMSG blocking/MODE"
- *       (e.g. -m hard/block: SPEC §4) and subscribe every PATTERN (with -e,
+ *       (e.g. -m hard/block: docs/protocol.md, "Flood control") and subscribe every PATTERN (with -e,
  *       connection j subscribes PATTERN(ID+j)/ instead: one publisher each);
  *       wait until the server has taken the subscriptions (see barrier()),
  *       print "ready", then count MSG packets until every connection has N,
@@ -37,7 +37,7 @@
  * down, and the throughput is measured at the subscribers.
  *
  * The barrier: packets of one client are handled in order, so once the server
- * has answered "CMSG !/cred/whoami" (sbus-README "Secret messages") it has
+ * has answered "CMSG !/cred/whoami" (docs/protocol.md) it has
  * taken every packet sent before it.  The reference sbusd answers it too.
  */
 #define _GNU_SOURCE
@@ -62,7 +62,7 @@
 
 #define MAGIC "SBLG"
 #define HEADER_SIZE 24          /* magic(4) + publisher id(4) + seq(8) + time(8) */
-#define MAX_PACKET 409600       /* the reference sbusd's limit (SPEC §1) */
+#define MAX_PACKET 409600       /* the reference sbusd's limit (docs/protocol.md, "Packets") */
 #define MAX_KEY 1024            /* bytes of a generated routing key */
 #define BATCH 64                /* packets per sendmmsg/recvmmsg call */
 #define RECV_SLOT 65536         /* receive buffer per packet of a batch */
