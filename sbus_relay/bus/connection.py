@@ -60,6 +60,9 @@ _ADD = b"interest/add"
 _REMOVE = b"interest/remove"
 _READY = b"interest/ready"
 _DISCONNECT = b"disconnect"
+_decide = flood.decide
+_QUEUE = Action.QUEUE
+_monotonic = time.monotonic
 #: reasons a client ends by itself or by the server's own shutdown: logged at info
 _ORDINARY = frozenset({"closed", "server_stopping"})
 
@@ -283,9 +286,12 @@ class Connection:
         ``protocol.flood`` decides and this method carries it out.
         """
         q = self.queue
-        action = flood.decide(q)
-        if action is Action.QUEUE:
-            self._enqueue(packet)
+        action = _decide(q)
+        if action is _QUEUE:  # the common case, kept short: a stalled client's queue fills here
+            q.push(packet, _monotonic())
+            watcher = self._write_watcher
+            if watcher is None or not watcher.active:
+                self._want_write()
         elif action in flood.BLOCKING:
             self._enqueue(packet)
             if sender is not None and sender.alive:  # even when it fills its own queue

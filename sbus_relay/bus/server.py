@@ -287,6 +287,9 @@ class Server:
         compiled (``batchio``); what its socket does not take goes through
         ``Connection.deliver`` and so through flood control, in order
         (``sender``, the batch's publisher, may be paused by a hard/block)."""
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.flush()
         dirty = self._dirty
         if not dirty:
             return

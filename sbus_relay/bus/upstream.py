@@ -44,7 +44,6 @@ from sbus_relay.protocol.interest import ADD, READY, REMOVE
 from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import (
     DROP_EPISODE_QUIET,
-    MAX_PACKET,
     NOTICE_BATCH,
     READ_BATCH,
     SEND_BUFFER,
@@ -52,6 +51,8 @@ from sbus_relay.protocol.limits import (
     WRITE_BATCH,
 )
 from sbus_relay.protocol.stats import Stats
+
+from .batchio import recv_many, send_all
 
 _MSG = b"MSG "
 _UP = "upstream"  # the one holder in the interest index
@@ -107,6 +108,8 @@ class UpstreamLink:
         self._pending: dict[bytes, bool] = {}
         #: publishes waiting to go up, in order, bounded
         self._outbox: deque[bytes] = deque()
+        #: publishes of the current local read batch, sent together by ``flush``
+        self._batch: list[bytes] | None = None
         self._out_bytes = 0
         self._episode_drops = 0
         self._drop_timer: Any = None
@@ -161,20 +164,39 @@ class UpstreamLink:
         self._want_write()
 
     def forward(self, key: bytes, packet: bytes) -> None:
-        """A local publish: send it up if someone outside may want it."""
+        """A local publish: send it up if someone outside may want it.
+
+        While the link is up and nothing waits before it, the packet joins this
+        read batch's ``_batch``, sent in one call by ``flush``.
+        """
         if self.interest_complete and not self.interest.match(key):
             return
         if self.ready and not self._outbox and not self._pending:
-            sock = self._sock
-            assert sock is not None
+            batch = self._batch
+            if batch is None:
+                self._batch = [packet]
+            else:
+                batch.append(packet)
+            return
+        self._queue(packet)
+
+    def flush(self) -> None:
+        """Send this batch's publishes up; what the socket refuses waits in the queue."""
+        batch, self._batch = self._batch, None
+        sock = self._sock
+        if batch is None:
+            return
+        sent = 0
+        if sock is not None and self.ready:
             try:
-                sock.send(packet)
-                self.stats.forwarded_up += 1
-                return
-            except BlockingIOError:
-                pass
+                sent = send_all(sock, sock.fileno(), batch)
             except OSError as e:
                 self._lost("send failed: %s" % e)
+            self.stats.forwarded_up += sent
+        for i in range(sent, len(batch)):
+            self._queue(batch[i])
+
+    def _queue(self, packet: bytes) -> None:
         action = flood.decide_upward(
             len(self._outbox), self._out_bytes, self._max_messages, self._max_bytes
         )
@@ -329,24 +351,19 @@ class UpstreamLink:
 
     def _read_loop(self, sock: socket.socket) -> None:
         hub = gevent.get_hub()
-        watcher = self._read_watcher = hub.loop.io(sock.fileno(), 1)
-        buf = bytearray(MAX_PACKET)
-        view = memoryview(buf)
+        fd = sock.fileno()
+        watcher = self._read_watcher = hub.loop.io(fd, 1)
         stats = self.stats
         deliver = self.host.deliver
         flush = self.host.flush
         try:
             while not self._stopping and self._sock is sock:
-                for _ in range(READ_BATCH):
-                    try:
-                        n = sock.recv_into(buf, MAX_PACKET, socket.MSG_TRUNC)
-                    except BlockingIOError:
-                        break
-                    if n == 0:
-                        return
-                    if n > MAX_PACKET:
-                        raise PeerError("protocol_error", "over-long packet from upstream")
-                    packet = bytes(view[:n])
+                packets = recv_many(sock, fd, READ_BATCH)
+                for packet in packets:
+                    if not packet:
+                        if packet is None:
+                            raise PeerError("protocol_error", "over-long packet from upstream")
+                        return  # the upstream closed (it never sends an empty packet)
                     if packet.startswith(_MSG):
                         nul = packet.find(b"\0", 4)
                         if nul < 0:
@@ -358,12 +375,11 @@ class UpstreamLink:
                         self._control(codec.decode(packet))
                     if self._sock is not sock:
                         return  # closed while handling (a cycle was found)
-                else:
-                    flush()
-                    gevent.sleep(0)
-                    continue
                 flush()
-                hub.wait(watcher)
+                if len(packets) == READ_BATCH:
+                    gevent.sleep(0)  # a full batch: let the others in, then read on
+                else:
+                    hub.wait(watcher)
         finally:
             flush()
             self._read_watcher = None

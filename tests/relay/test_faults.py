@@ -172,7 +172,8 @@ def test_a_relay_without_upstream_serves_its_local_clients(tree: Hierarchy) -> N
     # once an upstream appears, the waiting whoami is answered with the full chain
     master = tree.bus("nowhere")
     assert waiting.whoami() == identity(relay.pid, os.getpid())
-    assert master.metric(STORED) == 1
+    # the relay sends its patterns up once its own whoami is answered
+    master.wait_metric(STORED, 1)
 
 
 def serve_cli(*args: str) -> subprocess.CompletedProcess[str]:
