@@ -54,6 +54,8 @@ class Connection:
         #: the others two increments per message
         self.shed: str | None = None
         self.episode_drops = 0
+        #: every message dropped for this client since it connected (CMSG drops/count)
+        self.drops_total = 0
         self._drop_reason = ""  # the latest drop reason, for the episode's log line
         self.blocked = False
         self.space = Event()  # set by the writer whenever the backlog shrinks
@@ -239,6 +241,7 @@ class Connection:
         can take messages again; the episode is logged once, with its count."""
         self.server.stats.drops[reason] += 1
         self.episode_drops += 1
+        self.drops_total += 1
         self._drop_reason = self.shed = reason
         if reason == "soft_discard" and not self.queue.count:
             # nothing queued, so no writer will notice the socket drain: watch it
@@ -264,6 +267,7 @@ class Connection:
         """Count one dropped message (no shedding state)."""
         self.server.stats.drops[reason] += 1
         self.episode_drops += 1
+        self.drops_total += 1
         self._drop_reason = reason
 
     def _drop_episode(self, seen: int) -> None:

@@ -41,6 +41,10 @@ from sbus_relay.protocol.stats import Gauges, Stats
 
 from .connection import Connection
 
+#: Control key of the per-connection drop query (an extension): the reply is
+#: ``CMSG drops/count\0<decimal count of messages dropped for this client>``.
+DROPS_COUNT = b"drops/count"
+
 if TYPE_CHECKING:
     from .upstream import UpstreamLink
 
@@ -214,6 +218,7 @@ class Server:
                 if shed is not None:
                     drops[shed] += 1
                     conn.episode_drops += 1
+                    conn.drops_total += 1
                     continue
                 if not conn.queue.count:
                     try:
@@ -326,6 +331,15 @@ class Server:
                 self.prefix_known.wait()  # SPEC §6.2: a local whoami waits for the upstream's
             reply = (self.prefix or b"") + conn.creds.identity()
             conn.send_control(codec.encode_cmsg(WHOAMI, reply))
+        elif key == DROPS_COUNT:
+            # Our extension: this client's drop total.  Never dropped: behind
+            # whatever is queued for the client, even over its hard limit.
+            reply = codec.encode_cmsg(DROPS_COUNT, b"%d" % conn.drops_total)
+            if conn.queue.count:
+                if conn.alive:
+                    conn.enqueue(reply)
+            else:
+                conn.send_control(reply)
         elif key == b"echo/off":
             conn.echo = False
         elif key == b"echo/on":
