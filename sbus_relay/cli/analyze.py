@@ -23,6 +23,13 @@ BASE_CONF = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }
+#: Driver JVM settings for a local run (no --master), unless --conf gives them: a
+#: 2 GiB heap and the throughput collector cut a 10M-row run by about a quarter
+#: (less time in GC); under spark-submit the JVM already runs and they are moot.
+LOCAL_CONF = {
+    "spark.driver.memory": "2g",
+    "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+}
 #: Exit status for inputs, options or output analyze refuses (and a missing extra).
 EXIT_USAGE = 2
 #: Exit status when Spark fails (reading a corrupt file, a lost cluster...).
@@ -141,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
     staging = I.staging_dir(args.out) if local_out else None
     jvm_log = os.path.join(tempfile.gettempdir(), f"sbus-analyze-{os.getpid()}.log")
     try:
-        spark = A.build_session(args.master, {**BASE_CONF, **conf}, jvm_log=jvm_log)
+        local = args.master is None or args.master.startswith("local")
+        session_conf = {**BASE_CONF, **(LOCAL_CONF if local else {}), **conf}
+        spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
         try:
             spark.sparkContext.setLogLevel("ERROR")
             for key, value in A.partitioning(

@@ -258,23 +258,38 @@ def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frame
     ts = F.timestamp_micros(F.expr("window_start_ns div 1000")).alias("window_start")
     count = F.count(F.lit(1))
 
-    # Three scans of the captures, each to a small aggregate that the rest derives from:
-    # (prefix, window, instance), (prefix, size) and key.  Sizes are at most 409,600
-    # (SPEC §1), so (prefix, size) stays small however many messages there are, and
-    # exact percentiles weighted by count are cheap.
-    cells = (
-        base.groupBy("prefix", "window_start_ns", "instance").agg(
+    # Two scans of the captures, each to a small aggregate that the rest derives from:
+    # (key, window, instance), from which the per-prefix cells and the per-key
+    # totals follow, and (prefix, size).  Sizes are at most 409,600 (SPEC §1), so
+    # (prefix, size) stays small however many messages there are, and exact
+    # percentiles weighted by count are cheap.
+    key_cells = (
+        base.groupBy("key", "window_start_ns", "instance").agg(
             count.alias("messages"),
             F.sum("size").alias("bytes"),
             F.min("time_ns").alias("first_ns"),
             F.max("time_ns").alias("last_ns"),
         )
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    cells = (
+        key_cells.groupBy(
+            F.substring_index(F.col("key"), "/", opts.depth).alias("prefix"),
+            "window_start_ns",
+            "instance",
+        ).agg(
+            F.sum("messages").alias("messages"),
+            F.sum("bytes").alias("bytes"),
+            F.min("first_ns").alias("first_ns"),
+            F.max("last_ns").alias("last_ns"),
+        )
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     size_counts = (base.groupBy("prefix", "size").agg(count.alias("n"))).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     key_stats = (
-        base.groupBy("key").agg(count.alias("messages"), F.sum("size").alias("bytes"))
+        key_cells.groupBy("key").agg(
+            F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
+        )
     ).persist(StorageLevel.MEMORY_AND_DISK)
 
     prefix_windows = (
@@ -408,7 +423,7 @@ def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frame
         "bursts": bursts,
         "size_histogram": size_histogram,
     }
-    return Frames(tables, key_stats, overall, [cells, size_counts, key_stats])
+    return Frames(tables, key_stats, overall, [key_cells, cells, size_counts, key_stats])
 
 
 def _read(spark: SparkSession, out: str, name: str) -> Any:
