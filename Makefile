@@ -35,6 +35,8 @@ test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check sbus_relay tests
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	# The Spark cluster test is slow (about 2 minutes) but CI runs it anyway.
+	$(VENV)/bin/pytest -m "slow and spark"
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests

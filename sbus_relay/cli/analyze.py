@@ -16,10 +16,13 @@ import time
 
 from sbus_relay.pipeline import defaults as D
 
-#: Spark settings for every run: the console progress bar garbles our output, and
-#: adaptive query execution sizes the shuffles from the data (local or cluster).
+#: Spark settings for every run: the console progress bar garbles our output;
+#: adaptive query execution sizes the shuffles from the data (local or cluster);
+#: and no task waits for a "local" executor (the default 3 s per stage is most of
+#: a cluster run's time: every stage reads small cached aggregates).
 BASE_CONF = {
     "spark.ui.showConsoleProgress": "false",
+    "spark.locality.wait": "0s",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }

@@ -10,6 +10,13 @@ times, on the same files and in the same run:
 - ``spark cluster``: the same against a standalone master and worker started
   from the installed pyspark (``cluster.standalone_cluster``) on the same cores.
 
+With ``--recorder`` it measures ``sbus-relay record`` instead, against a fresh
+bus (``sbusd``) on a private socket: FLOOD_PUBLISHERS publishers send distinct
+keys with 64-byte payloads as fast as they can; the recorder's rate, what it
+recorded and what it reports lost are printed.  Then a steady stream
+(KILL_RATE msgs/s for KILL_SECONDS) with a ``kill -9`` of the recorder at the
+end: how many messages the recovered capture misses.
+
 Memory is the peak resident set of the processes doing the work, sampled from
 /proc every SAMPLE_SECONDS: for Spark the JVMs (driver, and executor on the
 cluster), reported apart from the Python driver; for DuckDB its process.  The
@@ -69,6 +76,114 @@ copy (select case when size = 0 then 0 else least(floor(log2(size))::int + 1, 20
              sum(n) as messages from size_counts group by all)
   to '{out}/size_histogram.parquet';
 """
+
+
+#: Concurrent flood publishers: one Python publisher alone is slower than the bus.
+FLOOD_PUBLISHERS = 2
+#: Payload size of the flood (bytes).
+FLOOD_PAYLOAD = 64
+#: Steady rate (msgs/s) and length (s) of the kill -9 run.
+KILL_RATE = 4000
+KILL_SECONDS = 15
+
+
+def flood(address: str, count: int, tag: str) -> None:
+    """Publish ``count`` messages with distinct keys, as fast as the socket takes them."""
+    import socket
+
+    from sbus_relay.protocol.codec import encode_cmsg
+
+    payload = b"p" * FLOOD_PAYLOAD
+    packets = [b"MSG flood/%s/%d/%d\0" % (tag.encode(), i % 100, i) + payload for i in range(count)]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(address)
+        send = s.send
+        for p in packets:
+            send(p)
+        s.send(encode_cmsg(b"!/cred/whoami"))  # returns once the bus has routed them all
+        s.recv(4096)
+
+
+def steady(address: str, rate: int, seconds: float) -> int:
+    """Publish at ``rate`` msgs/s for ``seconds``; return how many were sent."""
+    import socket
+
+    sent = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(address)
+        t0 = time.monotonic()
+        while (now := time.monotonic() - t0) < seconds:
+            while sent < now * rate:
+                s.send(b"MSG steady/%d\0%d" % (sent % 10, sent))
+                sent += 1
+            time.sleep(0.005)
+    return sent
+
+
+def recorder_benchmark(messages: int) -> int:
+    """Flood a fresh bus while ``record`` runs; then the kill -9 run.  Prints the figures."""
+    import signal
+
+    from .capture import capture_files, recover
+
+    bin_dir = os.path.dirname(sys.executable)
+    tmp = Path(tempfile.mkdtemp(prefix="sbus-rec-", dir="/tmp"))
+    address = str(tmp / "bus")
+    bus = subprocess.Popen(
+        [os.path.join(bin_dir, "sbusd"), "-f", "-a", address],
+        stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while not os.path.exists(address):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        record = [os.path.join(bin_dir, "sbus-relay"), "record", "-a", address, "-q"]
+        rec = subprocess.Popen(
+            [*record, "--out", str(tmp / "flood")],
+            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(3)  # subscribed
+        each = messages // FLOOD_PUBLISHERS
+        t0 = time.monotonic()
+        pubs = [
+            subprocess.Popen([sys.executable, "-m", "sbus_relay.pipeline.benchmark",
+                              "--flood", address, str(each), str(i)])
+            for i in range(FLOOD_PUBLISHERS)
+        ]  # fmt: skip
+        for p in pubs:
+            p.wait()
+        routed_s = time.monotonic() - t0
+        time.sleep(1)
+        rec.send_signal(signal.SIGTERM)
+        _, err = rec.communicate(timeout=60)
+        summary = [x for x in err.splitlines() if x.startswith("recorded")]
+        print(f"flood: {each * FLOOD_PUBLISHERS:,} messages from {FLOOD_PUBLISHERS} publishers "
+              f"routed in {routed_s:.1f} s ({each * FLOOD_PUBLISHERS / routed_s:,.0f} msgs/s); "
+              f"record exit status {rec.returncode}")  # fmt: skip
+        print("  " + (summary[0] if summary else err.strip()))
+
+        rec = subprocess.Popen(
+            [*record, "--out", str(tmp / "killed")],
+            text=True,
+            stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(3)
+        sent = steady(address, KILL_RATE, KILL_SECONDS)
+        rec.kill()
+        rec.wait()
+        found = recover([tmp / "killed"])
+        import pyarrow.parquet as pq
+
+        rows = sum(pq.read_metadata(f).num_rows for f in capture_files([str(tmp / "killed")]))
+        missing = sent - rows
+        print(f"kill -9: {sent:,} messages at {KILL_RATE:,} msgs/s over {KILL_SECONDS} s, "
+              f"then kill -9 of the recorder: {rows:,} recovered ({found.line()}), "
+              f"{missing:,} missing = {missing / KILL_RATE:.2f} s of traffic")  # fmt: skip
+    finally:
+        bus.terminate()
+        bus.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 @dataclass
@@ -171,11 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dir", default="/tmp/sbus-bench-synth", help="synthetic capture")
     parser.add_argument("--no-cluster", action="store_true", help="skip the cluster run")
+    parser.add_argument(
+        "--recorder", type=int, metavar="N", help="benchmark record with N flood messages instead"
+    )
     parser.add_argument("--duckdb-only", nargs=2, metavar=("DIR", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--flood", nargs=3, metavar=("ADDR", "N", "TAG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.duckdb_only:
         duckdb_query(*args.duckdb_only)
         return 0
+    if args.flood:
+        flood(args.flood[0], int(args.flood[1]), args.flood[2])
+        return 0
+    if args.recorder:
+        return recorder_benchmark(args.recorder)
 
     from .capture import capture_files
     from .cluster import standalone_cluster
