@@ -11,11 +11,12 @@ times, on the same files and in the same run:
   from the installed pyspark (``cluster.standalone_cluster``) on the same cores.
 
 With ``--recorder`` it measures ``sbus-relay record`` instead, against a fresh
-bus (``sbusd``) on a private socket: FLOOD_PUBLISHERS publishers send distinct
-keys with 64-byte payloads as fast as they can; the recorder's rate, what it
-recorded and what it reports lost are printed.  Then a steady stream
-(KILL_RATE msgs/s for KILL_SECONDS) with a ``kill -9`` of the recorder at the
-end: how many messages the recovered capture misses.
+bus (``sbusd``) on a private socket: one, then two publishers (FLOOD_PUBLISHERS)
+send distinct keys with 64-byte payloads as fast as they can; the rate the bus
+routed them at, what the recorder recorded and what it reports lost are
+printed.  Then a steady stream (KILL_RATE msgs/s for KILL_SECONDS) with a
+``kill -9`` of the recorder at the end: how many messages the recovered capture
+misses.
 
 Memory is the peak resident set of the processes doing the work, sampled from
 /proc every SAMPLE_SECONDS: for Spark the JVMs (driver, and executor on the
@@ -78,8 +79,9 @@ copy (select case when size = 0 then 0 else least(floor(log2(size))::int + 1, 20
 """
 
 
-#: Concurrent flood publishers: one Python publisher alone is slower than the bus.
-FLOOD_PUBLISHERS = 2
+#: Concurrent flood publishers of the runs: one (the bus's 1-to-1 rate), then two
+#: (more than one subscriber's share of the bus on two cores).
+FLOOD_PUBLISHERS = (1, 2)
 #: Payload size of the flood (bytes).
 FLOOD_PAYLOAD = 64
 #: Steady rate (msgs/s) and length (s) of the kill -9 run.
@@ -138,29 +140,31 @@ def recorder_benchmark(messages: int) -> int:
             time.sleep(0.05)
         time.sleep(0.3)
         record = [os.path.join(bin_dir, "sbus-relay"), "record", "-a", address, "-q"]
-        rec = subprocess.Popen(
-            [*record, "--out", str(tmp / "flood")],
-            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        time.sleep(3)  # subscribed
-        each = messages // FLOOD_PUBLISHERS
-        t0 = time.monotonic()
-        pubs = [
-            subprocess.Popen([sys.executable, "-m", "sbus_relay.pipeline.benchmark",
-                              "--flood", address, str(each), str(i)])
-            for i in range(FLOOD_PUBLISHERS)
-        ]  # fmt: skip
-        for p in pubs:
-            p.wait()
-        routed_s = time.monotonic() - t0
-        time.sleep(1)
-        rec.send_signal(signal.SIGTERM)
-        _, err = rec.communicate(timeout=60)
-        summary = [x for x in err.splitlines() if x.startswith("recorded")]
-        print(f"flood: {each * FLOOD_PUBLISHERS:,} messages from {FLOOD_PUBLISHERS} publishers "
-              f"routed in {routed_s:.1f} s ({each * FLOOD_PUBLISHERS / routed_s:,.0f} msgs/s); "
-              f"record exit status {rec.returncode}")  # fmt: skip
-        print("  " + (summary[0] if summary else err.strip()))
+        for publishers in FLOOD_PUBLISHERS:
+            rec = subprocess.Popen(
+                [*record, "--out", str(tmp / f"flood{publishers}")],
+                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            time.sleep(3)  # subscribed
+            each = messages // publishers
+            t0 = time.monotonic()
+            pubs = [
+                subprocess.Popen([sys.executable, "-m", "sbus_relay.pipeline.benchmark",
+                                  "--flood", address, str(each), str(i)])
+                for i in range(publishers)
+            ]  # fmt: skip
+            for p in pubs:
+                p.wait()
+            routed_s = time.monotonic() - t0
+            time.sleep(1)
+            rec.send_signal(signal.SIGTERM)
+            _, err = rec.communicate(timeout=60)
+            summary = [x for x in err.splitlines() if x.startswith("recorded")]
+            total = each * publishers
+            print(f"flood: {total:,} messages from {publishers} publisher(s) routed in "
+                  f"{routed_s:.1f} s ({total / routed_s:,.0f} msgs/s); record exit status "
+                  f"{rec.returncode}")  # fmt: skip
+            print("  " + (summary[0] if summary else err.strip()))
 
         rec = subprocess.Popen(
             [*record, "--out", str(tmp / "killed")],
