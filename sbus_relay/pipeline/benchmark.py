@@ -45,6 +45,12 @@ WINDOW_NS = 300 * 10**9
 #: Executor cores and memory of the benchmark's cluster worker.
 CLUSTER_CORES = os.cpu_count() or 2
 CLUSTER_MEMORY = "4g"
+#: The executor gets what a local run's driver gets (cli.analyze.LOCAL_CONF): the
+#: same heap and collector on both sides, so the comparison is of the modes.
+EXECUTOR_CONF = (
+    "--conf", "spark.executor.memory=2g",
+    "--conf", "spark.executor.extraJavaOptions=-XX:+UseParallelGC",
+)  # fmt: skip
 
 #: The aggregates analyze computes, in DuckDB SQL: the three scans and what derives from them.
 DUCKDB_SQL = """
@@ -327,7 +333,14 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(
                     _timed(
                         "spark cluster",
-                        [*analyze, "--out", str(tmp / "cluster"), "--master", cluster.url],
+                        [
+                            *analyze,
+                            "--out",
+                            str(tmp / "cluster"),
+                            "--master",
+                            cluster.url,
+                            *EXECUTOR_CONF,
+                        ],
                         extra_roots=[cluster.worker.pid],  # the executors are its children
                     )
                 )
