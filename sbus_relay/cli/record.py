@@ -133,17 +133,22 @@ def run(args: argparse.Namespace) -> int:
     text = bus_address(args)
     address = parse_address(text)
     instance = args.instance or f"{socket.gethostname()}:{text}"
-    if os.path.isdir(args.out):
-        note = recover([args.out]).line()
-        if note:
-            print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
-    writer = RotatingCaptureWriter(
-        args.out,
-        instance=instance,
-        keep_payload=not args.no_payload,
-        rotate_bytes=args.rotate_size,
-        rotate_seconds=args.rotate_seconds,
-    )
+    try:
+        if os.path.isdir(args.out):
+            note = recover([args.out]).line()
+            if note:
+                print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
+        writer = RotatingCaptureWriter(
+            args.out,
+            instance=instance,
+            keep_payload=not args.no_payload,
+            rotate_bytes=args.rotate_size,
+            rotate_seconds=args.rotate_seconds,
+        )
+    except OSError as exc:
+        print(f"sbus-relay record: cannot write the capture under {args.out}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BUS_CLOSED
     recorder = Recorder(address, args.patterns or [""], writer)
     stop = threading.Event()
 
@@ -181,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     except (BusClosed, PeerError) as exc:
         print(f"\nsbus-relay record: {exc}", file=sys.stderr)
         status = EXIT_BUS_CLOSED
+    except OSError as exc:  # the capture directory: full, gone, not writable
+        print(f"\nsbus-relay record: cannot write the capture under {args.out}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BUS_CLOSED
     else:
         status = 0
     finally:
