@@ -30,6 +30,7 @@ BASE_CONF = {
 #: 2 GiB heap and the throughput collector cut a 10M-row run by about a quarter
 #: (less time in GC); under spark-submit the JVM already runs and they are moot.
 LOCAL_CONF = {
+    "spark.ui.enabled": "false",  # a second saved at start; --conf spark.ui.enabled=true
     "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
 }

@@ -258,38 +258,25 @@ def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frame
     ts = F.timestamp_micros(F.expr("window_start_ns div 1000")).alias("window_start")
     count = F.count(F.lit(1))
 
-    # Two scans of the captures, each to a small aggregate that the rest derives from:
-    # (key, window, instance), from which the per-prefix cells and the per-key
-    # totals follow, and (prefix, size).  Sizes are at most 409,600 (SPEC §1), so
-    # (prefix, size) stays small however many messages there are, and exact
-    # percentiles weighted by count are cheap.
-    key_cells = (
-        base.groupBy("key", "window_start_ns", "instance").agg(
+    # Three scans of the captures, each to a small aggregate that the rest derives
+    # from: (prefix, window, instance), (prefix, size) and key.  All three are of
+    # low cardinality, which is what keeps them fast: one aggregate per (key,
+    # window, instance) would save a scan but costs more than it saves.  Sizes are
+    # at most 409,600 (SPEC §1), so (prefix, size) stays small however many
+    # messages there are, and exact percentiles weighted by count are cheap.
+    cells = (
+        base.groupBy("prefix", "window_start_ns", "instance").agg(
             count.alias("messages"),
             F.sum("size").alias("bytes"),
             F.min("time_ns").alias("first_ns"),
             F.max("time_ns").alias("last_ns"),
         )
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    cells = (
-        key_cells.groupBy(
-            F.substring_index(F.col("key"), "/", opts.depth).alias("prefix"),
-            "window_start_ns",
-            "instance",
-        ).agg(
-            F.sum("messages").alias("messages"),
-            F.sum("bytes").alias("bytes"),
-            F.min("first_ns").alias("first_ns"),
-            F.max("last_ns").alias("last_ns"),
-        )
-    ).persist(StorageLevel.MEMORY_AND_DISK)
     size_counts = (base.groupBy("prefix", "size").agg(count.alias("n"))).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     key_stats = (
-        key_cells.groupBy("key").agg(
-            F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
-        )
+        base.groupBy("key").agg(count.alias("messages"), F.sum("size").alias("bytes"))
     ).persist(StorageLevel.MEMORY_AND_DISK)
 
     prefix_windows = (
@@ -423,7 +410,24 @@ def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frame
         "bursts": bursts,
         "size_histogram": size_histogram,
     }
-    return Frames(tables, key_stats, overall, [key_cells, cells, size_counts, key_stats])
+    return Frames(tables, key_stats, overall, [cells, size_counts, key_stats])
+
+
+def _write_table(df: DataFrame, out: str, name: str) -> None:
+    """One result table as ``<out>/<name>/part-00000.parquet``.
+
+    The tables are aggregates, small enough for the driver: a local output is
+    collected as Arrow and written with pyarrow, which saves a Spark write job
+    (and its output committer) per table; a URL output is written by Spark.
+    """
+    if "://" in out:
+        df.coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+        return
+    import pyarrow.parquet as pq
+
+    directory = Path(out, name)
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(df.toArrow(), directory / "part-00000.parquet", compression="zstd")
 
 
 def _read(spark: SparkSession, out: str, name: str) -> Any:
@@ -472,8 +476,7 @@ def run(
     frames = compute(df, opts, span_windows)
     try:
         for name in TABLES:
-            # Result tables are aggregates: one file each is easiest to use.
-            frames.tables[name].coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+            _write_table(frames.tables[name], out, name)
         overall = frames.overall.collect()[0].asDict()
         distinct_keys = frames.key_stats.count()
     finally:
