@@ -50,7 +50,8 @@ FLUSH_SECONDS = 1.0
 # --- analysis (analyze) --------------------------------------------------------
 #: Default prefix depth: ``service/topic`` is the usual key family in practice.
 DEFAULT_DEPTH = 2
-#: Default window, seconds: minute resolution reads well over hours to days.
+#: Window, seconds, for ``compute`` called without a window and without a span to
+#: adapt to (analyze itself adapts the window to the capture: ``auto_window``).
 DEFAULT_WINDOW_SECONDS = 60.0
 #: Default number of top keys kept (by messages and by bytes).
 DEFAULT_TOP = 20
