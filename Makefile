@@ -42,6 +42,7 @@ test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, ~2 min
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests

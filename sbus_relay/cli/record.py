@@ -3,8 +3,11 @@
 Subscribes to the patterns (default ``""``: everything that is not secret; the
 server never delivers ``!/cred/`` keys through it, SPEC §3) and writes zstd
 Parquet files (receive time in ns, key, payload size, payload, instance),
-rotated by size and age.  SIGINT/SIGTERM finish the open file cleanly; a crash
-leaves only a ``*.parquet.partial`` file, which ``analyze`` ignores.
+rotated by size and age.  Rows reach a journal at least once a second, so a
+crash loses at most that; the next run recovers what a killed one left.
+SIGINT/SIGTERM finish the files cleanly.  Messages the bus dropped for the
+recorder are counted (the drop query), logged beside the files, shown in the
+summary, and make the exit status EXIT_LOST.
 
 pyarrow is imported in ``run`` only: it is the optional ``spark`` extra.
 """
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 #: Exit status when the bus goes away under the recorder.
 EXIT_BUS_CLOSED = 1
+#: Exit status when the optional extra (pyarrow) is not installed.
+EXIT_MISSING_EXTRA = 2
+#: Exit status when the bus dropped messages meant for the recorder.
+EXIT_LOST = 3
 
 
 def _size(text: str) -> int:
@@ -99,10 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _progress_line(recorder: Recorder) -> None:
     s = recorder.writer.stats
-    elapsed = max(1e-9, time.monotonic() - recorder.status.started)
+    st = recorder.status
+    elapsed = max(1e-9, time.monotonic() - st.started)
+    lost = f"{st.dropped:,} lost" if st.drop_query else "loss unknown"
     line = (
         f"\r{s.messages:,} msgs  {s.payload_bytes / 1048576:,.1f} MiB  "
-        f"{s.messages / elapsed:,.0f} msg/s  {s.files_closed} files done  "
+        f"{s.messages / elapsed:,.0f} msg/s  {lost}  {s.files_closed} files done  "
         f"{os.path.basename(s.current_file) or '(idle)'}"
     )
     sys.stderr.write(line[:200] + "\033[K")
@@ -110,22 +119,36 @@ def _progress_line(recorder: Recorder) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Record until SIGINT/SIGTERM, --duration or --count; 0 on a clean stop."""
+    """Record until SIGINT/SIGTERM, --duration or --count; 0 on a clean stop
+    with nothing lost, EXIT_LOST if the bus dropped messages for us."""
+    missing = D.missing_extra(("pyarrow",))
+    if missing:
+        print(f"sbus-relay record: {missing}", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     from sbus_relay.ops.addresses import parse_address
-    from sbus_relay.pipeline.capture import RotatingCaptureWriter
+    from sbus_relay.pipeline.capture import RotatingCaptureWriter, recover
     from sbus_relay.pipeline.recorder import Recorder
-    from sbus_relay.protocol.errors import BusClosed
+    from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError
 
     text = bus_address(args)
     address = parse_address(text)
     instance = args.instance or f"{socket.gethostname()}:{text}"
-    writer = RotatingCaptureWriter(
-        args.out,
-        instance=instance,
-        keep_payload=not args.no_payload,
-        rotate_bytes=args.rotate_size,
-        rotate_seconds=args.rotate_seconds,
-    )
+    try:
+        if os.path.isdir(args.out):
+            note = recover([args.out]).line()
+            if note:
+                print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
+        writer = RotatingCaptureWriter(
+            args.out,
+            instance=instance,
+            keep_payload=not args.no_payload,
+            rotate_bytes=args.rotate_size,
+            rotate_seconds=args.rotate_seconds,
+        )
+    except OSError as exc:
+        print(f"sbus-relay record: cannot write the capture under {args.out}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BUS_CLOSED
     recorder = Recorder(address, args.patterns or [""], writer)
     stop = threading.Event()
 
@@ -141,6 +164,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             patterns = " ".join(repr(p) for p in recorder.patterns)
             print(f"recording {patterns} on {text} into {args.out}", file=sys.stderr, flush=True)
+        if not recorder.status.drop_query:
+            print(
+                f"sbus-relay record: the bus at {text} does not answer the drop query "
+                "(CMSG drops/count): messages it drops for the recorder cannot be counted",
+                file=sys.stderr,
+                flush=True,
+            )
 
     try:
         recorder.run(
@@ -150,16 +180,34 @@ def run(args: argparse.Namespace) -> int:
             max_messages=args.count,
             deadline=deadline,
         )
-    except BusClosed as exc:
-        print(f"\nsbus-relay record: {exc}", file=sys.stderr)
+    except AddressError as exc:
+        print(f"sbus-relay record: {exc}", file=sys.stderr)
         return EXIT_BUS_CLOSED
+    except (BusClosed, PeerError) as exc:
+        print(f"\nsbus-relay record: {exc}", file=sys.stderr)
+        status = EXIT_BUS_CLOSED
+    except OSError as exc:  # the capture directory: full, gone, not writable
+        print(f"\nsbus-relay record: cannot write the capture under {args.out}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BUS_CLOSED
+    else:
+        status = 0
     finally:
         if show:
             sys.stderr.write("\n")
     s = writer.stats
+    st = recorder.status
+    if not st.drop_query:
+        loss = "loss unknown (the bus does not answer the drop query)"
+    elif st.dropped:
+        loss = f"LOST {st.dropped:,} messages (dropped by the bus for this recorder)"
+    else:
+        loss = "nothing lost"
     print(
         f"recorded {s.messages:,} messages ({s.payload_bytes:,} payload bytes) "
-        f"in {s.files_closed} file(s) under {args.out}",
+        f"in {s.files_closed} file(s) under {args.out}; {loss}",
         file=sys.stderr,
     )
-    return 0
+    if status:
+        return status
+    return EXIT_LOST if st.drop_query and st.dropped else 0

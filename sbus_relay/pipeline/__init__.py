@@ -2,13 +2,20 @@
 
 Modules (see ``docs/pipeline.md``):
 
-- ``capture``: the capture file format and the crash-safe rotating Parquet writer (pyarrow).
-- ``recorder``: a bus client that feeds the writer (``sbus-relay record``).
+- ``capture``: the capture format, the crash-safe writer (journal, then Parquet),
+  recovery of a killed recorder's journal, and the loss log.
+- ``recorder``: a bus client that feeds the writer and counts what the bus
+  dropped for it (``sbus-relay record``).
+- ``inputs``: what ``analyze`` reads (checked captures only) and how it replaces
+  its output (atomically).
 - ``analyze``: the PySpark job behind ``sbus-relay analyze`` and ``spark-submit``.
-- ``report``: the Markdown report and its PNG charts (matplotlib).
+- ``report``: the Markdown report with PNG charts (matplotlib) and the
+  self-contained HTML report (plotly).
 - ``datasource``: the ``sbus`` Spark data source (streaming read and write).
+- ``cluster``: a standalone Spark cluster from the installed pyspark (tests, benchmark).
+- ``benchmark``: the recorder and analysis benchmarks, DuckDB as the peer.
 - ``synth``: synthetic captures for tests and benchmarks.
 
-The core bus never imports this package: pyarrow, pyspark and matplotlib are the
-optional ``spark`` extra (``pip install .[spark]``).
+The core bus never imports this package: pyarrow, pyspark, matplotlib and
+plotly are the optional ``spark`` extra (``pip install 'sbus_relay[spark]'``).
 """

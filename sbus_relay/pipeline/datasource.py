@@ -16,6 +16,16 @@ time, to a bounded in-memory buffer.  ``read(start)`` takes what is buffered
 (at most ``maxBatchMessages``) and returns end offset = start + rows taken, so
 offsets are message counts and continue from any checkpointed offset.
 
+If the bus goes away (restart, crash), the listener reconnects and resubscribes
+on its own, waiting RECONNECT_MIN, doubling up to RECONNECT_MAX between tries.
+Each outage is a gap: counted, timed, and logged as a warning with the next
+batch; what was published meanwhile is lost.  Only the very first connection
+must succeed within READY_TIMEOUT, or the query fails (a wrong address).
+
+Python: importing this module sets ``PYSPARK_PYTHON`` to this interpreter
+unless it is set, so a session created afterwards runs its Python workers with
+the interpreter that has pyarrow and sbus_relay; ``session()`` does all of it.
+
 Delivery semantics, reading: **at most once**.  The bus keeps nothing (sbus-README
 "No persistence support"): messages published while no query runs are never
 seen; messages beyond the buffer bound (``maxBufferMessages``/``maxBufferBytes``)
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -80,6 +91,23 @@ TICK_SECONDS = 0.25
 READY_TIMEOUT = 10.0
 #: Send timeout of the sink's client, seconds: a bus blocked this long fails the task.
 WRITE_TIMEOUT = 60.0
+#: First wait before reconnecting to a bus that went away, seconds.
+RECONNECT_MIN = 0.1
+#: Longest wait between reconnection attempts, seconds.
+RECONNECT_MAX = 5.0
+
+# Spark's Python workers must be this interpreter (it has pyarrow and sbus_relay):
+# set before the session's JVM starts, it needs nothing from the user.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def session(app_name: str = "sbus-stream", master: str | None = None) -> SparkSession:
+    """A SparkSession (Python workers on this interpreter, UTC) with ``sbus`` registered."""
+    from .analyze import build_session
+
+    spark = build_session(master, app_name=app_name)
+    register(spark)
+    return spark
 
 
 def register(spark: SparkSession) -> None:
@@ -135,6 +163,11 @@ class _Listener:
         self.buffer: deque[tuple[int, str, bytes]] = deque()
         self.buffered_bytes = 0
         self.dropped = 0
+        #: outages of the bus connection: (lost at, back at) in ns since the epoch
+        self.gaps: list[tuple[int, int]] = []
+        #: times the listener has (re)subscribed; 1 after the first connection
+        self.connections = 0
+        self._connected_since_loss = False
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.ready = threading.Event()
@@ -154,23 +187,51 @@ class _Listener:
             raise RuntimeError(f"sbus source: {self.error}") from self.error
 
     def _run(self) -> None:
+        from sbus_relay.protocol.errors import BusClosed, SbusError
+
+        wait = RECONNECT_MIN
+        lost_at: int | None = None
+        while not self.stopping.is_set():
+            try:
+                self._listen(lost_at)
+            except (BusClosed, SbusError, OSError, TimeoutError) as exc:
+                if not self.connections:  # never connected: a wrong address, say so
+                    self.error = exc
+                    self.ready.set()
+                    return
+                if lost_at is None or self._connected_since_loss:
+                    lost_at = time.time_ns()
+                    wait = RECONNECT_MIN
+                    log.warning("sbus source lost the bus at %s (%s); reconnecting",
+                                self.address, exc)  # fmt: skip
+                self.stopping.wait(wait)
+                wait = min(wait * 2, RECONNECT_MAX)
+            except BaseException as exc:  # reported to the query by check()
+                self.error = exc
+                self.ready.set()
+                return
+
+    def _listen(self, lost_at: int | None) -> None:
+        """One connection's life: subscribe, confirm, then receive until it ends."""
         from sbus_relay.client import Client
 
-        try:
-            with Client(self.address, timeout=READY_TIMEOUT) as client:
-                client.subscribe(self.pattern)
-                client.whoami()  # the reply means the SUB is in place
-                self.ready.set()
-                while not self.stopping.is_set():
-                    try:
-                        message = client.receive(TICK_SECONDS)
-                    except TimeoutError:
-                        continue
-                    if not message.control:
-                        self._add((time.time_ns(), decode_key(message.key), message.payload))
-        except BaseException as exc:  # reported to the query by check()
-            self.error = exc
+        self._connected_since_loss = False
+        with Client(self.address, timeout=READY_TIMEOUT) as client:
+            client.subscribe(self.pattern)
+            client.whoami()  # the reply means the SUB is in place
+            self._connected_since_loss = True
+            with self.lock:
+                self.connections += 1
+                if lost_at is not None:
+                    self.gaps.append((lost_at, time.time_ns()))
             self.ready.set()
+            while not self.stopping.is_set():
+                try:
+                    message = client.receive(TICK_SECONDS)
+                except TimeoutError:
+                    continue
+                if not message.control:
+                    self._add((time.time_ns(), decode_key(message.key), message.payload))
 
     def _add(self, row: tuple[int, str, bytes]) -> None:
         size = len(row[2])
@@ -206,6 +267,7 @@ class SbusStreamReader(SimpleDataSourceStreamReader):
         self.max_batch = _positive(options, "maxBatchMessages", BATCH_MESSAGES)
         self._listener: _Listener | None = None
         self._dropped_reported = 0
+        self._gaps_reported = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to executors for readBetweenOffsets; the
@@ -241,6 +303,15 @@ class SbusStreamReader(SimpleDataSourceStreamReader):
                 listener.dropped - self._dropped_reported, listener.dropped,
             )  # fmt: skip
             self._dropped_reported = listener.dropped
+        with listener.lock:
+            gaps = listener.gaps[self._gaps_reported :]
+        for lost, back in gaps:
+            log.warning(
+                "sbus source was away from the bus for %.1f s (gap %d, reconnected); "
+                "messages published meanwhile are lost (at most once)",
+                (back - lost) / 1e9, self._gaps_reported + 1,
+            )  # fmt: skip
+            self._gaps_reported += 1
         # iter(list), not a generator: Spark copies the iterator to cache the batch.
         return iter(rows), {"seq": start["seq"] + len(rows)}
 

@@ -6,20 +6,52 @@ pyspark (the optional ``spark`` extra), so ``sbus-relay --help`` works without i
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
+#: Modules of the optional ``spark`` extra, in the order they are checked.
+EXTRA_MODULES = ("pyarrow", "pyspark", "matplotlib", "plotly")
+
+
+def missing_extra(modules: tuple[str, ...] = EXTRA_MODULES) -> str | None:
+    """One line saying how to install the ``spark`` extra if any of ``modules`` is
+    missing, else None.  Checked without importing them (fast, no side effects)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    pip = Path(sys.executable).with_name("pip")
+    pip_cmd = str(pip) if pip.exists() else "pip"
+    how = (
+        f"{pip_cmd} install 'sbus_relay[spark]' "
+        f"(from a source checkout: {pip_cmd} install -e '.[spark]')"
+    )
+    return f"needs {', '.join(missing)} (the optional 'spark' extra); install it with: {how}"
+
+
 # --- capture files (record) ------------------------------------------------------
 #: Suffix of finished capture files; the only ones the analyser reads.
 CAPTURE_SUFFIX = ".parquet"
-#: Suffix of the file being written; renamed to CAPTURE_SUFFIX on close.
-PARTIAL_SUFFIX = ".parquet.partial"
-#: Default rotation size: large enough for efficient Spark scans, small enough to copy.
+#: Suffix of the journal being written (Arrow IPC stream); becomes CAPTURE_SUFFIX on rotation.
+JOURNAL_SUFFIX = ".arrow.partial"
+#: Suffix of the open file in the previous format (Parquet without footer): unrecoverable.
+LEGACY_PARTIAL_SUFFIX = ".parquet.partial"
+#: Suffix of a Parquet file being converted from a journal, before its rename.
+TMP_SUFFIX = ".tmp"
+#: Suffix of a recorder session's loss log (JSON lines).
+LOSS_SUFFIX = ".loss.jsonl"
+#: Default rotation size (journal bytes): large enough for efficient Spark scans.
 ROTATE_BYTES = 256 * 1024 * 1024
-#: Default rotation age, seconds: a crash loses at most this much (the open file).
+#: Default rotation age, seconds: bounds the number of files, not what a crash loses.
 ROTATE_SECONDS = 300.0
+#: Seconds between journal appends: a crash or kill -9 loses at most this much.
+FLUSH_SECONDS = 1.0
 
 # --- analysis (analyze) --------------------------------------------------------
 #: Default prefix depth: ``service/topic`` is the usual key family in practice.
 DEFAULT_DEPTH = 2
-#: Default window, seconds: minute resolution reads well over hours to days.
+#: Window, seconds, for ``compute`` called without a window and without a span to
+#: adapt to (analyze itself adapts the window to the capture: ``auto_window``).
 DEFAULT_WINDOW_SECONDS = 60.0
 #: Default number of top keys kept (by messages and by bytes).
 DEFAULT_TOP = 20

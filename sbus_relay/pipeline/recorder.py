@@ -1,47 +1,77 @@
 """The recorder: a bus client that writes what it receives into capture files.
 
-One blocking loop owns one ``Client`` and one ``RotatingCaptureWriter``: receive
-with a short timeout, append, and on each timeout rotate an old file and look at
-the stop flag.  Memory is bounded by the writer's row group; the server queues
-for us (SPEC §4: soft/queue, then hard/discard past 16 MiB) if we fall behind.
+One loop owns one raw SEQPACKET socket and one ``RotatingCaptureWriter``.  It
+reads in tight non-blocking batches (``recv_into`` one reusable buffer, up to
+READ_BATCH packets or until the socket is empty), keeps the columns in plain
+lists and hands each batch to the writer, which builds Arrow arrays once per
+batch: no per-message object beyond the key and payload bytes.  When the socket
+is empty it waits in ``poll`` for at most TICK_SECONDS, so that a stop request,
+a due journal flush (once a second) and a drop query are never late.
+
+Losses: once a second the recorder asks the bus how many messages it dropped
+for this connection (``CMSG drops/count``, our protocol extension; see
+docs/pipeline.md "Drop query"), and writes every increase, with its time, into
+the capture's loss log (``capture.LossLog``).  On a bus that does not answer
+(the reference sbusd ignores unknown control messages) losses are unknown, and
+the log says so.  On stop it unsubscribes and asks one last time: the reply
+comes after every message the bus sent us, so the final count is exact.
 """
 
 from __future__ import annotations
 
-import contextlib
+import select
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sbus_relay.client import Client
-from sbus_relay.ops.addresses import Address
+from sbus_relay.ops.addresses import Address, connect
+from sbus_relay.protocol.codec import encode_cmsg, encode_sub, encode_unsub
+from sbus_relay.protocol.errors import BusClosed, PeerError
+from sbus_relay.protocol.limits import MAX_PACKET
 
-from .capture import RotatingCaptureWriter, decode_key
+from .capture import LossLog, RotatingCaptureWriter
 
 if TYPE_CHECKING:
     import threading
 
-#: Receive timeout, seconds: how soon a stop request or a due rotation is seen.
-TICK_SECONDS = 0.25
+#: Longest wait for the socket when it is empty, seconds: how soon a stop
+#: request, a due flush or a drop query is seen.
+TICK_SECONDS = 0.1
+#: Most packets read in one batch before the writer and the clock get a turn.
+READ_BATCH = 4096
 #: Seconds to wait for the whoami reply that proves our SUBs are in place.
 READY_TIMEOUT = 5.0
-#: On stop, keep recording until the bus is quiet this long (seconds): messages
-#: already on their way to us when the signal came are not lost.
-DRAIN_QUIET = 0.1
-#: ... but drain for no longer than this (seconds): a busy bus never goes quiet.
-DRAIN_MAX = 2.0
+#: On stop, wait at most this long (seconds) for the bus to confirm that it has
+#: sent us everything (the whoami reply after our UNSUBs).
+DRAIN_MAX = 5.0
+#: Seconds between drop queries while recording.
+DROP_POLL_SECONDS = 1.0
 #: Seconds between progress callbacks (the terminal progress line).
 PROGRESS_INTERVAL = 0.5
+
+#: The credentials request (sbus-README "Secret messages"): our in-order barrier.
+WHOAMI_KEY = b"!/cred/whoami"
+#: The drop query (our extension): the reply's payload is the decimal drop total.
+DROPS_KEY = b"drops/count"
+_WHOAMI_REPLY = b"CMSG " + WHOAMI_KEY
+_DROPS_REPLY = b"CMSG " + DROPS_KEY + b"\0"
 
 
 @dataclass
 class RecorderStatus:
-    """Live numbers for the progress line."""
+    """Live numbers for the progress line and the summary."""
 
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     control_messages: int = 0
+    #: True when the bus answers the drop query, False when it does not.
+    drop_query: bool = False
+    #: Messages the bus dropped for us (valid when drop_query).
+    dropped: int = 0
+    #: Why recording ended early ("" for a requested stop).
+    ended_by: str = ""
 
 
 class Recorder:
@@ -52,11 +82,22 @@ class Recorder:
         address: str | Address,
         patterns: Sequence[str | bytes],
         writer: RotatingCaptureWriter,
+        *,
+        drop_poll_seconds: float = DROP_POLL_SECONDS,
     ) -> None:
         self.address = address
-        self.patterns = list(patterns)
+        self.patterns = [p.encode("utf-8") if isinstance(p, str) else p for p in patterns]
         self.writer = writer
+        self.drop_poll_seconds = drop_poll_seconds
         self.status = RecorderStatus()
+        self.loss_log: LossLog | None = None
+        self._buffer = bytearray(MAX_PACKET + 1)  # +1: an over-long packet fills it
+        self._whoami_seen = False
+        self._query_pending = False
+        self._times: list[int] = []
+        self._keys: list[bytes] = []
+        self._sizes: list[int] = []
+        self._payloads: list[bytes] = []
 
     def run(
         self,
@@ -70,57 +111,219 @@ class Recorder:
         """Record until ``stop`` is set, ``max_messages`` are written, the monotonic
         ``deadline`` passes, or the bus closes (``BusClosed`` propagates).
 
-        ``on_ready`` is called once the subscriptions are in place.
-
-        The open file is always finished (renamed to ``*.parquet``) on the way out.
+        ``on_ready`` is called once the subscriptions are in place.  Every journal
+        is finished into a Parquet file on the way out, and the loss log closed.
         """
         should_stop = stop.is_set if hasattr(stop, "is_set") else stop
         writer = self.writer
-        next_progress = 0.0
+        sock = connect(self.address)
+        self.loss_log = LossLog(writer.directory, writer.prefix)
         try:
-            with Client(self.address) as client:
-                for pattern in self.patterns:
-                    client.subscribe(pattern)
-                # The server handles one client's packets in order: the whoami
-                # reply means every SUB above is in place.  A relay whose upstream
-                # is away answers late (SPEC §6); record anyway.
-                with contextlib.suppress(TimeoutError):
-                    client.whoami(timeout=READY_TIMEOUT)
-                self.status.ready = True
-                if on_ready is not None:
-                    on_ready()
-                while not should_stop():
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        break
-                    if progress is not None and now >= next_progress:
-                        progress(self)
-                        next_progress = now + PROGRESS_INTERVAL
-                    try:
-                        message = client.receive(TICK_SECONDS)
-                    except TimeoutError:
-                        writer.tick()
-                        continue
-                    if message.control:
-                        self.status.control_messages += 1
-                        continue
-                    writer.append(time.time_ns(), decode_key(message.key), message.payload)
-                    if max_messages is not None and writer.stats.messages >= max_messages:
-                        break
-                else:
-                    self._drain(client)
+            self._handshake(sock)
+            self.loss_log.write(
+                "start", instance=writer.instance, drop_query=self.status.drop_query
+            )
+            self.status.ready = True
+            if on_ready is not None:
+                on_ready()
+            self._loop(sock, should_stop, progress, max_messages, deadline)
+            if max_messages is None or writer.stats.messages < max_messages:
+                self._finish(sock, record=True)
+            else:
+                self._finish(sock, record=False)
+            self.loss_log.write(
+                "end",
+                messages=writer.stats.messages,
+                dropped=self.status.dropped if self.status.drop_query else None,
+            )
+        except BusClosed as exc:
+            self.status.ended_by = str(exc)
+            self.loss_log.write("end", messages=writer.stats.messages, closed=str(exc))
+            raise
         finally:
+            self._hand_over()
+            sock.close()
             writer.close()
+            self.loss_log.close()
             if progress is not None:
                 progress(self)
 
-    def _drain(self, client: Client) -> None:
-        """After a stop request: record what is already in flight, briefly."""
-        end = time.monotonic() + DRAIN_MAX
-        while time.monotonic() < end:
+    # --- phases --------------------------------------------------------------
+
+    def _handshake(self, sock: socket.socket) -> None:
+        """Subscribe, then ask for the drop count and whoami, in that order.
+
+        The server handles one client's packets in order: the whoami reply means
+        every SUB is in place, and a drop-count reply before it means the bus
+        answers the query.  A relay whose upstream is away answers whoami late
+        (SPEC §6); then recording starts anyway, with losses unknown.
+        """
+        sock.settimeout(READY_TIMEOUT)
+        for pattern in self.patterns:
+            sock.send(encode_sub(pattern))
+        sock.send(encode_cmsg(DROPS_KEY))
+        self._query_pending = True
+        sock.send(encode_cmsg(WHOAMI_KEY))
+        end = time.monotonic() + READY_TIMEOUT
+        while not self._whoami_seen and time.monotonic() < end:
+            sock.settimeout(max(0.001, end - time.monotonic()))
             try:
-                message = client.receive(DRAIN_QUIET)
+                self._receive_one(sock)
             except TimeoutError:
+                break
+        if not self.status.drop_query:
+            self._query_pending = False
+
+    def _loop(
+        self,
+        sock: socket.socket,
+        should_stop: Callable[[], bool],
+        progress: Callable[[Recorder], None] | None,
+        max_messages: int | None,
+        deadline: float | None,
+    ) -> None:
+        writer = self.writer
+        sock.setblocking(False)
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        tick_ms = int(TICK_SECONDS * 1000)
+        next_progress = next_query = 0.0
+        while not should_stop():
+            budget = READ_BATCH
+            if max_messages is not None:
+                budget = min(budget, max_messages - writer.stats.messages - len(self._times))
+                if budget <= 0:
+                    break
+            got = self._read_batch(sock, budget)
+            self._hand_over()
+            now = time.monotonic()
+            writer.tick()
+            if deadline is not None and now >= deadline:
+                break
+            if self.status.drop_query and not self._query_pending and now >= next_query:
+                self._ask_drops(sock)
+                next_query = now + self.drop_poll_seconds
+            if progress is not None and now >= next_progress:
+                progress(self)
+                next_progress = now + PROGRESS_INTERVAL
+            if not got:
+                poller.poll(tick_ms)
+
+    def _finish(self, sock: socket.socket, *, record: bool) -> None:
+        """Unsubscribe and read until the bus confirms it has sent us everything.
+
+        Messages already on their way are recorded (unless ``record`` is false:
+        a ``--count`` was reached), and the last drop count is exact.
+        """
+        self._hand_over()
+        sock.setblocking(True)
+        sock.settimeout(DRAIN_MAX)
+        for pattern in self.patterns:
+            sock.send(encode_unsub(pattern))
+        if self.status.drop_query:
+            sock.send(encode_cmsg(DROPS_KEY))
+            self._query_pending = True
+        self._whoami_seen = False
+        sock.send(encode_cmsg(WHOAMI_KEY))
+        end = time.monotonic() + DRAIN_MAX
+        while not self._whoami_seen and time.monotonic() < end:
+            sock.settimeout(max(0.001, end - time.monotonic()))
+            try:
+                self._receive_one(sock, record=record)
+            except TimeoutError:
+                break
+            if len(self._times) >= READ_BATCH:
+                self._hand_over()
+        self._hand_over()
+
+    # --- packets -------------------------------------------------------------
+
+    def _read_batch(self, sock: socket.socket, budget: int) -> int:
+        """Read up to ``budget`` packets without blocking; return how many."""
+        buf = self._buffer
+        view = memoryview(buf)
+        recv_into = sock.recv_into
+        now = time.time_ns
+        times, keys, sizes, payloads = self._times, self._keys, self._sizes, self._payloads
+        keep = self.writer.keep_payload
+        # Bounded in bytes too: a batch of big payloads is handed over early.
+        room = self.writer.row_group_bytes
+        got = 0
+        while got < budget and room > 0:
+            try:
+                n = recv_into(buf)
+            except BlockingIOError:
+                break
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            if not n:
+                raise BusClosed("the bus closed the connection")
+            if buf.startswith(b"MSG "):
+                i = buf.find(0, 4, n)
+                if i < 0 or n > MAX_PACKET:
+                    raise PeerError("protocol_error", "malformed or over-long MSG from the bus")
+                times.append(now())
+                keys.append(bytes(view[4:i]))
+                sizes.append(n - i - 1)
+                if keep:
+                    payloads.append(bytes(view[i + 1 : n]))
+                    room -= n
+                got += 1
+            else:
+                self._control(sock, bytes(view[:n]))
+        return got
+
+    def _receive_one(self, sock: socket.socket, *, record: bool = True) -> None:
+        """One blocking receive (handshake and finish); raises TimeoutError."""
+        try:
+            n = sock.recv_into(self._buffer)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+        if not n:
+            raise BusClosed("the bus closed the connection")
+        packet = bytes(self._buffer[:n])
+        if packet.startswith(b"MSG "):
+            if not record:
                 return
-            if not message.control:
-                self.writer.append(time.time_ns(), decode_key(message.key), message.payload)
+            i = packet.find(b"\0", 4)
+            if i < 0:
+                raise PeerError("protocol_error", "MSG without NUL from the bus")
+            self._times.append(time.time_ns())
+            self._keys.append(packet[4:i])
+            self._sizes.append(n - i - 1)
+            if self.writer.keep_payload:
+                self._payloads.append(packet[i + 1 :])
+        else:
+            self._control(sock, packet)
+
+    def _control(self, sock: socket.socket, packet: bytes) -> None:
+        if packet.startswith(_DROPS_REPLY):
+            self._query_pending = False
+            try:
+                total = int(packet[len(_DROPS_REPLY) :])
+            except ValueError:
+                return
+            self.status.drop_query = True
+            if total > self.status.dropped:
+                if self.loss_log is not None:
+                    self.loss_log.write("drops", dropped=total - self.status.dropped, total=total)
+                self.status.dropped = total
+        elif packet.startswith(_WHOAMI_REPLY):
+            self._whoami_seen = True
+        else:
+            self.status.control_messages += 1
+
+    def _ask_drops(self, sock: socket.socket) -> None:
+        try:
+            sock.send(encode_cmsg(DROPS_KEY))
+        except BlockingIOError:
+            return  # our send buffer is full: ask on the next tick
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+        self._query_pending = True
+
+    def _hand_over(self) -> None:
+        """Give the rows read so far to the writer."""
+        if self._times:
+            self.writer.extend(self._times, self._keys, self._sizes, self._payloads)
+            self._times, self._keys, self._sizes, self._payloads = [], [], [], []

@@ -1,11 +1,21 @@
-"""The human report of an analysis: ``report.md`` plus PNG charts (matplotlib).
+"""The human report of an analysis: ``report.md`` with PNG charts (matplotlib), and
+``report.html``, one self-contained page (plotly, its JavaScript inlined) that works
+offline, with zoom over time.
 
 Input is the small, already-collected ``AnalysisResult``; nothing here touches
 Spark, so the report can be rebuilt or unit-tested without a session.
+
+Charts are drawn to be read at a glance: rates per second (msgs/s and a byte unit
+chosen from the data, e.g. MiB/s), every window drawn (an empty one is zero, so
+lines never bridge silence), y axes from zero, time in UTC, bursts shaded on the
+time series, losses marked.  Tables in the Markdown are never cut silently: a
+long one shows its first rows, says "first N of M", and the full table is a CSV
+file beside the report.
 """
 
 from __future__ import annotations
 
+import csv
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +33,18 @@ MAX_LABEL = 60
 MAX_MARKED_POINTS = 120
 #: Keys drawn in the top-keys bar chart.
 MAX_CHART_KEYS = 15
+#: Rows of a long table shown in report.md; all of them are in the CSV beside it.
+MAX_REPORT_ROWS = 50
+#: Byte units for rates and totals, with their sizes.
+BYTE_UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
+
+
+def byte_unit(largest: float) -> tuple[str, int]:
+    """The unit in which ``largest`` reads as a number below 1024."""
+    for name, size in BYTE_UNITS:
+        if largest < size * 1024:
+            return name, size
+    return BYTE_UNITS[-1]
 
 
 def _label(text: str) -> str:
@@ -64,6 +86,40 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return [*lines, ""]
 
 
+def _series(result: AnalysisResult) -> tuple[dict[str, dict[str, list[Any]]], float, list[str]]:
+    """Per series: times (UTC datetimes), msgs/s and bytes/s; the width (s); names in order."""
+    series: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"t": [], "m": [], "b": []})
+    width_s = 1.0
+    for row in result.chart_series:
+        width_s = row["width_ns"] / 1e9
+        s = series[row["series"]]
+        s["t"].append(datetime.fromtimestamp(row["t"] / 1e9, UTC))
+        s["m"].append(row["messages"] / width_s)
+        s["b"].append(row["bytes"] / width_s)
+    # Biggest series first, "(other)" last, so colours and legend are stable.
+    names = sorted(series, key=lambda n: (n == OTHER, -sum(series[n]["m"]), n))
+    return series, width_s, names
+
+
+def _burst_spans(result: AnalysisResult) -> list[tuple[datetime, datetime, str, str]]:
+    """(start, end, scope, prefix) of every burst window, UTC."""
+    w = result.summary["options"]["window_seconds"]
+    out = []
+    for r in result.tables.get("bursts", []):
+        start = datetime.fromtimestamp(r["window_start_ns"] / 1e9, UTC)
+        end = datetime.fromtimestamp(r["window_start_ns"] / 1e9 + w, UTC)
+        out.append((start, end, r["scope"], r["prefix"]))
+    return out
+
+
+def _loss_events(result: AnalysisResult) -> list[tuple[datetime, int]]:
+    loss = result.summary.get("loss") or {}
+    return [
+        (datetime.fromtimestamp(e["time_ns"] / 1e9, UTC), e["dropped"])
+        for e in loss.get("events", [])
+    ]
+
+
 def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
     """Draw the PNGs; return (title, file name) pairs in report order."""
     import matplotlib
@@ -73,36 +129,59 @@ def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     charts: list[tuple[str, str]] = []
-    series: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"t": [], "m": [], "b": []})
-    width_s = 0.0
-    for row in result.chart_series:
-        s = series[row["series"]]
-        s["t"].append(datetime.fromtimestamp(row["t"] / 1e9, UTC))
-        s["m"].append(row["messages"])
-        s["b"].append(row["bytes"])
-        width_s = row["width_ns"] / 1e9
-    # Biggest series first, "(other)" last, so colours and legend are stable.
-    names = sorted(series, key=lambda n: (n == OTHER, -sum(series[n]["m"]), n))
+    series, width_s, names = _series(result)
+    bursts = _burst_spans(result)
+    losses = _loss_events(result)
+    largest_b = max((max(series[n]["b"], default=0) for n in names), default=0)
+    unit, unit_size = byte_unit(largest_b)
     for field, what, fname in (
-        ("m", "messages", "messages_per_window.png"),
-        ("b", "payload bytes", "bytes_per_window.png"),
+        ("m", "msgs/s", "messages_per_window.png"),
+        ("b", f"{unit}/s", "bytes_per_window.png"),
     ):
         if not names:
             break
         fig, ax = plt.subplots(figsize=CHART_SIZE)
+        scale = 1 if field == "m" else unit_size
         for name in names:
             points = series[name]["t"]
+            values = [v / scale for v in series[name][field]]
             marker = "." if len(points) <= MAX_MARKED_POINTS else None
-            ax.plot(points, series[name][field], marker=marker, lw=1, label=_label(name))
+            # steps-post: a window's rate holds over the whole window; empty ones are 0.
+            ax.plot(points, values, drawstyle="steps-post", marker=marker, lw=1, label=_label(name))
+        burst_label = "burst (all traffic)"
+        for start, end, scope, _prefix in bursts:
+            if scope == "total":
+                ax.axvspan(
+                    float(mdates.date2num(start)),
+                    float(mdates.date2num(end)),
+                    color="red",
+                    alpha=0.15,
+                    lw=0,
+                    label=burst_label,
+                )
+                burst_label = "_"
+        prefix_bursts = [b for b in bursts if b[2] == "prefix"]
+        if prefix_bursts:
+            ax.plot(
+                mdates.date2num([b[0] for b in prefix_bursts]), [0] * len(prefix_bursts), "r^",
+                ms=7, clip_on=False, label="burst of a prefix",
+            )  # fmt: skip
+        if losses:
+            ax.plot(
+                mdates.date2num([t for t, _ in losses]), [0] * len(losses), "kx",
+                ms=9, mew=2, clip_on=False, label="messages lost",
+            )  # fmt: skip
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{what} per {width_s:g} s window, by key prefix")
         ax.set_ylabel(what)
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M:%S"))
+        ax.set_xlabel("time (UTC)")
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M:%S", tz=UTC))
         fig.autofmt_xdate()
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
         fig.savefig(out / fname, dpi=CHART_DPI)
         plt.close(fig)
-        charts.append((f"{what.capitalize()} per window", fname))
+        charts.append((f"{what} per window", fname))
 
     hist = result.tables.get("size_histogram", [])
     if hist:
@@ -112,6 +191,7 @@ def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
         ax.set_xticks(range(len(hist)), labels, rotation=45, ha="right", fontsize="small")
         ax.set_title("payload size distribution (power-of-two buckets)")
         ax.set_ylabel("messages")
+        ax.set_ylim(bottom=0)
         fig.tight_layout()
         fig.savefig(out / "size_histogram.png", dpi=CHART_DPI)
         plt.close(fig)
@@ -127,12 +207,17 @@ def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
             continue
         label_field = "instance" if table == "instances" else "key"
         fig, ax = plt.subplots(figsize=(CHART_SIZE[0], 1.0 + 0.35 * len(rows)))
-        ax.barh(
-            [_label(r[label_field]) or "(empty)" for r in rows][::-1],
-            [r[field] for r in rows][::-1],
-        )
+        if field == "bytes":
+            bunit, bsize = byte_unit(max(r[field] or 0 for r in rows))
+            values = [(r[field] or 0) / bsize for r in rows]
+            xlabel = f"payload {bunit}"
+        else:
+            values = [r[field] for r in rows]
+            xlabel = field
+        ax.barh([_label(r[label_field]) or "(empty)" for r in rows][::-1], values[::-1])
+        ax.set_xlim(left=0)
         ax.set_title(title)
-        ax.set_xlabel(field)
+        ax.set_xlabel(xlabel)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=CHART_DPI)
         plt.close(fig)
@@ -140,8 +225,50 @@ def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
     return charts
 
 
-def write_report(result: AnalysisResult, out_dir: str | Path) -> Path:
-    """Write ``report.md`` and its charts into ``out_dir``; return the report's path."""
+def _cut(rows: list[dict[str, Any]], what: str, csv_name: str) -> tuple[list[dict[str, Any]], str]:
+    """The rows shown in report.md and a line saying so when they are not all of them."""
+    if len(rows) <= MAX_REPORT_ROWS:
+        return rows, ""
+    return rows[:MAX_REPORT_ROWS], (
+        f"First {MAX_REPORT_ROWS} of {len(rows):,} {what}; all of them are in "
+        f"[`{csv_name}`]({csv_name})."
+    )
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        if not rows:
+            return
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _loss_lines(summary: dict[str, Any]) -> list[str]:
+    loss = summary.get("loss") or {}
+    if loss.get("known"):
+        n = loss.get("dropped") or 0
+        if not n:
+            return [f"- Loss: **none** (the bus dropped nothing for {loss['sessions']} recorder "
+                    "session(s))"]  # fmt: skip
+        events = len(loss.get("events", []))
+        return [f"- Loss: **{n:,} messages dropped** by the bus for the recorder, not in these "
+                f"numbers ({events} loss event(s), marked x on the charts)"]  # fmt: skip
+    reason = loss.get("reason", "unknown")
+    at_least = loss.get("dropped_at_least") or 0
+    extra = f"; at least {at_least:,} messages were dropped" if at_least else ""
+    lines = [f"- Loss: **unknown** ({reason}){extra}"]
+    if loss.get("unfinished_sessions"):
+        lines.append(
+            f"- {loss['unfinished_sessions']} recorder session(s) did not finish (killed?): "
+            "up to their last second of traffic is missing"
+        )
+    return lines
+
+
+def write_report(result: AnalysisResult, out_dir: str | Path, *, html: bool = True) -> Path:
+    """Write ``report.md``, its charts and CSVs, and ``report.html`` (unless ``html`` is
+    false) into ``out_dir``; return the Markdown report's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     s = result.summary
@@ -156,18 +283,25 @@ def write_report(result: AnalysisResult, out_dir: str | Path) -> Path:
         f"- Messages: **{s['messages']:,}**, payload bytes: **{_human_bytes(s['bytes'])}**",
         f"- From {_when(s['first_ns'])} to {_when(s['last_ns'])} ({span_s:,.1f} s)",
         f"- {s['keys']:,} distinct keys in {s['prefixes']:,} prefixes (depth {opts['depth']}), "
-        f"{s['instances']:,} bus instance(s), {s['windows']:,} non-empty "
-        f"{opts['window_seconds']:g} s windows",
+        f"{s['instances']:,} bus instance(s), {s['windows']:,} non-empty of "
+        f"{s.get('span_windows', s['windows']):,} {opts['window_seconds']:g} s windows",
         "- Payload size percentiles: "
         + ", ".join(f"{c} = {_num(s['size_percentiles'].get(c))} B" for c in pcols),
+        *_loss_lines(s),
         "",
-        "Parquet tables with every number are beside this file; `summary.json` has the totals.",
+        "Parquet tables with every number are beside this file; `summary.json` has the "
+        "totals; `report.html` is this report with zoomable charts.",
         "",
     ]
     for title, fname in charts:
         lines += [f"## {title}", "", f"![{title}]({fname})", ""]
 
+    prefixes = result.tables.get("size_percentiles", [])
+    _write_csv(prefixes, out / "size_percentiles.csv")
+    shown, note = _cut(prefixes, "prefixes", "size_percentiles.csv")
     lines += ["## Payload size by prefix", ""]
+    if note:
+        lines += [note, ""]
     lines += _table(
         ["prefix", "messages", "bytes", "mean", *pcols, "max"],
         [
@@ -179,7 +313,7 @@ def write_report(result: AnalysisResult, out_dir: str | Path) -> Path:
                 *[_num(r[c]) for c in pcols],
                 _num(r["max_size"]),
             ]
-            for r in result.tables.get("size_percentiles", [])
+            for r in shown
         ],
     )
     for table, title in (
@@ -209,14 +343,19 @@ def write_report(result: AnalysisResult, out_dir: str | Path) -> Path:
         ],
     )
     bursts = result.tables.get("bursts", [])
+    _write_csv(bursts, out / "bursts.csv")
+    shown, note = _cut(bursts, "bursts", "bursts.csv")
     lines += [
         "## Bursts",
         "",
-        f"Windows with at least {opts['burst_factor']:g}x the median messages per non-empty "
-        f"window of their scope (and at least {opts['burst_min_messages']} messages), "
-        "strongest first.",
+        f"Windows with at least {opts['burst_factor']:g}x the median messages per "
+        f"{opts['window_seconds']:g} s window of their scope over the whole capture (empty "
+        f"windows count as zero), and at least {opts['burst_min_messages']} messages; "
+        'strongest first (a ratio of "new": the scope is usually silent).',
         "",
     ]
+    if note:
+        lines += [note, ""]
     if bursts:
         lines += _table(
             ["scope", "prefix", "window start", "messages", "median", "ratio"],
@@ -227,13 +366,130 @@ def write_report(result: AnalysisResult, out_dir: str | Path) -> Path:
                     _when(r["window_start_ns"]),
                     _num(r["messages"]),
                     _num(r["median_messages"]),
-                    f"{r['ratio']:.1f}x",
+                    "new" if r["ratio"] is None else f"{r['ratio']:.1f}x",
                 ]
-                for r in bursts
+                for r in shown
             ],
         )
     else:
         lines += ["No bursts.", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
+    if html:
+        write_html(result, out / "report.html")
     return path
+
+
+def write_html(result: AnalysisResult, path: Path) -> Path:
+    """One self-contained page (plotly.js inlined: works offline): summary, losses,
+    zoomable rate charts over time with bursts and losses marked, the burst table."""
+    import html as h
+
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    s = result.summary
+    series, width_s, names = _series(result)
+    largest_b = max((max(series[n]["b"], default=0) for n in names), default=0)
+    unit, unit_size = byte_unit(largest_b)
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        subplot_titles=(f"msgs/s per {width_s:g} s window", f"{unit}/s per {width_s:g} s window"),
+    )  # fmt: skip
+    for i, name in enumerate(names):
+        for row, field, scale in ((1, "m", 1), (2, "b", unit_size)):
+            fig.add_trace(
+                go.Scatter(
+                    x=series[name]["t"], y=[v / scale for v in series[name][field]],
+                    name=name, legendgroup=name, showlegend=row == 1, line_shape="hv",
+                    line={"color": _COLOURS[i % len(_COLOURS)]},
+                ),
+                row=row, col=1,
+            )  # fmt: skip
+    for start, end, scope, _prefix in _burst_spans(result):
+        if scope == "total":
+            for row in (1, 2):
+                fig.add_vrect(x0=start, x1=end, fillcolor="red", opacity=0.15, line_width=0,
+                              row=row, col=1)  # fmt: skip
+    prefix_bursts = [b for b in _burst_spans(result) if b[2] == "prefix"]
+    if prefix_bursts:
+        fig.add_trace(
+            go.Scatter(
+                x=[b[0] for b in prefix_bursts], y=[0] * len(prefix_bursts), mode="markers",
+                marker={"symbol": "triangle-up", "color": "red", "size": 10},
+                name="burst of a prefix", text=[b[3] for b in prefix_bursts],
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+    losses = _loss_events(result)
+    if losses:
+        fig.add_trace(
+            go.Scatter(
+                x=[t for t, _ in losses], y=[0] * len(losses), mode="markers",
+                marker={"symbol": "x", "color": "black", "size": 11},
+                name="messages lost", text=[f"{n:,} lost" for _, n in losses],
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+    fig.update_yaxes(rangemode="tozero", title_text="msgs/s", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", title_text=f"{unit}/s", row=2, col=1)
+    fig.update_xaxes(title_text="time (UTC)", rangeslider={"visible": True}, row=2, col=1)
+    fig.update_layout(height=800, hovermode="x unified", margin={"t": 40})
+    chart = fig.to_html(full_html=False, include_plotlyjs=True) if names else "<p>No traffic.</p>"
+
+    def table(headers: list[str], rows: list[list[str]]) -> str:
+        head = "".join(f"<th>{h.escape(x)}</th>" for x in headers)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{h.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+        )
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    facts = [
+        f"Messages: {s['messages']:,}; payload bytes: {_human_bytes(s['bytes'])}",
+        f"From {_when(s['first_ns'])} to {_when(s['last_ns'])}",
+        f"{s['keys']:,} distinct keys in {s['prefixes']:,} prefixes, "
+        f"{s['instances']:,} bus instance(s)",
+        *[x.removeprefix("- ").replace("**", "") for x in _loss_lines(s)],
+    ]
+    bursts = result.tables.get("bursts", [])
+    burst_rows = [
+        [
+            r["scope"], r["prefix"] if r["scope"] == "prefix" else "(all)",
+            _when(r["window_start_ns"]), _num(r["messages"]), _num(r["median_messages"]),
+            "new" if r["ratio"] is None else f"{r['ratio']:.1f}x",
+        ]
+        for r in bursts
+    ]  # fmt: skip
+    top = [
+        [str(r["rank"]), r["key"], _num(r["messages"]), _human_bytes(r["bytes"])]
+        for r in result.tables.get("top_keys_by_messages", [])
+    ]
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>sbus traffic report</title>
+<style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}</style></head><body>
+<h1>sbus traffic report</h1>
+<ul>{"".join(f"<li>{h.escape(x)}</li>" for x in facts)}</ul>
+<p>Drag over a chart to zoom in time, double-click to zoom out; the slider below the
+charts pans.  Shaded: bursts of all traffic; red triangles: bursts of one prefix;
+black crosses: messages the bus dropped for the recorder.  Times are UTC.</p>
+{chart}
+<h2>Bursts ({len(bursts):,})</h2>
+{
+        table(["scope", "prefix", "window start", "messages", "median", "ratio"], burst_rows)
+        if bursts
+        else "<p>No bursts.</p>"
+    }
+<h2>Top keys by messages</h2>
+{table(["#", "key", "messages", "bytes"], top)}
+</body></html>
+"""
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+#: Series colours shared by both HTML charts (plotly's default palette).
+_COLOURS = (
+    "#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a",
+    "#19d3f3", "#ff6692", "#b6e880", "#ff97ff", "#fecb52",
+)  # fmt: skip

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sbus_relay.client import Client  # noqa: E402
 from sbus_relay.pipeline.datasource import SbusStreamReader, register  # noqa: E402
-from tests.support import BusProcess  # noqa: E402
+from tests.support import BusProcess, start_bus  # noqa: E402
 
 from .conftest import SPARK_TEST_TIMEOUT  # noqa: E402
 
@@ -70,6 +70,40 @@ def test_reader_offsets_bound_and_replay(sbusd: BusProcess) -> None:
     assert list(reader.readBetweenOffsets({"seq": 0}, {"seq": 3})) == []  # at-most-once
     assert pickle.loads(pickle.dumps(reader))._listener is None  # sockets stay behind
     reader.stop()
+
+
+@pytest.mark.timeout(60)
+def test_reader_survives_a_bus_restart(short_tmp: Path, tmp_path: Path, caplog: Any) -> None:
+    """The bus restarts: the source reconnects and resubscribes by itself, and says
+    how long it was away; what was published meanwhile is lost (at most once)."""
+    address = str(short_tmp / "bus")
+    reader = SbusStreamReader({"address": address, "pattern": "r/"})
+    with start_bus(tmp_path, "-a", address) as sbusd:
+        start = reader.initialOffset()
+        listener = reader._listener
+        assert listener is not None
+        with Client(address, timeout=10) as pub:
+            pub.publish("r/before", b"1")
+            pub.whoami()
+        wait_for(lambda: len(listener.buffer) == 1, "the first message")
+        sbusd.stop()
+    try:
+        time.sleep(0.5)  # away for a while: the listener retries with back-off
+        with start_bus(tmp_path, "-a", address):
+            wait_for(lambda: listener.connections == 2, "the listener to resubscribe")
+            with Client(address, timeout=10) as pub:
+                pub.publish("r/after", b"2")
+                pub.whoami()
+            wait_for(lambda: len(listener.buffer) == 2, "the message after the restart")
+            with caplog.at_level("WARNING", logger="sbus_relay.pipeline.datasource"):
+                rows, end = reader.read(start)
+    finally:
+        reader.stop()
+    assert [k for _, k, _ in rows] == ["r/before", "r/after"] and end == {"seq": 2}
+    assert len(listener.gaps) == 1
+    lost, back = listener.gaps[0]
+    assert back - lost >= 0.4e9
+    assert any("away from the bus" in r.getMessage() for r in caplog.records)
 
 
 # --- through Spark ---------------------------------------------------------------------
@@ -163,3 +197,47 @@ def test_batch_write_publishes_and_checks_columns(spark: Any, sbusd: BusProcess)
         spark.createDataFrame([("k",)], "key string").write.format("sbus").option(
             "address", sbusd.address
         ).mode("append").save()
+
+
+#: The documented streaming example, as a user would run it: no PYSPARK_PYTHON set.
+STREAM_EXAMPLE = """
+import sys, time
+from sbus_relay.pipeline.datasource import register
+from sbus_relay.client import Client
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+register(spark)
+live = (spark.readStream.format("sbus").option("address", sys.argv[1])
+        .option("pattern", "doc/").load())
+query = live.writeStream.format("memory").queryName("doc").start()
+query.processAllAvailable()
+with Client(sys.argv[1], timeout=10) as pub:
+    pub.publish("doc/1", b"x")
+for _ in range(200):
+    query.processAllAvailable()
+    if spark.sql("select count(*) from doc").collect()[0][0]:
+        break
+    time.sleep(0.1)
+print("rows", spark.sql("select count(*) from doc").collect()[0][0])
+query.stop()
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT)
+def test_documented_stream_example_needs_no_pyspark_python(
+    spark: Any, sbusd: BusProcess, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    result = subprocess.run(
+        [sys.executable, "-c", STREAM_EXAMPLE, sbusd.address],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=SPARK_TEST_TIMEOUT - 30,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rows 1" in result.stdout

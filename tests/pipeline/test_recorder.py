@@ -62,7 +62,7 @@ def test_every_published_message_is_recorded(sbusd: BusProcess, tmp_path: Path) 
     out = tmp_path / "cap"
     # Small rotation size: the capture spans several files, and none is lost.
     writer = RotatingCaptureWriter(
-        out, instance="test-bus", rotate_bytes=1 << 20, row_group_rows=64
+        out, instance="test-bus", rotate_bytes=1 << 20, row_group_rows=64, row_group_bytes=1 << 18
     )
     recorder = Recorder(sbusd.address, [""], writer)
     stop = threading.Event()
@@ -132,3 +132,158 @@ def test_record_command_stops_cleanly_on_sigterm(sbusd: BusProcess, tmp_path: Pa
         *[(f"fam/{i}", i, None, "cmd") for i in range(100)],
         ("fam/end", 0, None, "cmd"),
     ]
+
+
+def start_record(address: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``sbus-relay record`` in the background, once it says it is recording."""
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "sbus-relay"), "record", "-a", address, "--out", str(out),
+         "--instance", "cmd", *extra],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stderr], [], [], WAIT)
+    assert ready, "record never said it was recording"
+    assert b"recording" in proc.stderr.readline()
+    return proc
+
+
+def stop_record(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err.decode()
+
+
+def test_messages_the_bus_drops_are_counted_logged_and_fail_the_exit_status(
+    sbusd: BusProcess, tmp_path: Path
+) -> None:
+    """A recorder that falls behind: every message is either recorded or counted lost."""
+    out = tmp_path / "cap"
+    proc = start_record(sbusd.address, out, "flood/")
+    published = 12_000  # 24 MB: over the server's hard limit (16 MiB) for the recorder
+    try:
+        proc.send_signal(signal.SIGSTOP)  # the recorder falls behind, as under a flood
+        with Client(sbusd.address, timeout=WAIT) as pub:
+            for i in range(published):
+                pub.publish(f"flood/{i}", b"x" * 2000)
+            pub.whoami()  # every message above is routed (delivered, queued or dropped)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    time.sleep(1.5)  # at least one drop query while recording
+    status, err = stop_record(proc)
+    assert status == 3, err
+    (line,) = [x for x in err.splitlines() if x.startswith("recorded")]
+    recorded = len(read_rows(out))
+    lost = published - recorded
+    assert lost > 0
+    assert f"recorded {recorded:,} messages" in line and f"LOST {lost:,} messages" in line
+
+    from sbus_relay.pipeline.capture import loss_files, read_losses
+
+    losses = read_losses(loss_files([str(out)]))
+    assert (losses.sessions, losses.unfinished, losses.known) == (1, 0, True)
+    assert losses.dropped == lost and losses.events
+
+
+def test_nothing_lost_exits_zero_and_says_so(sbusd: BusProcess, tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    proc = start_record(sbusd.address, out)
+    with Client(sbusd.address, timeout=WAIT) as pub:
+        for i in range(500):
+            pub.publish(f"calm/{i}", b"y")
+        pub.whoami()  # all 500 routed before the recorder unsubscribes
+    status, err = stop_record(proc)
+    assert status == 0, err
+    assert "recorded 500 messages" in err and "nothing lost" in err
+
+
+def test_kill_9_loses_at_most_the_last_second(sbusd: BusProcess, tmp_path: Path) -> None:
+    """Defaults only: rows older than a second survive a kill -9; the next run recovers them."""
+    out = tmp_path / "cap"
+    proc = start_record(sbusd.address, out)
+    sent_at: list[float] = []
+    try:
+        with Client(sbusd.address, timeout=WAIT) as pub:
+            end = time.monotonic() + 4.0
+            i = 0
+            while time.monotonic() < end:
+                for _ in range(100):
+                    pub.publish(f"steady/{i % 10}", b"%d" % i)
+                    i += 1
+                sent_at.append(time.monotonic())
+                time.sleep(0.01)
+        killed_at = time.monotonic()
+        proc.kill()
+        proc.wait(WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert capture_files([str(out)]) == []  # nothing rotated: all of it is in the journal
+    # The next run says what it found, in one line, and recovers it.
+    again = subprocess.run(
+        [os.path.join(VENV_BIN, "sbus-relay"), "record", "-a", sbusd.address, "--out", str(out),
+         "--duration", "0.2", "-q"],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT * 2,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    notes = [x for x in again.stderr.decode().splitlines() if "recovered" in x]
+    assert len(notes) == 1, again.stderr
+    rows = read_rows(out)
+    safe = 100 * sum(1 for t in sent_at if t <= killed_at - 1.0)
+    assert len(rows) >= safe, f"{len(rows)} rows survived; {safe} were sent over 1 s before"
+    assert [int(r["payload"]) for r in rows] == list(range(len(rows)))  # type: ignore[call-overload]
+
+
+def fake_bus(path: str, messages: int, stop: threading.Event) -> None:
+    """A bus that, like the reference sbusd, ignores control messages it does not know."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as srv:
+        srv.bind(path)
+        srv.listen(1)
+        srv.settimeout(WAIT)
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    packet = conn.recv(1000)
+                except TimeoutError:
+                    continue
+                if not packet:
+                    return
+                if packet == b"CMSG !/cred/whoami":
+                    for i in range(messages):
+                        conn.send(b"MSG k/%d\0p" % i)
+                    messages = 0
+                    conn.send(b"CMSG !/cred/whoami\0!/cred/1/2/3")
+
+
+def test_a_bus_without_the_drop_query_makes_loss_unknown(short_tmp: Path, tmp_path: Path) -> None:
+    address = str(short_tmp / "fake")
+    stop = threading.Event()
+    bus = threading.Thread(target=fake_bus, args=(address, 7, stop))
+    bus.start()
+    try:
+        wait_for(lambda: os.path.exists(address), "the fake bus")
+        out = tmp_path / "cap"
+        proc = start_record(address, out)
+        assert proc.stderr is not None
+        note = proc.stderr.readline().decode()  # said once, right after "recording"
+        status, err = stop_record(proc)
+    finally:
+        stop.set()
+        bus.join(WAIT)
+    assert status == 0, err
+    assert "does not answer the drop query (CMSG drops/count)" in note
+    assert "drops/count" not in err, err
+    assert "recorded 7 messages" in err and "loss unknown" in err
+    from sbus_relay.pipeline.capture import loss_files, read_losses
+
+    assert not read_losses(loss_files([str(out)])).known
