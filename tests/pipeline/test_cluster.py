@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 pytest.importorskip("pyspark")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from sbus_relay.cli import submit as submit_script  # noqa: E402
 from sbus_relay.pipeline.cluster import standalone_cluster  # noqa: E402
 from sbus_relay.pipeline.synth import generate  # noqa: E402
 from tests.support import VENV_BIN  # noqa: E402
@@ -68,7 +68,7 @@ def test_cluster_matches_local_and_is_not_slower(tmp_path: Path) -> None:
         )
         assert f"analysed {ROWS:,} messages" in out
         submit = os.path.join(VENV_BIN, "spark-submit")
-        script = str(Path(sys.modules["sbus_relay.pipeline.synth"].__file__).with_name("submit.py"))
+        script = str(Path(submit_script.__file__))
         _, out = run(
             [submit, "--master", cluster.url, script, str(cap), "--out",
              str(tmp_path / "submitted"), "--no-report"],
