@@ -1,7 +1,7 @@
 """Record bus traffic to rotating Parquet files: sbus-relay record [PATTERN...] --out DIR.
 
 Subscribes to the patterns (default ``""``: everything that is not secret; the
-server never delivers ``!/cred/`` keys through it, SPEC §3) and writes zstd
+server never delivers ``!/cred/`` keys through it, docs/protocol.md) and writes zstd
 Parquet files (receive time in ns, key, payload size, payload, instance),
 rotated by size and age.  Rows reach a journal at least once a second, so a
 crash loses at most that; the next run recovers what a killed one left.

@@ -262,7 +262,7 @@ def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frame
     # from: (prefix, window, instance), (prefix, size) and key.  All three are of
     # low cardinality, which is what keeps them fast: one aggregate per (key,
     # window, instance) would save a scan but costs more than it saves.  Sizes are
-    # at most 409,600 (SPEC §1), so (prefix, size) stays small however many
+    # at most 409,600 (docs/protocol.md), so (prefix, size) stays small however many
     # messages there are, and exact percentiles weighted by count are cheap.
     cells = (
         base.groupBy("prefix", "window_start_ns", "instance").agg(

@@ -88,7 +88,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 def decode_key(key: bytes) -> str:
     """A routing key as text: UTF-8, with any other byte escaped as ``\\xNN``.
 
-    Keys are bytes on the wire (sbus-README "Routing keys"), Parquet and Spark
+    Keys are bytes on the wire (docs/protocol.md), Parquet and Spark
     want strings; escaping keeps every key distinct and readable.
     """
     return key.decode("utf-8", "backslashreplace")

@@ -26,8 +26,8 @@ Python: importing this module sets ``PYSPARK_PYTHON`` to this interpreter
 unless it is set, so a session created afterwards runs its Python workers with
 the interpreter that has pyarrow and sbus_relay; ``session()`` does all of it.
 
-Delivery semantics, reading: **at most once**.  The bus keeps nothing (sbus-README
-"No persistence support"): messages published while no query runs are never
+Delivery semantics, reading: **at most once**.  The bus keeps nothing (no
+persistence, docs/protocol.md): messages published while no query runs are never
 seen; messages beyond the buffer bound (``maxBufferMessages``/``maxBufferBytes``)
 are dropped and counted (logged as a warning on the next batch); a batch that
 Spark must replay after a driver restart (``readBetweenOffsets``) is empty,
@@ -75,7 +75,7 @@ log = logging.getLogger("sbus_relay.pipeline.datasource")
 FORMAT = "sbus"
 #: Rows of the streaming source.
 READ_SCHEMA = "time_ns long, key string, payload binary"
-#: Bus address when no ``address`` option is given (the reference sbusd's, SPEC §5).
+#: Bus address when no ``address`` option is given (the reference sbusd's, docs/protocol.md).
 DEFAULT_ADDRESS = "/run/sbus.socket"
 #: Environment variable consulted before DEFAULT_ADDRESS (as the CLI does).
 ADDRESS_ENV = "SBUS_ADDRESS"

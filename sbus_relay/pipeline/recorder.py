@@ -51,7 +51,7 @@ DROP_POLL_SECONDS = 1.0
 #: Seconds between progress callbacks (the terminal progress line).
 PROGRESS_INTERVAL = 0.5
 
-#: The credentials request (sbus-README "Secret messages"): our in-order barrier.
+#: The credentials request (docs/protocol.md): our in-order barrier.
 WHOAMI_KEY = b"!/cred/whoami"
 #: The drop query (our extension): the reply's payload is the decimal drop total.
 DROPS_KEY = b"drops/count"
@@ -156,7 +156,7 @@ class Recorder:
         The server handles one client's packets in order: the whoami reply means
         every SUB is in place, and a drop-count reply before it means the bus
         answers the query.  A relay whose upstream is away answers whoami late
-        (SPEC §6); then recording starts anyway, with losses unknown.
+        (docs/protocol.md); then recording starts anyway, with losses unknown.
         """
         sock.settimeout(READY_TIMEOUT)
         for pattern in self.patterns:

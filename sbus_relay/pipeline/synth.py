@@ -23,7 +23,7 @@ from .capture import CAPTURE_SCHEMA, COMPRESSION
 
 #: Rows generated and written per file; bounds memory (about 100 MB per chunk).
 CHUNK_ROWS = 1_000_000
-#: Largest payload generated: the sbus packet limit (SPEC §1) minus a short key.
+#: Largest payload generated: the sbus packet limit (docs/protocol.md) minus a short key.
 MAX_SIZE = 409_000
 #: Share of messages that fall into bursts.
 BURST_SHARE = 0.05

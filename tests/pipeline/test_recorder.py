@@ -76,7 +76,7 @@ def test_every_published_message_is_recorded(sbusd: BusProcess, tmp_path: Path) 
         with Client(sbusd.address, timeout=WAIT) as pub:
             for key, payload in sent:
                 pub.publish(key, payload)
-            # Secret keys never reach the default "" pattern (SPEC §3).
+            # Secret keys never reach the default "" pattern (docs/protocol.md).
             pub.publish(b"!/cred/0/0/0/secret", b"hidden")
         wait_for(lambda: writer.stats.messages >= len(sent), "the recorder to catch up")
         time.sleep(0.3)  # anything extra (the secret) would have arrived by now
