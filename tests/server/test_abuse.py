@@ -13,6 +13,7 @@ import os
 import pwd
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +175,36 @@ def test_an_unsubscribe_flood_writes_a_bounded_log(bus: BusProcess) -> None:
     written = len(bus.stderr_text()) - before
     assert written < 20_000, f"{written} bytes of log for 20,000 bad UNSUBs"
     assert "client.unknown_unsubscribe" in bus.stderr_text()
+
+
+def test_a_users_queued_bytes_are_bounded_across_its_clients(tmp_path: Path) -> None:
+    from tests.relay.helpers import free_port
+
+    port = free_port()
+    quota = 200 * 1024
+    with running_bus(
+        tmp_path,
+        "--user-queued-bytes",
+        str(quota),
+        "--metrics",
+        f"127.0.0.1:{port}",
+        command="serve",
+    ) as bus:
+        stalled = [RawClient(bus.address) for _ in range(3)]
+        for client in stalled:
+            client.shrink_rcvbuf()
+            client.sub(b"q/")  # never read: each would queue up to its own 16 MiB
+        publisher = RawClient(bus.address)
+        for i in range(400):
+            publisher.send(b"MSG q/%d\0" % i + b"x" * 4096)
+        publisher.sync()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+        samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+        queued = float(samples["sbus_queued_bytes"])
+        # 3 x 400 x 4 KiB = 4.8 MiB were routed to them; the user's share bounds
+        # what waits for all three together (a packet may pass it by one).
+        assert 0 < queued <= quota + 4200, queued
+        assert float(samples['sbus_messages_dropped_total{reason="hard_discard"}']) > 0
+        for client in stalled:
+            client.close()
