@@ -96,7 +96,7 @@ def _entry_point(script: str, func: str) -> tuple[str, ...]:
     if found:
         return (found,)
     code = f"import sys; from sbus_relay.cli import {func}; sys.exit({func}())"
-    return (sys.executable, "-c", code)
+    return (sys.executable, "-P", "-c", code)
 
 
 def find_tools(

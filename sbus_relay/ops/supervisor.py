@@ -261,7 +261,7 @@ class Supervisor:
         self,
         hierarchy: Hierarchy,
         *,
-        command: Sequence[str] = (sys.executable, "-m", "sbus_relay", "serve"),
+        command: Sequence[str] = (sys.executable, "-P", "-m", "sbus_relay", "serve"),
         out: Callable[[str], None] | None = None,
         err: Callable[[str], None] | None = None,
     ) -> None:

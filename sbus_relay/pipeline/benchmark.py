@@ -155,7 +155,7 @@ def recorder_benchmark(messages: int) -> int:
             each = messages // publishers
             t0 = time.monotonic()
             pubs = [
-                subprocess.Popen([sys.executable, "-m", "sbus_relay.pipeline.benchmark",
+                subprocess.Popen([sys.executable, "-P", "-m", "sbus_relay.pipeline.benchmark",
                                   "--flood", address, str(each), str(i)])
                 for i in range(publishers)
             ]  # fmt: skip
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     try:
         runs.append(
-            _timed("duckdb", [sys.executable, "-m", "sbus_relay.pipeline.benchmark",
+            _timed("duckdb", [sys.executable, "-P", "-m", "sbus_relay.pipeline.benchmark",
                               "--duckdb-only", str(data), str(tmp / "duckdb")])
         )  # fmt: skip
         runs.append(_timed("spark local", [*analyze, "--out", str(tmp / "local")]))

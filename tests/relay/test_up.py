@@ -35,7 +35,10 @@ class Up:
     """``sbus-relay up`` on a copy of dev-hierarchy.yaml with private paths and ports."""
 
     def __init__(
-        self, tmp_path: Path, edit: Callable[[dict[str, Any]], None] | None = None
+        self,
+        tmp_path: Path,
+        edit: Callable[[dict[str, Any]], None] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.dir = short_dir()
         document = yaml.safe_load((CONFIGS / "dev-hierarchy.yaml").read_text())
@@ -56,6 +59,7 @@ class Up:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
+                cwd=cwd,
             )
         self.pids: dict[str, int] = {}
         self.addresses: dict[str, str] = {}
@@ -342,3 +346,17 @@ def test_up_gives_up_on_a_bus_that_keeps_failing_at_start(tmp_path: Path) -> Non
         assert up.proc.wait(WAIT) == 0
     finally:
         up.close()
+
+
+def test_up_works_from_a_folder_holding_a_checkout_named_like_the_package(
+    tmp_path: Path,
+) -> None:
+    # A clone called sbus_relay, and up run from the folder above it: the buses'
+    # interpreter must not import that folder instead of the installed package.
+    (tmp_path / "sbus_relay").mkdir()
+    running = Up(tmp_path, cwd=tmp_path)
+    try:
+        running.read_until(b"buses running")
+        assert len(running.pids) == 3
+    finally:
+        running.close()
