@@ -297,7 +297,10 @@ def connect(address: Address | str) -> socket.socket:
         sock.connect(target)
     except OSError as exc:
         sock.close()
-        raise AddressError(f"cannot connect to {address}: {exc.strerror or exc}") from exc
+        hint = ""
+        if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+            hint = " (is a bus running there? start one with 'sbus-relay serve -a ADDRESS -f')"
+        raise AddressError(f"cannot connect to {address}: {exc.strerror or exc}{hint}") from exc
     return sock
 
 
