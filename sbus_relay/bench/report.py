@@ -131,6 +131,10 @@ def format_table(results: dict[str, Any]) -> str:
         f"{'cpu us':>8} {'RSS MiB':>7}  ours/other"
     )
     lines = [head, "-" * len(head)]
+    left_out = {s.get("reference_left_out") for s in scenarios.values()} - {None, ""}
+    if len(left_out) == 1:  # the same reason everywhere: say it once, above the table
+        lines.insert(0, f"reference left out: {left_out.pop()}")
+        left_out = set()
     for name, s in scenarios.items():
         if name == "memory":
             continue
@@ -148,7 +152,7 @@ def format_table(results: dict[str, Any]) -> str:
                 )
             lines.append(_side_line(title, side, figures, note))
             title = ""
-        if s.get("reference_left_out"):
+        if s.get("reference_left_out") in left_out:
             lines.append(f"{'':<46} reference left out: {s['reference_left_out']}")
     mem = scenarios.get("memory")
     if mem:
@@ -162,7 +166,7 @@ def format_table(results: dict[str, Any]) -> str:
                     f"({mem['clients']:,} clients), {figures['per_pattern_bytes']:>6,.0f} B per "
                     f"pattern ({mem['patterns']:,} patterns)"
                 )
-            if mem.get("reference_left_out"):
+            if mem.get("reference_left_out") in left_out:
                 lines.append(f"memory reference left out: {mem['reference_left_out']}")
     lines += ["", *format_targets(results)]
     meta = results["meta"]
