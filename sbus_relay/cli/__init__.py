@@ -79,7 +79,8 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sbus-relay",
         description="A local sbus message bus, with relays.",
-        epilog=f"Each command's -h says more; the protocol is described in {PROTOCOL_DOC}.",
+        epilog=f"Each command's -h says more; the protocol is described in {PROTOCOL_DOC}"
+        " of the sbus_relay source tree.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

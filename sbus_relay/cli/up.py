@@ -20,7 +20,11 @@ EXIT_START_FAILED = 1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """HIERARCHY.yaml and --check."""
-    parser.add_argument("hierarchy", metavar="HIERARCHY.yaml", help="buses to run (see docs)")
+    parser.add_argument(
+        "hierarchy",
+        metavar="HIERARCHY.yaml",
+        help="the buses to run (see configs/dev-hierarchy.yaml)",
+    )
     parser.add_argument(
         "--check", action="store_true", help="only validate the file and print the start order"
     )
