@@ -363,7 +363,6 @@ class Server:
                 # A relay carries many clients: refuse the pattern, keep the relay.
                 conn.warn_repeated("client.pattern_refused", reason=why)
                 return
-            self._account_pattern(conn, stored, +1)
         self._change(conn, stored, add=True)
 
     def _unsubscribe(self, conn: Connection, pattern: bytes, packet: bytes) -> None:
@@ -374,41 +373,35 @@ class Server:
             stored = canonical(check_pattern(pattern, conn.creds, prefix))
         except PeerError:
             stored = pattern  # cannot be held; counted as unknown below
-        count = self.index.count_of(conn, stored)
-        if count == 0:
+        if self.index.count_of(conn, stored) == 0:
             self.stats.unknown_unsubscribes += 1
             conn.warn_repeated(
                 "client.unknown_unsubscribe", pattern=pattern[:200].decode("utf-8", "replace")
             )
             return
-        if count == 1:
-            self._account_pattern(conn, stored, -1)
         self._change(conn, stored, add=False)
-
-    def _account_pattern(self, conn: Connection, pattern: bytes, sign: int) -> None:
-        """A distinct pattern came (+1) or went (-1): keep the quota sums right."""
-        size = len(pattern) * sign
-        conn.pattern_bytes += size
-        account = conn.account
-        account.patterns += sign
-        account.pattern_bytes += size
 
     def _change(
         self, conn: Connection, pattern: bytes, *, add: bool, everything: bool = False
     ) -> None:
-        """Add or remove subscriptions and tell interest listeners what changed."""
+        """Add or remove subscriptions, keep the quota sums right (per distinct
+        pattern) and tell interest listeners what changed."""
         listening = bool(self.interest.listeners)
         before = self.interest.before(pattern) if listening else []
+        index = self.index
+        held = index.count_of(conn, pattern)
         if add:
-            self.index.add(conn, pattern)
-        elif everything:
-            n = self.index.count_of(conn, pattern)
-            if n:
-                self._account_pattern(conn, pattern, -1)
-            for _ in range(n):
-                self.index.remove(conn, pattern)
+            index.add(conn, pattern)
         else:
-            self.index.remove(conn, pattern)
+            for _ in range(held if everything else 1):
+                index.remove(conn, pattern)
+        sign = (index.count_of(conn, pattern) > 0) - (held > 0)  # +1 came, -1 went, 0
+        if sign:
+            size = len(pattern) * sign
+            conn.pattern_bytes += size
+            account = conn.account
+            account.patterns += sign
+            account.pattern_bytes += size
         if listening:
             self._notify(self.interest.after(pattern, before))
 
@@ -487,7 +480,7 @@ class Server:
         old = self.prefix
         if old is not None and old != prefix:
             self.log.warning("relay.identity_changed", old=old.decode(), new=prefix.decode())
-            for listener in [c for c in self.interest.listeners if c.relay]:
+            for listener in list(self.interest.listeners):  # every listener is a relay
                 listener.close("upstream_identity_changed")
             self._rewrite_secret_patterns(old, prefix)
         self.prefix = prefix
@@ -504,7 +497,6 @@ class Server:
                     continue
                 renamed = new + pattern[len(old) :]
                 self._change(conn, pattern, add=False, everything=True)
-                self._account_pattern(conn, renamed, +1)
                 for _ in range(count):
                     self._change(conn, renamed, add=True)
 
