@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "up": "sbus_relay.cli.up",
     "record": "sbus_relay.cli.record",
     "analyze": "sbus_relay.cli.analyze",
+    "top": "sbus_relay.cli.top",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).
@@ -69,6 +70,10 @@ HELP: dict[str, tuple[str, str]] = {
     "analyze": (
         "Compute traffic statistics and a report with charts from recordings (PySpark).",
         "sbus-relay analyze captures --out report",
+    ),
+    "top": (
+        "Watch buses live: their clients, rates, drops and queues, per client or per relay.",
+        "sbus-relay top configs/dev-hierarchy.yaml",
     ),
 }
 #: Where the protocol is described, named at the end of ``sbus-relay --help``.
