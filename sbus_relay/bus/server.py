@@ -346,7 +346,14 @@ class Server:
         prefix = self._prefix_for(conn, pattern, packet)
         if prefix is None:
             return
-        stored = canonical(check_pattern(pattern, conn.creds, prefix))
+        try:
+            stored = canonical(check_pattern(pattern, conn.creds, prefix))
+        except PeerError as e:
+            if not conn.relay or e.reason != "secret_refused":
+                raise
+            # A relay carries many clients: refuse the pattern, keep the relay.
+            conn.warn_repeated("client.pattern_refused", reason=e.reason, detail=e.detail)
+            return
         if self.index.count_of(conn, stored) == 0:
             why = quota.refuse_pattern(
                 stored,
