@@ -351,7 +351,7 @@ def _draw(
 ) -> None:
     height, _width = screen.getmaxyx()
     # Each bus gets an equal share of the screen's rows for its table.
-    fixed = 3 + 4 * len(views)  # title, keys line, notes; per bus: blank, header, titles, note
+    fixed = 3 + 5 * len(views)  # title, keys, notes; per bus: blank, 2 header lines, titles, note
     each = max(1, (height - fixed) // max(1, len(views)))
     lines = topview.render(views, state, unwatched=unwatched, limit=each)
     screen.erase()

@@ -453,7 +453,7 @@ def table_row(columns: Sequence[Column], row: Row) -> str:
 
 
 def bus_header(view: BusView) -> str:
-    """A bus's line: who it is, its clients, upstream link and totals, or why it is down."""
+    """A bus's first line: who it is, its clients and upstream link, or why it is down."""
     server = view.server
     instance = str(server.get("instance") or "")
     name = instance if view.name == view.address and instance else view.name
@@ -468,16 +468,20 @@ def bus_header(view: BusView) -> str:
     upstream = server.get("upstream_connected")
     if upstream is not None:
         parts.append("upstream connected" if upstream else "upstream DOWN")
-    totals = view.totals
-    if totals is not None:
-        parts.append(f"msgs in {human_rate(totals.msgs_in)}/s out {human_rate(totals.msgs_out)}/s")
-        parts.append(
-            f"bytes in {human_byte_rate(totals.bytes_in)}/s"
-            f" out {human_byte_rate(totals.bytes_out)}/s"
-        )
-        parts.append(f"drops {human_rate(totals.drops)}/s ({totals.dropped} total)")
-        parts.append(f"queued {totals.queued_messages} ({human_bytes(totals.queued_bytes)})")
     return "  ".join(parts)
+
+
+def bus_totals(view: BusView) -> str:
+    """A live bus's second line: the whole server's traffic, drops and queues."""
+    t = view.totals
+    if t is None:
+        return "  totals unknown: /metrics did not answer"
+    return (
+        f"  in {human_rate(t.msgs_in)} msg/s {human_byte_rate(t.bytes_in)}/s"
+        f"  out {human_rate(t.msgs_out)} msg/s {human_byte_rate(t.bytes_out)}/s"
+        f"  drops {human_rate(t.drops)}/s, {t.dropped} total"
+        f"  queued {t.queued_messages} msgs, {human_bytes(t.queued_bytes)}"
+    )
 
 
 #: How the screen marks each kind of line (``cli/top.py`` maps them to curses attributes).
@@ -507,6 +511,7 @@ def render(
         lines.append((bus_header(view), "down" if view.error is not None else "bus"))
         if view.error is not None:
             continue
+        lines.append((bus_totals(view), "row"))
         rows = shown_rows(view, state)
         lines.append((table_header(columns, state), "columns"))
         lines.extend((table_row(columns, row), "row") for row in rows[:limit])

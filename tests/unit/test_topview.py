@@ -17,6 +17,7 @@ from sbus_relay.cli.topview import (
     ViewState,
     as_json,
     bus_header,
+    bus_totals,
     client_rows,
     group_rows,
     human_age,
@@ -366,18 +367,29 @@ def test_bus_headers() -> None:
     assert bus_header(down) == "relay-b at 127.0.0.1:9812  down: connection refused"
 
 
+def test_bus_totals() -> None:
+    counters = metric_counters(EXPOSITION)
+    before = snapshot(10.0, **{**counters, "msgs_in": 100.0, "bytes_in": 0.0, "dropped": 1.0})
+    view = live_view([])
+    view = replace(view, totals=server_totals(before, snapshot(14.0, **counters)))
+    assert bus_totals(view) == (
+        "  in 5.0 msg/s 1.0KiB/s  out 0 msg/s 0B/s  drops 1.0/s, 5 total  queued 4 msgs, 512B"
+    )
+
+
 def test_render_shows_each_bus_its_rows_and_what_is_left_out() -> None:
     rows = [row(1, msgs_in=1.0), row(2, msgs_in=3.0), row(3, msgs_in=2.0)]
     views = [live_view(rows), BusView("relay-b", "127.0.0.1:9812", error="timed out")]
     lines = render(views, ViewState(limit=2), unwatched=["relay-c"])
     texts = [text for text, _style in lines]
     assert texts[0] == "sbus-relay top  2 buses  every 1s  sort msgs_in desc  group none"
-    assert texts[3].split() == [
+    assert texts[3] == "  totals unknown: /metrics did not answer"
+    assert texts[4].split() == [
         "CID", "RELAY", "UID", "PID", "PATS", "IN/s*", "OUT/s", "IN_B/s", "OUT_B/s",
         "DROP/s", "DROPPED", "QUEUED", "Q_BYTES", "AGE",
     ]  # fmt: skip
-    assert [t.split()[0] for t in texts[4:6]] == ["2", "3"]  # busiest first, two of three
-    assert texts[6] == "... 1 more clients"
+    assert [t.split()[0] for t in texts[5:7]] == ["2", "3"]  # busiest first, two of three
+    assert texts[7] == "... 1 more clients"
     assert ("relay-b at 127.0.0.1:9812  down: timed out", "down") in lines
     assert texts[-1] == "no metrics address, not watched: relay-c"
 
@@ -385,8 +397,8 @@ def test_render_shows_each_bus_its_rows_and_what_is_left_out() -> None:
 def test_render_grouped_by_relay() -> None:
     rows = [row(1, relay="web"), row(2, relay="web"), row(3, relay="db")]
     texts = [text for text, _ in render([live_view(rows)], ViewState(group="relay"))]
-    assert texts[3].split()[:3] == ["RELAY", "CONNS", "PATS"]
-    assert {tuple(t.split()[:2]) for t in texts[4:]} == {("web", "2"), ("db", "1")}
+    assert texts[4].split()[:3] == ["RELAY", "CONNS", "PATS"]
+    assert {tuple(t.split()[:2]) for t in texts[5:]} == {("web", "2"), ("db", "1")}
 
 
 def test_json_snapshot() -> None:
