@@ -15,7 +15,7 @@ within it; any other client without an earlier sample has no rate yet ("-").
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -536,7 +536,7 @@ def as_json(views: Sequence[BusView], state: ViewState, unwatched: Sequence[str]
         if view.error is None:
             bus["server"] = dict(view.server)
             bus["total"] = view.total
-            bus["totals"] = asdict(view.totals) if view.totals is not None else None
+            bus["totals"] = _totals_json(view.totals) if view.totals is not None else None
             rows = shown_rows(view, state, state.limit)
             key = "clients" if state.group == "none" else "groups"
             bus[key] = [_row_json(row, state.group) for row in rows]
@@ -551,11 +551,25 @@ def as_json(views: Sequence[BusView], state: ViewState, unwatched: Sequence[str]
     }
 
 
-def _row_json(row: Row, group: str) -> dict[str, Any]:
-    rates = {
-        f"{name}_per_s": getattr(row, name)
-        for name in ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "drops")
+#: Fields that are rates, named ``<field>_per_s`` in JSON.
+_RATES = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "drops")
+
+
+def _per_second(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 3)
+
+
+def _totals_json(totals: Totals) -> dict[str, Any]:
+    return {
+        **{f"{name}_per_s": _per_second(getattr(totals, name)) for name in _RATES},
+        "dropped": totals.dropped,
+        "queued_messages": totals.queued_messages,
+        "queued_bytes": totals.queued_bytes,
     }
+
+
+def _row_json(row: Row, group: str) -> dict[str, Any]:
+    rates = {f"{name}_per_s": _per_second(getattr(row, name)) for name in _RATES}
     counts = {
         "patterns": row.patterns,
         **rates,

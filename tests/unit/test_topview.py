@@ -402,7 +402,7 @@ def test_render_grouped_by_relay() -> None:
 
 
 def test_json_snapshot() -> None:
-    view = live_view([row(1, msgs_in=2.5, relay="web"), row(2)])
+    view = live_view([row(1, msgs_in=2.5004, relay="web"), row(2)])
     doc = as_json([view], ViewState(limit=1), ["relay-c"])
     (bus,) = doc["buses"]
     assert bus["name"] == "master" and bus["error"] is None and bus["total"] == 2
@@ -425,5 +425,19 @@ def test_json_snapshot() -> None:
         }
     ]
     assert doc["unwatched"] == ["relay-c"] and doc["sort"] == "msgs_in"
+    assert bus["totals"] is None  # /metrics did not answer
+    counters = metric_counters(EXPOSITION)
+    totals = server_totals(snapshot(1.0, **counters), snapshot(4.0, **counters))
+    totals_doc = as_json([replace(view, totals=totals)], ViewState())["buses"][0]["totals"]
+    assert totals_doc == {
+        "msgs_in_per_s": 0.0,
+        "msgs_out_per_s": 0.0,
+        "bytes_in_per_s": 0.0,
+        "bytes_out_per_s": 0.0,
+        "drops_per_s": 0.0,
+        "dropped": 5,
+        "queued_messages": 4,
+        "queued_bytes": 512,
+    }
     grouped = as_json([view], ViewState(group="uid"))["buses"][0]["groups"]
     assert [(g["uid"], g["connections"]) for g in grouped] == [(1000, 2)]
