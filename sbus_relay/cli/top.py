@@ -199,7 +199,9 @@ class Watch:
         try:
             current = self._fetch()
         except Exception as exc:  # any failure is this bus's, shown in its header
-            return BusView(self.name, self.address, error=_reason(exc))
+            # Named as it last answered: "the-master at ...  down: ...".
+            known = self.previous.server if self.previous is not None else {}
+            return BusView(self.name, self.address, error=_reason(exc), server=known)
         view = topview.bus_view(self.name, self.address, self.previous, current)
         self.previous = current
         return view
@@ -218,7 +220,7 @@ class Watch:
         try:
             counters = topview.metric_counters(self._get("/metrics").decode("utf-8"))
         except Exception:
-            counters = {}  # the clients are still worth showing; totals say "-"
+            counters = {}  # the clients are still worth showing; the totals line says why not
         return Snapshot(
             server=answer["server"],
             clients=clients,
@@ -237,10 +239,9 @@ class Watch:
 
 def _reason(exc: BaseException) -> str:
     """Why a fetch failed, in a few words."""
-    if isinstance(exc, urllib.error.HTTPError):
-        where = exc.url.split("?")[0].rsplit("/", 1)[-1] if exc.url else "?"
+    if isinstance(exc, urllib.error.HTTPError):  # only /clients fails a poll
         hint = " (a server without /clients?)" if exc.code == 404 else ""
-        return f"HTTP {exc.code} {exc.reason} for /{where}{hint}"
+        return f"HTTP {exc.code} {exc.reason} from /clients{hint}"
     if isinstance(exc, urllib.error.URLError):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
     if isinstance(exc, TimeoutError):

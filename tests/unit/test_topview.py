@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import urllib.error
 from dataclasses import replace
+from email.message import Message
 from typing import Any
 
 import pytest
 
+from sbus_relay.cli.top import FetchError, _reason
 from sbus_relay.cli.topview import (
     GROUPS,
     INTERVALS,
@@ -365,6 +370,8 @@ def test_bus_headers() -> None:
     assert bus_header(relay) == "web at 127.0.0.1:9811  role relay  up 3s  clients 0  upstream DOWN"
     down = BusView("relay-b", "127.0.0.1:9812", error="connection refused")
     assert bus_header(down) == "relay-b at 127.0.0.1:9812  down: connection refused"
+    gone = replace(relay, error="timed out")  # named as it last answered
+    assert bus_header(gone) == "web at 127.0.0.1:9811  down: timed out"
 
 
 def test_bus_totals() -> None:
@@ -441,3 +448,30 @@ def test_json_snapshot() -> None:
     }
     grouped = as_json([view], ViewState(group="uid"))["buses"][0]["groups"]
     assert [(g["uid"], g["connections"]) for g in grouped] == [(1000, 2)]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (
+            urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
+            "connection refused",
+        ),
+        (urllib.error.URLError(TimeoutError("timed out")), "no answer within 2s"),
+        (TimeoutError("The read operation timed out"), "no answer within 2s"),
+        (
+            urllib.error.HTTPError(
+                "http://h:1/clients?limit=1000", 404, "Not Found", Message(), None
+            ),
+            "HTTP 404 Not Found from /clients (a server without /clients?)",
+        ),
+        (json.JSONDecodeError("Expecting value", "<html>", 0), "not JSON from /clients"),
+        (FetchError("not an sbus /clients answer"), "not an sbus /clients answer"),
+        (
+            http.client.RemoteDisconnected("Remote end closed connection"),
+            "RemoteDisconnected: Remote end closed connection",
+        ),
+    ],
+)
+def test_why_a_poll_failed_in_a_few_words(error: Exception, reason: str) -> None:
+    assert _reason(error) == reason
