@@ -145,10 +145,25 @@ def _integer(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+#: Seconds two snapshots' start times (clock minus uptime) may differ and still be
+#: of one server process; more means it restarted (and reuses cids from 1).
+SAME_START = 1.0
+
+
+def _elapsed(previous: Snapshot | None, current: Snapshot) -> float:
+    """Seconds between two snapshots of one server process; 0 if not comparable."""
+    if previous is None:
+        return 0.0
+    started = (previous.time - previous.uptime, current.time - current.uptime)
+    if abs(started[0] - started[1]) > SAME_START:
+        return 0.0  # restarted: its counters and cids begin again
+    return max(0.0, current.time - previous.time)
+
+
 def client_rows(previous: Snapshot | None, current: Snapshot) -> list[Row]:
     """One row per client of ``current``, with rates against ``previous``."""
-    elapsed = current.time - previous.time if previous is not None else 0.0
-    comparable = previous is not None and elapsed > 0 and current.uptime >= previous.uptime
+    elapsed = _elapsed(previous, current)
+    comparable = previous is not None and elapsed > 0
     before = {c.get("cid"): c for c in previous.clients} if previous and comparable else {}
     rows = []
     for client in current.clients:
@@ -206,10 +221,8 @@ def server_totals(previous: Snapshot | None, current: Snapshot) -> Totals | None
     now = current.counters
     if not now:
         return None
-    then: Mapping[str, float] = {}
-    elapsed = 0.0
-    if previous is not None and current.uptime >= previous.uptime:
-        then, elapsed = previous.counters, current.time - previous.time
+    elapsed = _elapsed(previous, current)
+    then: Mapping[str, float] = previous.counters if previous is not None else {}
 
     def rate(name: str) -> float | None:
         if elapsed <= 0 or name not in then or name not in now or now[name] < then[name]:

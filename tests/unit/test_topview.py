@@ -134,11 +134,24 @@ def test_the_first_snapshot_has_no_rates_but_every_other_column() -> None:
     assert (got.msgs_in, got.msgs_out, got.bytes_in, got.drops) == (None, None, None, None)
 
 
-def test_a_restarted_server_reusing_cids_gives_no_rates() -> None:
-    before = snapshot(100.0, client(1, msgs_in=500), uptime=100.0)
-    after = snapshot(101.0, client(1, msgs_in=600, age=0.5), uptime=0.5)
+@pytest.mark.parametrize(
+    ("uptime", "restarted"),
+    [
+        (0.5, True),  # just restarted
+        (900.0, True),  # restarted long ago, while it did not answer
+        (1001.3, False),  # the same process (its clock and uptime a little apart)
+    ],
+)
+def test_a_restarted_server_reusing_cids_gives_no_rates(uptime: float, restarted: bool) -> None:
+    before = snapshot(100.0, client(1, msgs_in=500), uptime=100.0, msgs_in=10.0)
+    after = snapshot(1001.0, client(1, msgs_in=600, age=0.5), uptime=uptime, msgs_in=20.0)
     (got,) = client_rows(before, after)
-    assert got.msgs_in is None
+    totals = server_totals(before, after)
+    assert totals is not None
+    if restarted:
+        assert got.msgs_in is None and totals.msgs_in is None
+    else:
+        assert got.msgs_in == pytest.approx(100 / 901) and totals.msgs_in is not None
 
 
 def test_malformed_fields_do_not_break_a_row() -> None:
