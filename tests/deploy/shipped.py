@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.support import STOP_TIMEOUT, VENV_BIN
@@ -218,3 +220,41 @@ def healthy(port: int) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+#: Seconds systemd-analyze may take (it loads a whole unit graph).
+VERIFY_TIMEOUT = 60
+
+
+def find_systemd_analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        pytest.skip(
+            "!!! systemd-analyze NOT FOUND: the units were NOT verified.  Install Debian's "
+            "'systemd' package (it ships systemd-analyze; systemd need not be running). !!!"
+        )
+    return path
+
+
+def verify(analyze: str, directory: Path, unit: str) -> list[str]:
+    """What ``systemd-analyze verify`` says against ``unit`` (empty: all clean).
+
+    verify exits 0 on some problems (a bad ``Type=`` is "ignored" with a
+    warning), so every line it prints about our units or our directory counts,
+    as does a non-zero exit.  Lines about the machine's own units (which verify
+    loads as dependencies) are not ours to judge and are left out.
+    """
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", str(directory / unit)],
+        capture_output=True,
+        text=True,
+        timeout=VERIFY_TIMEOUT,
+        check=False,
+        env={**os.environ, "SYSTEMD_LOG_COLOR": "0"},
+    )
+    ours = ("sbus-", str(directory))
+    lines = (result.stdout + result.stderr).splitlines()
+    problems = [line for line in lines if any(mark in line for mark in ours)]
+    if result.returncode != 0:
+        problems.append(f"exit status {result.returncode}: {lines}")
+    return problems

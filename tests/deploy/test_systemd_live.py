@@ -27,11 +27,15 @@ from tests.deploy.shipped import (
     MASTER_SERVICE,
     MASTER_SOCKET,
     RELAY_TEMPLATE,
+    VERIFY_TIMEOUT,
+    find_systemd_analyze,
     free_port,
     healthy,
     listening_inode,
     load,
+    parse_unit,
     scrape,
+    verify,
     write_config,
 )
 from tests.relay.helpers import Peer, wait_until
@@ -82,6 +86,60 @@ def needs_readable_home() -> bool:
     return any(os.path.realpath(p).startswith(HIDDEN_BY_PROTECT_HOME) for p in paths)
 
 
+def live_units(prefix: str, work: Path) -> dict[str, str]:
+    """The three units as the live test installs them: file name -> text.
+
+    Renamed under ``prefix``; the programs are this venv's, the configs and the
+    master's socket are in ``work``.  Two changes only where this machine
+    needs them: the socket's group when ``sbus`` does not exist, and
+    ProtectHome=read-only when this venv lives where ProtectHome=yes hides it.
+    """
+    listen = load(MASTER_SOCKET).value("Socket", "ListenSequentialPacket")
+    group = load(MASTER_SOCKET).value("Socket", "SocketGroup")
+    try:
+        grp.getgrnam(group)
+        group_exists = True
+    except KeyError:
+        group_exists = False
+    units = {}
+    for shipped, name in (
+        (MASTER_SOCKET, f"{prefix}-master.socket"),
+        (MASTER_SERVICE, f"{prefix}-master.service"),
+        (RELAY_TEMPLATE, f"{prefix}-relay@.service"),
+    ):
+        text = (DEPLOY / shipped).read_text()
+        text = text.replace(INSTALLED_BIN, VENV_BIN + "/").replace("/etc/sbus/", f"{work}/")
+        text = text.replace(listen, str(work / "master.sock"))
+        text = text.replace("sbus-master.", f"{prefix}-master.")
+        if not group_exists:
+            text = text.replace(f"SocketGroup={group}", f"SocketGroup={os.getgid()}")
+        if needs_readable_home():
+            text = text.replace("ProtectHome=yes", "ProtectHome=read-only")
+        units[name] = text
+    return units
+
+
+@pytest.mark.timeout(VERIFY_TIMEOUT * 2)
+def test_the_live_tests_units_verify(tmp_path: Path) -> None:
+    # Runs wherever systemd-analyze does, so that the units the live test
+    # installs are known to load even on machines where it must skip.
+    analyze = find_systemd_analyze()
+    units = live_units("sbus-tcheck", tmp_path / "work")
+    assert set(units) == {
+        "sbus-tcheck-master.socket", "sbus-tcheck-master.service", "sbus-tcheck-relay@.service"
+    }  # fmt: skip
+    directory = tmp_path / "units"
+    directory.mkdir()
+    for name, text in units.items():
+        (directory / name).write_text(text)
+        assert "sbus-master." not in text and "/etc/sbus/" not in text, name
+    for name in units:
+        assert verify(analyze, directory, name) == []
+    socket_unit = parse_unit(directory / "sbus-tcheck-master.socket")
+    listen = socket_unit.value("Socket", "ListenSequentialPacket")
+    assert listen == str(tmp_path / "work" / "master.sock")
+
+
 @pytest.mark.timeout(180)
 def test_units_under_systemd() -> None:
     reason = why_not_here()
@@ -98,37 +156,22 @@ def test_units_under_systemd() -> None:
     master_path = str(work / "master.sock")
     relay_path = str(work / "relay-live.sock")
     configured = str(work / "configured.sock")
-    master_port, relay_port = free_port(), free_port()
-    write_config(
-        CONFIGS / "master.yaml", work / "master.yaml",
-        address=configured, pidfile=str(work / "master.pid"), metrics=f"127.0.0.1:{master_port}",
-    )  # fmt: skip
-    write_config(
-        DEPLOY / "relay-example.yaml", work / "relay-live.yaml",
-        address=relay_path, upstream=master_path, metrics=f"127.0.0.1:{relay_port}",
-    )  # fmt: skip
-    listen = load(MASTER_SOCKET).value("Socket", "ListenSequentialPacket")
-    group = load(MASTER_SOCKET).value("Socket", "SocketGroup")
     installed: list[Path] = []
-    for shipped, name in (
-        (MASTER_SOCKET, socket_name),
-        (MASTER_SERVICE, master_name),
-        (RELAY_TEMPLATE, f"{prefix}-relay@.service"),
-    ):
-        text = (DEPLOY / shipped).read_text()
-        text = text.replace(INSTALLED_BIN, VENV_BIN + "/").replace("/etc/sbus/", f"{work}/")
-        text = text.replace(listen, master_path).replace("sbus-master.", f"{prefix}-master.")
-        try:
-            grp.getgrnam(group)
-        except KeyError:  # the guide's `groupadd --system sbus` was not done here
-            text = text.replace(f"SocketGroup={group}", f"SocketGroup={os.getgid()}")
-        if needs_readable_home():
-            text = text.replace("ProtectHome=yes", "ProtectHome=read-only")
-        target = RUNTIME_UNITS / name
-        target.write_text(text)
-        installed.append(target)
     peers: list[Peer] = []
     try:
+        master_port, relay_port = free_port(), free_port()
+        write_config(
+            CONFIGS / "master.yaml", work / "master.yaml",
+            address=configured, pidfile=str(work / "master.pid"),
+            metrics=f"127.0.0.1:{master_port}",
+        )  # fmt: skip
+        write_config(
+            DEPLOY / "relay-example.yaml", work / "relay-live.yaml",
+            address=relay_path, upstream=master_path, metrics=f"127.0.0.1:{relay_port}",
+        )  # fmt: skip
+        for name, text in live_units(prefix, work).items():
+            installed.append(RUNTIME_UNITS / name)
+            installed[-1].write_text(text)
         systemctl("daemon-reload")
         systemctl("start", socket_name)
         inode = listening_inode(master_path)
@@ -165,5 +208,5 @@ def test_units_under_systemd() -> None:
         for target in installed:
             target.unlink(missing_ok=True)
         systemctl("daemon-reload", check=False)
-        systemctl("reset-failed", check=False)
+        systemctl("reset-failed", relay_name, master_name, socket_name, check=False)
         shutil.rmtree(work, ignore_errors=True)

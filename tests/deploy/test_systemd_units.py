@@ -5,8 +5,6 @@ systemd, and the units agree with the configs they read."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,24 +20,14 @@ from tests.deploy.shipped import (
     REPRODUCED,
     SANDBOX,
     UNITS,
+    VERIFY_TIMEOUT,
     config_files,
     exec_argv,
+    find_systemd_analyze,
     load,
+    verify,
 )
 from tests.support import VENV_BIN
-
-#: Seconds systemd-analyze may take (it loads a whole unit graph).
-VERIFY_TIMEOUT = 60
-
-
-def find_systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        pytest.skip(
-            "!!! systemd-analyze NOT FOUND: the units were NOT verified.  Install Debian's "
-            "'systemd' package (it ships systemd-analyze; systemd need not be running). !!!"
-        )
-    return path
 
 
 def installable_copy(directory: Path) -> Path:
@@ -52,30 +40,6 @@ def installable_copy(directory: Path) -> Path:
         text = (DEPLOY / name).read_text()
         (directory / name).write_text(text.replace(INSTALLED_BIN, VENV_BIN + "/"))
     return directory
-
-
-def verify(analyze: str, directory: Path, unit: str) -> list[str]:
-    """What ``systemd-analyze verify`` says against ``unit`` (empty: all clean).
-
-    verify exits 0 on some problems (a bad ``Type=`` is "ignored" with a
-    warning), so every line it prints about our units or our directory counts,
-    as does a non-zero exit.  Lines about the machine's own units (which verify
-    loads as dependencies) are not ours to judge and are left out.
-    """
-    result = subprocess.run(
-        [analyze, "verify", "--man=no", str(directory / unit)],
-        capture_output=True,
-        text=True,
-        timeout=VERIFY_TIMEOUT,
-        check=False,
-        env={**os.environ, "SYSTEMD_LOG_COLOR": "0"},
-    )
-    ours = ("sbus-", str(directory))
-    lines = (result.stdout + result.stderr).splitlines()
-    problems = [line for line in lines if any(mark in line for mark in ours)]
-    if result.returncode != 0:
-        problems.append(f"exit status {result.returncode}: {lines}")
-    return problems
 
 
 @pytest.mark.timeout(VERIFY_TIMEOUT * 2)
