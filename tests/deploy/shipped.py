@@ -42,8 +42,8 @@ INSTALLED_BIN = "/usr/local/bin/"
 CONFIG_DIR = "/etc/sbus/"
 #: Our console scripts (pyproject.toml, [project.scripts]).
 OUR_PROGRAMS = ("sbus-relay", "sbusd")
-#: Every key of a unit's sections whose run a key of the tests reproduces or
-#: leaves to systemd.  A key outside these sets fails test_every_unit_key_is_accounted_for:
+#: The unit keys that the socket-activation tests reproduce, per section.  A key
+#: in neither this nor SANDBOX fails test_every_unit_key_is_reproduced_or_left_to_systemd:
 #: decide whether the reproduction must change (tests/deploy) before adding it.
 REPRODUCED = {
     "Unit": {"Description", "Requires", "After"},
