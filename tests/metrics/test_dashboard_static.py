@@ -42,7 +42,7 @@ def test_dashboard_has_instance_variable_and_schema() -> None:
     d = load_dashboard()
     assert 36 <= d["schemaVersion"] <= 41
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert "label_values(sbus_build_info" in variables["instance"]["definition"]
+    assert variables["instance"]["query"]["query"].startswith("label_values(sbus_build_info")
     assert variables["instance"]["includeAll"] and variables["instance"]["allValue"] == ".*"
     assert variables["datasource"]["type"] == "datasource"
     assert d["uid"] == "sbus-relay"
