@@ -631,29 +631,33 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="Write the sbus Grafana dashboard JSON.")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--out", type=Path, help="write the JSON to this file")
+    group.add_argument("--out", type=Path, help="write the JSON to this file (default: stdout)")
     group.add_argument(
         "--check",
-        action="store_true",
-        help=f"exit 1 if {OUT.relative_to(OUT.parents[1])} is not the generated JSON",
+        type=Path,
+        nargs="?",
+        const=OUT,
+        metavar="FILE",
+        help="exit 1 if FILE (default: the committed sbus-dashboard.json) is not "
+        "exactly the generated JSON",
     )
     args = parser.parse_args(argv)
-    text = render()
+    data = render().encode()
     if args.check:
-        if OUT.read_text() != text:
+        if not args.check.exists() or args.check.read_bytes() != data:
             print(
-                f"{OUT} differs from the generator's output: "
-                f"run `python grafana/dashboard.py --out {OUT}`",
+                f"{args.check} is not the generator's output; regenerate it with\n"
+                "    python grafana/dashboard.py --out grafana/sbus-dashboard.json",
                 file=sys.stderr,
             )
             return 1
         return 0
     if args.out:
-        args.out.write_text(text)
+        args.out.write_bytes(data)
     else:
-        sys.stdout.write(text)
+        sys.stdout.buffer.write(data)
     return 0
 
 
