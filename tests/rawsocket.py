@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Self
 
-#: Receive buffer: one byte over the largest legal packet (SPEC §1) so truncation shows.
+#: Receive buffer: one byte over the largest legal packet (docs/protocol.md) so truncation shows.
 RECV_BUFFER = 409_601
 WHOAMI = b"!/cred/whoami"
 #: /proc/net/unix: the flag of a listening socket and the SEQPACKET type.

@@ -167,7 +167,7 @@ class BusProcess:
     def _resolve_address(self, given: str) -> str:
         assert self.proc.stdout is not None
         if given == "/dev/unix/abstract":
-            # SPEC §5: the server prints the name it chose, then closes stdout.
+            # protocol.md: the server prints the name it chose, then closes stdout.
             try:
                 line = read_line(self.proc.stdout.fileno(), PRINT_TIMEOUT)
             except TimeoutError as exc:
@@ -211,7 +211,7 @@ class BusProcess:
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = STOP_TIMEOUT) -> int:
         """Send ``sig`` and wait; the exit status.  A server that hangs is killed
-        and reported, since a clean stop is part of the contract (SPEC §5)."""
+        and reported, since a clean stop is part of the contract (docs/protocol.md)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:

@@ -84,7 +84,8 @@ def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> by
     ``prefix`` is this server's identity chain plus '/' on a relay (docs/protocol.md, "Relays"),
     empty on a master.  Secret patterns must read
     ``<prefix>!/cred/<gid>/<uid>/<pid>/<rest>`` with each field the client's
-    own or empty; empty fields are filled in.  Raises ``PeerError`` with reason
+    own or empty; empty fields are filled in; a peer with pid 0 (outside our
+    PID namespace) holds no secret pattern.  Raises ``PeerError`` with reason
     ``secret_refused`` or ``reserved_pattern``.
     """
     if _BANG not in pattern:
@@ -94,6 +95,10 @@ def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> by
         if _chain_end(segs, digits=False) != 0:
             raise PeerError("reserved_pattern", "'!' is reserved")
         return pattern
+    if not creds.pid:
+        # The kernel reports pid 0 for a peer outside our PID namespace: every
+        # such peer of one user would share an identity and read the others' secrets.
+        raise PeerError("secret_refused", "pid 0: the peer is outside this server's PID namespace")
     if not pattern.startswith(prefix):
         raise PeerError("secret_refused", "secret pattern without this server's prefix")
     own = pattern[len(prefix) :]

@@ -7,8 +7,8 @@ SUB/UNSUB, valid_key + match for MSG, parse_flood_control for CMSG) with the
 hostile packets of ``hardening.packets`` from several clients with random
 credentials, on a master and behind a relay prefix, and checks that
 
-* the only error bad input can raise is ``PeerError`` (STYLE §2), and
-* a secret key is only ever matched to clients whose identity it names (SPEC §3).
+* the only error bad input can raise is ``PeerError``, and
+* a secret key is only ever matched to clients whose identity it names (docs/protocol.md).
 """
 
 from __future__ import annotations

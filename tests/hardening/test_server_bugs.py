@@ -26,7 +26,7 @@ def server() -> Iterator[ServerProc]:
 
 
 def test_unsub_while_a_relay_disconnects_keeps_the_client_alive(server: ServerProc) -> None:
-    """SPEC §6 interest + STYLE §2: a relay vanishing must not harm any other client.
+    """protocol.md interest: a relay vanishing must not harm any other client.
 
     Found by ``harden fuzz`` (secret rounds: the relay stopped while children left).
     Expected: the client's whoami is answered and the log has no traceback.

@@ -398,7 +398,7 @@ def floods(bus: Bus) -> list[Raw]:
 
 
 def protocol_error(bus: Bus) -> None:
-    """Junk on the wire: the server must close that client (SPEC §1)."""
+    """Junk on the wire: the server must close that client (docs/protocol.md)."""
     junk = Raw(bus.address)
     try:
         junk.send(b"HELO this is not sbus")

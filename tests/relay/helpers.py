@@ -24,7 +24,7 @@ from tests.support import BusProcess, start_bus
 WAIT = 8.0
 #: Seconds a client keeps listening after the expected copies, to catch extra ones.
 DRAIN = 0.3
-#: One byte more than the largest legal packet (SPEC §1), so truncation shows.
+#: One byte more than the largest legal packet (docs/protocol.md), so truncation shows.
 RECV_BUFFER = 409_601
 WHOAMI = b"!/cred/whoami"
 
@@ -163,7 +163,7 @@ class Peer:
         return packet
 
     def whoami(self, timeout: float = WAIT) -> bytes:
-        """Our identity as this bus states it (SPEC §3)."""
+        """Our identity as this bus states it (docs/protocol.md)."""
         self.send(b"CMSG " + WHOAMI)
         reply = b"CMSG " + WHOAMI + b"\0"
         deadline = time.monotonic() + timeout

@@ -1,4 +1,4 @@
-"""Delivery through a hierarchy of real processes (SPEC §6): down, up, sideways,
+"""Delivery through a hierarchy of real processes (docs/protocol.md): down, up, sideways,
 exactly once; SUB/UNSUB propagation; whoami and secret keys at every level."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_unsubscribe_goes_up_only_when_the_last_local_subscriber_leaves(
     a1.sub(b"u/x")
     assert observer.recv() == b"CMSG interest/add\0u/x"
     a2.sub(b"u/x")
-    a2.sub(b"u/x")  # duplicates count (SPEC §1): one UNSUB leaves one
+    a2.sub(b"u/x")  # duplicates count (docs/protocol.md): one UNSUB leaves one
     a1.unsub(b"u/x")
     a2.unsub(b"u/x")
     observer.sync()
@@ -120,7 +120,7 @@ def test_three_levels_whoami_and_delivery(tree: Hierarchy) -> None:
     r2 = tree.bus("r2", upstream=r1)
     me = os.getpid()
     c0, c1, c2 = tree.peer(master), tree.peer(r1), tree.peer(r2)
-    # SPEC §3: each level prefixes its own identity as its upstream states it
+    # protocol.md: each level prefixes its own identity as its upstream states it
     assert c0.whoami() == identity(me)
     assert c1.whoami() == identity(r1.pid, me)
     assert c2.whoami() == identity(r1.pid, r2.pid, me)
@@ -165,7 +165,7 @@ def secret_setup(tree: Hierarchy) -> tuple[Bus, Bus, Bus, Peer, bytes]:
     owner = tree.peer(a)
     me = owner.whoami()
     assert me == identity(a.pid, os.getpid())
-    owner.sub(me + b"/secret/")  # SPEC §3: a relay's client subscribes with its whoami
+    owner.sub(me + b"/secret/")  # protocol.md: a relay's client subscribes with its whoami
     return master, a, b, owner, me
 
 
@@ -173,7 +173,7 @@ def test_secret_end_to_end_through_relays(tree: Hierarchy) -> None:
     master, a, b, owner, me = secret_setup(tree)
     snoopers = [tree.peer(bus) for bus in (master, a, b)]
     for snooper in snoopers:
-        snooper.sub(b"")  # "" matches every key, but never a secret one (SPEC §3)
+        snooper.sub(b"")  # "" matches every key, but never a secret one (docs/protocol.md)
     master.wait_metric(STORED, 4)  # the secret pattern, and "" from each bus
     # b must know that someone above wants the secret pattern (a's owner)
     wait_until(lambda: b.metric(INTEREST) >= 1, "b's interest in the secret pattern")
@@ -208,7 +208,7 @@ def test_subscribe_to_everything_on_one_relay_sees_publishes_from_another(
     b = tree.bus("b", upstream=master)
     a.wait_log("upstream.interest_ready")  # from here on, a forwards by interest only
     everything = tree.peer(b)
-    everything.sub(b"")  # SPEC §2: "" matches every key
+    everything.sub(b"")  # protocol.md: "" matches every key
     master.wait_metric(STORED, 1)
     wait_until(lambda: a.metric(INTEREST) == 1, "relay a to hear of b's empty pattern", 1.5)
     packet = tree.peer(a).pub(b"any/key", b"sideways")

@@ -1,4 +1,4 @@
-"""A relay under faults (SPEC §6.6): upstream killed and restarted, an upstream
+"""A relay under faults (docs/protocol.md): upstream killed and restarted, an upstream
 that ignores the interest extension, no upstream at all, loops."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ QUEUED = "sbus_upstream_queued_messages"
 OVERFLOW = 'sbus_messages_dropped_total{reason="upstream_queue_overflow"}'
 STORED = "sbus_patterns_stored"
 INTEREST = "sbus_upstream_interest_patterns"
-#: SPEC §6.6 as the issue states it: traffic flows again within this many seconds
+#: protocol.md as promised: traffic flows again within this many seconds
 #: of the master coming back (the back-off is capped by reconnect_max, 2 s).
 RECOVERY = 5.0
 
@@ -143,7 +143,7 @@ def test_an_upstream_that_ignores_interest_still_receives_everything(
 ) -> None:
     relay = tree.bus("r", upstream=tree.path("fake"))
     local, publisher = tree.peer(relay), tree.peer(relay)
-    # the prefix is the fake's answer: proves the relay asks and uses it (SPEC §6.2)
+    # the prefix is the fake's answer: proves the relay asks and uses it (docs/protocol.md)
     assert publisher.whoami() == FakeUpstream.IDENTITY + b"/" + identity(os.getpid())
     local.sub(b"a/")
     # wanted locally, wanted by nobody, and secret: without interest, all go up
@@ -159,7 +159,7 @@ def test_an_upstream_that_ignores_interest_still_receives_everything(
 def test_a_relay_without_upstream_serves_its_local_clients(tree: Hierarchy) -> None:
     nowhere = tree.path("nowhere")
     relay = tree.bus("r", upstream=nowhere)
-    # SPEC §6.2: a whoami waits for the upstream; it must not hold up anyone else
+    # protocol.md: a whoami waits for the upstream; it must not hold up anyone else
     waiting = tree.peer(relay)
     waiting.send(b"CMSG !/cred/whoami")
     sub, pub = tree.peer(relay), tree.peer(relay)

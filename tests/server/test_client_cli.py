@@ -1,4 +1,4 @@
-"""The Client API and the command line against real server processes (SPEC §5)."""
+"""The Client API and the command line against real server processes (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -418,7 +418,7 @@ def test_serve_with_metrics(tmp_path: Path) -> None:
 
 
 def test_client_sends_and_receives_the_largest_legal_packet(sbusd: BusProcess) -> None:
-    """SPEC §1: packets up to 409,600 bytes are legal, in both directions.
+    """protocol.md: packets up to 409,600 bytes are legal, in both directions.
 
     A SEQPACKET send larger than the socket's send buffer fails with EMSGSIZE,
     and the default buffer is about half this size, so the client must ask for

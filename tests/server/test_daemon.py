@@ -1,4 +1,4 @@
-"""The ``sbusd`` command as a drop-in for the reference daemon (SPEC §3, §5)."""
+"""The ``sbusd`` command as a drop-in for the reference daemon (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_without_u_other_users_connect(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
 def test_u_accepts_a_listed_uid(tmp_path: Path) -> None:
-    # SPEC §5: -u is repeatable, and takes a name or a uid.
+    # protocol.md: -u is repeatable, and takes a name or a uid.
     bus = start_bus(tmp_path, "-o", "-u", "root", "-u", str(NOBODY))
     try:
         os.chmod(os.path.dirname(bus.address), 0o755)
@@ -441,7 +441,7 @@ def test_daemon_writes_pidfile_and_cleans_up_on_sigterm() -> None:
 
 
 def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone() -> None:
-    # SPEC §5: "/dev/null for none" -- and it must survive the daemon's cleanup.
+    # protocol.md: "/dev/null for none" -- and it must survive the daemon's cleanup.
     path = os.path.join(short_dir(), "bus")
     result = subprocess.run(
         [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", "/dev/null"],

@@ -1,4 +1,4 @@
-"""Ordering, bursts and flood control (SPEC §4) against a real server process.
+"""Ordering, bursts and flood control (docs/protocol.md) against a real server process.
 
 A stalled client's messages sit in two places: the kernel (what the server's
 socket already took -- always the oldest, in send order) and the server's own
@@ -332,7 +332,7 @@ def test_soft_block_pauses_the_publisher_and_loses_nothing(
     small: Callable[[], RawClient],
 ) -> None:
     routed, in_kernel = blocked_flow(small, b"blocking/soft/block", 300)
-    # SPEC §4: the publisher waits "until this client's socket has taken the
+    # protocol.md: the publisher waits "until this client's socket has taken the
     # packet", so (almost) nothing waits in the server's queue.
     assert routed <= in_kernel + 2, f"{routed} routed, {in_kernel} in the kernel"
 
@@ -342,7 +342,7 @@ def test_soft_block_pauses_the_publisher_and_loses_nothing(
 def test_blocking_client_that_leaves_releases_the_publisher(
     small: Callable[[], RawClient], mode: bytes
 ) -> None:
-    # Not spelled out by the SPEC, but what any user expects: a paused publisher
+    # Not spelled out by the protocol, but what any user expects: a paused publisher
     # resumes when the client it waited for disconnects, and nothing is lost for
     # the others.
     stalled, pub, packets, reader, publisher = paused_flow(small, mode, 600)
@@ -359,7 +359,7 @@ def test_blocking_client_that_leaves_releases_the_publisher(
 def test_block_mode_client_flooding_itself_stays_bounded(
     small: Callable[[], RawClient], mode: bytes
 ) -> None:
-    # SPEC §4: "Nothing grows without bound", and the hard limit bounds every
+    # protocol.md: "Nothing grows without bound", and the hard limit bounds every
     # client's queue.  A client in a block mode that echoes its own flood to itself
     # and never reads must not make its queue grow past the limit: the server may
     # stop reading from it (its sends then block) or drop, but not queue forever.
@@ -391,7 +391,7 @@ def test_block_mode_client_flooding_itself_stays_bounded(
 def test_control_request_from_a_client_at_its_hard_limit_does_not_disconnect_it(
     small: Callable[[], RawClient],
 ) -> None:
-    # SPEC §4 disconnects a slow client only in the `error` modes; under the default
+    # protocol.md disconnects a slow client only in the `error` modes; under the default
     # hard/discard, going over the limit means "drop new messages for it".  A whoami
     # asked while the queue is full must not turn that into a disconnect (which
     # would also throw away the queued messages).  Dropping the answer, or sending
@@ -434,7 +434,7 @@ def test_hard_limit_counts_bytes(small: Callable[[], RawClient]) -> None:
 def test_default_soft_queue_hard_discard(
     small: Callable[[], RawClient], modes: tuple[bytes, ...]
 ) -> None:
-    # SPEC §4: soft/queue and hard/discard are the defaults; the sbus-README says
+    # protocol.md: soft/queue and hard/discard are the defaults; the protocol says
     # the most recently sent control message takes precedence.
     f = flood_stalled(small, *modes, count=400)
     packets, got = f.packets, f.got

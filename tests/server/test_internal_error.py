@@ -1,4 +1,4 @@
-"""A bug of ours while serving one client costs that client only (STYLE §2).
+"""A bug of ours while serving one client costs that client only.
 
 The server runs in this process under gevent so that a fault can be injected
 into its packet handler; the clients are cooperative sockets.

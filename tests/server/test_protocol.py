@@ -1,4 +1,4 @@
-"""The wire protocol against a real server process, over raw sockets (SPEC §1).
+"""The wire protocol against a real server process, over raw sockets (docs/protocol.md).
 
 Negative checks use a fence (``rawclient.fenced``) instead of sleeping.
 """
@@ -54,7 +54,7 @@ def test_binary_payload_is_forwarded_byte_for_byte(
 
 
 def test_key_may_hold_any_byte_but_nul(connect: Callable[[], RawClient]) -> None:
-    # sbus-README: a routing key may contain any byte other than NUL ('*', '/' and
+    # protocol.md: a routing key may contain any byte other than NUL ('*', '/' and
     # '!' aside, which have meanings).  An exact pattern must match it exactly.
     key = bytes(b for b in range(1, 256) if b not in b"*/!")
     sub, pub = connect(), connect()
@@ -74,7 +74,7 @@ def test_150_kib_message_arrives_intact(connect: Callable[[], RawClient]) -> Non
 
 @pytest.mark.parametrize("size", [212_000, 300_000, 409_600])
 def test_large_legal_packets_are_forwarded(connect: Callable[[], RawClient], size: int) -> None:
-    # SPEC §1: up to 409,600 bytes is legal (the reference limit), so a packet of
+    # protocol.md: up to 409,600 bytes is legal (the reference limit), so a packet of
     # exactly that size -- and anything between the default socket buffer (~208 KiB)
     # and it -- must reach the subscriber intact, and nobody is disconnected.
     sub, pub = connect(), connect()
@@ -119,7 +119,7 @@ def test_packet_over_409600_bytes_disconnects_only_its_sender(
 def test_junk_packet_disconnects_only_its_sender(
     connect: Callable[[], RawClient], bus: Any, junk: bytes
 ) -> None:
-    # SPEC §1: anything but the four wire forms is a protocol error; the sender is
+    # protocol.md: anything but the four wire forms is a protocol error; the sender is
     # disconnected and nobody else notices.
     sub, bad, other = connect(), connect(), connect()
     fenced(sub, b"")
@@ -147,7 +147,7 @@ def test_cmsg_is_never_forwarded(connect: Callable[[], RawClient]) -> None:
         b"CMSG \0x",
         b"CMSG echo/on\0x",
         b"CMSG blocking/soft/queue",
-        b"CMSG no/such/control\0x",  # SPEC §4: unknown control messages are ignored
+        b"CMSG no/such/control\0x",  # protocol.md: unknown control messages are ignored
     ):
         sender.send(packet)
     sender.pub(FENCE, b"end")

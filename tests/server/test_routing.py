@@ -1,4 +1,4 @@
-"""Routing, subscriptions and echo against a real server process (SPEC §1, §2).
+"""Routing, subscriptions and echo against a real server process (docs/protocol.md).
 
 Negative checks use a fence (``rawclient.fenced``) instead of sleeping.
 """
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(30)
 # --- routing ----------------------------------------------------------------------
 
 ROUTES = [
-    # The README's own examples (SPEC §2 "must hold").
+    # The README's own examples (protocol.md "must hold").
     (b"a/*/c/", b"a/b/c/", True),
     (b"a/*/c/", b"a/b/c/d/e", True),
     (b"a/*/c/", b"a/b/c", False),
@@ -84,7 +84,7 @@ def test_routing_table(
 
 
 def test_sub_and_unsub_ignore_text_after_nul(connect: Callable[[], RawClient]) -> None:
-    # sbus-README: "SUB <pattern>(\0.*)?" -- the part after the NUL is ignored.
+    # protocol.md: "SUB <pattern>(\0.*)?" -- the part after the NUL is ignored.
     sub, pub = connect(), connect()
     sub.send(b"SUB t/x\0ignored junk")
     fenced(sub)
@@ -110,7 +110,7 @@ def test_duplicate_subscriptions_are_counted(connect: Callable[[], RawClient]) -
 
 
 def test_unsub_of_a_pattern_never_held_is_ignored(connect: Callable[[], RawClient]) -> None:
-    # SPEC §1: log, count, ignore -- the client is NOT disconnected.
+    # protocol.md: log, count, ignore -- the client is NOT disconnected.
     sub, pub = connect(), connect()
     fenced(sub, b"held/")
     sub.unsub(b"never/held")  # syncs: a disconnected client gets no whoami answer

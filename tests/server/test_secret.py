@@ -1,4 +1,4 @@
-"""Secret '!/cred/' keys and the reserved '!' (SPEC §3) against a real server.
+"""Secret '!/cred/' keys and the reserved '!' (docs/protocol.md) against a real server.
 
 All clients here live in the test process, so the server sees the same
 (gid, uid, pid) for each of them through SO_PEERCRED: ``own_creds()``.
@@ -58,7 +58,7 @@ def test_empty_credential_fields_are_filled_in(
 
 
 def test_unsub_of_a_secret_pattern_with_empty_fields(connect: Callable[[], RawClient]) -> None:
-    # SPEC §3 fills empty fields in before storing the pattern.  A user would expect
+    # protocol.md fills empty fields in before storing the pattern.  A user would expect
     # UNSUB with the very text they subscribed with to undo the SUB (and the filled-in
     # form to name the same subscription); either way the client stays connected.
     gid, uid, pid = own_creds()
@@ -91,7 +91,7 @@ def test_secret_for_someone_else_is_not_delivered_to_own_secret_pattern(
 def test_wildcards_never_see_secret_messages(
     connect: Callable[[], RawClient], pattern: bytes
 ) -> None:
-    # SPEC §3: '""', '*/', '*' and every other wildcard never see a secret message.
+    # protocol.md: '""', '*/', '*' and every other wildcard never see a secret message.
     legit, nosy, pub = connect(), connect(), connect()
     key = secret_key(b"x")
     fenced(legit, key)  # the positive control: the secret really was published
@@ -156,7 +156,7 @@ def test_refused_subscription_disconnects_and_sees_nothing(
 
 @pytest.mark.parametrize("key", [b"!/x", b"a/!/b", b"!/", b"a/!"])
 def test_publish_with_reserved_key_is_dropped(connect: Callable[[], RawClient], key: bytes) -> None:
-    # SPEC §3: '!' as a whole segment is reserved: the publish is dropped (counted),
+    # protocol.md: '!' as a whole segment is reserved: the publish is dropped (counted),
     # and -- as a user would expect from "drop" -- the publisher stays connected.
     watchers = [fenced(connect(), p) for p in (b"", b"*/", b"a/", b"*")]
     pub = connect()
@@ -171,7 +171,7 @@ def test_publish_with_reserved_key_is_dropped(connect: Callable[[], RawClient], 
 def test_bang_next_to_another_byte_is_ordinary(
     connect: Callable[[], RawClient], word: bytes
 ) -> None:
-    # sbus-README: '!' is reserved "unless it has an other byte than a '/' next to it".
+    # protocol.md: '!' is reserved "unless it has an other byte than a '/' next to it".
     sub, pub = connect(), connect()
     fenced(sub, word)
     sent = pub.pub(word, b"plain")

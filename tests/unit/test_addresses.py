@@ -1,4 +1,4 @@
-"""addresses: every SPEC §5 form, on real sockets (no server needed)."""
+"""addresses: every protocol.md form, on real sockets (no server needed)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def same(pattern: bytes) -> bytes:
 
 
 def ref_match(pattern: bytes, key: bytes) -> bool:
-    """sbus-README "Routing keys", byte by byte, plus SPEC §3's secret rule."""
+    """the protocol's routing rule, byte by byte, plus protocol.md's secret rule."""
     if key.startswith(b"!/cred/") and not pattern.startswith(b"!/cred/"):
         return False
     if pattern == b"":
@@ -179,7 +179,7 @@ def test_holders_for_every_kind_of_pattern(pattern: bytes) -> None:
 
 def test_equivalent_spellings_are_one_pattern() -> None:
     """'*' and '**' match the same keys: one pattern, counted twice, so the relay's
-    upstream UNSUB waits for the last of them (SPEC §6.3)."""
+    upstream UNSUB waits for the last of them (docs/protocol.md)."""
     events: list[tuple[str, bytes]] = []
     ix: SubscriptionIndex[str] = SubscriptionIndex(
         on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))

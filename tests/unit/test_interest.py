@@ -1,4 +1,4 @@
-"""The interest extension's bookkeeping (SPEC §6): others' patterns only."""
+"""The interest extension's bookkeeping (docs/protocol.md): others' patterns only."""
 
 from __future__ import annotations
 

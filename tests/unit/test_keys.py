@@ -1,4 +1,4 @@
-"""Secret keys, credentials and the reserved '!' (SPEC §3)."""
+"""Secret keys, credentials and the reserved '!' (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,17 @@ def test_no_pattern_of_another_identity_is_accepted(
     try:
         stored = check_pattern(pattern, me)
     except PeerError:
-        assert other != mine or b"!" in rest
+        assert other != mine or b"!" in rest or me.pid == 0
         return
     assert stored.startswith(me.identity() + b"/")
+
+
+@pytest.mark.parametrize("pattern", [b"!/cred////", b"!/cred/10/20/0/x", b"!/cred/10/20//x"])
+def test_pid_zero_holds_no_secret_pattern(pattern: bytes) -> None:
+    # pid 0 is every peer outside our PID namespace: it proves no identity.
+    outsider = Credentials(gid=10, uid=20, pid=0)
+    with pytest.raises(PeerError) as info:
+        check_pattern(pattern, outsider)
+    assert info.value.reason == "secret_refused"
+    assert "pid 0" in info.value.detail
+    assert check_pattern(b"a/*", outsider) == b"a/*"  # ordinary patterns are fine

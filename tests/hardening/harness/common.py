@@ -5,7 +5,7 @@ Servers are real processes (``sbusd``, ``sbus-relay serve`` or the reporting
 ``/proc/net/unix`` shows them listening.  Clients are bare SOCK_SEQPACKET
 sockets speaking the wire protocol, so nothing here trusts ``sbus_relay.client``.
 Children are plain ``os.fork()`` processes that send a JSON result back through
-a pipe: every child has its own pid, hence its own sbus identity (SPEC §3).
+a pipe: every child has its own pid, hence its own sbus identity (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ VENV_BIN = os.path.dirname(sys.executable)
 START_TIMEOUT = 15.0
 #: Seconds a server gets to exit after SIGINT before it counts as hung.
 STOP_TIMEOUT = 10.0
-#: Largest legal packet (SPEC §1).
+#: Largest legal packet (docs/protocol.md).
 MAX_PACKET = 409_600
 #: Seconds a raw client waits for a packet that must come.
 DEFAULT_TIMEOUT = 10.0

@@ -1,6 +1,6 @@
 """Faults: the master SIGKILLed under load, relays killed, clients vanishing, no fds left.
 
-What the protocol can promise here (SPEC §6, sbus-README "No acknowledgement"):
+What the protocol can promise here (docs/protocol.md):
 a relay queues upward messages while its upstream is away (bounded, drops
 counted) and sends them in order after reconnecting.  What it cannot promise:
 packets already inside the dead master (its socket buffers and queues) are

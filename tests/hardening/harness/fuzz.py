@@ -1,4 +1,4 @@
-"""Live fuzz: hostile clients and well-behaved ones on one real ``sbusd`` (issue 7).
+"""Live fuzz: hostile clients and well-behaved ones on one real ``sbusd``.
 
 Fuzz children (one process each, several connections each) send packets from
 ``packets.generate``: mutated SUB/UNSUB/MSG/CMSG, random bytes, over-long and
@@ -29,7 +29,7 @@ from .packets import KINDS, generate
 KNOWN_SERVER_BUGS = {
     "interest_notice_iteration": "RuntimeError: dictionary changed size during iteration",
 }
-#: Send buffer for fuzz connections: room for over-long packets (SPEC §1 limit + slack).
+#: Send buffer for fuzz connections: room for over-long packets (protocol.md limit + slack).
 FUZZ_SNDBUF = 1 << 20
 #: Seconds a fuzz send may wait for the server to read (backpressure paces the fuzzer).
 SEND_PATIENCE = 0.5

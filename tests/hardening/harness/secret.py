@@ -1,7 +1,7 @@
 """Secret keys under attack: nobody receives a ``!/cred/`` message meant for another identity.
 
 One round: a master and one relay under it are running.  Child processes (each
-its own pid, hence its own identity, SPEC §3) connect to the master or to the
+its own pid, hence its own identity, protocol.md) connect to the master or to the
 relay.  Each child holds two connections:
 
 * ``main`` subscribes its own baseline ``<prefix>!/cred////`` (all of its secret
