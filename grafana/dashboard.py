@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as dash
@@ -57,9 +58,18 @@ def increase(metric: str, *matchers: str, window: str = "$__rate_interval") -> s
 
 
 def query(
-    ref_id: str, expr: str, legend: str = "", *, instant: bool = False
+    ref_id: str,
+    expr: str,
+    legend: str = "",
+    *,
+    when: Literal["range", "instant", "both"] = "range",
+    as_table: bool = False,
 ) -> prometheus.Dataquery:
-    """One PromQL target, written in code mode."""
+    """One PromQL target, written in code mode.
+
+    ``when``: a range query (a series over the time range), an instant one (one
+    value at its end: what bar gauges and tables show), or both.
+    """
     q = (
         prometheus.Dataquery()
         .ref_id(ref_id)
@@ -68,7 +78,9 @@ def query(
         .legend_format(legend)
         .editor_mode(pm.QueryEditorMode.CODE)
     )
-    return q.range_and_instant() if instant else q.range()
+    if as_table:
+        q.format(pm.PromQueryFormat.TABLE)
+    return {"range": q.range, "instant": q.instant, "both": q.range_and_instant}[when]()
 
 
 def queries(*specs: tuple[str, str]) -> list[prometheus.Dataquery]:
@@ -216,7 +228,7 @@ def overview(d: dash.Dashboard) -> None:
             "Instances",
             "Version, role (master or relay) and configured name of each instance.",
             "short",
-            [query("A", sel("sbus_build_info"), instant=True)],
+            [query("A", sel("sbus_build_info"), when="both")],
             6,
             5,
         )
@@ -453,6 +465,154 @@ def queues_and_slow_clients(d: dash.Dashboard) -> None:
     )
 
 
+#: How many relays or users each panel of the Who row shows (largest first).
+TOP = 10
+
+
+@dataclass(frozen=True)
+class Who:
+    """One way the Who row splits a bus's clients: by relay or by user."""
+
+    name: str  # in titles: "relay", "user"
+    prefix: str  # of the metric names
+    label: str  # the Prometheus label
+    legend: str  # series names: always the bus (instance) first
+    column: str  # table column of the label
+    series: str  # the legend, in words
+    note: str  # what the label's values mean
+
+
+RELAY = Who(
+    "relay",
+    "sbus_relay_",
+    "relay",
+    "{{instance}} / {{relay}}",
+    "Relay",
+    "Series: bus / relay.",
+    "On a master the relay is the container: the name its relay announced, or "
+    "cred:<gid>/<uid>/<pid> if it announced none; local is the bus's own clients, other "
+    "everyone beyond the bus's top N (accounting_top).",
+)
+USER = Who(
+    "user",
+    "sbus_user_",
+    "uid",
+    "{{instance}} / uid {{uid}}",
+    "User (uid)",
+    "Series: bus / uid.",
+    "The uid is the connected peer's; other is everyone beyond the bus's top N (accounting_top).",
+)
+
+
+def top(who: Who, expr: str, *, only_positive: bool = False) -> str:
+    """The ``TOP`` largest series of ``expr`` summed by bus and relay (or uid)."""
+    summed = f"sum by (instance, {who.label}) ({expr})"
+    return f"topk({TOP}, {summed}{' > 0' if only_positive else ''})"
+
+
+def top_publishers(pid: int, who: Who) -> timeseries.Panel:
+    return graph(
+        pid,
+        f"Top publishers by {who.name}",
+        f"Messages per second received from each {who.name} (the MSG packets it "
+        f"published), the {TOP} busiest. {who.series} {who.note}",
+        "count:msgs/s",
+        [query("A", top(who, rate(f"{who.prefix}messages_in_total")), who.legend)],
+    )
+
+
+def top_droppers(pid: int, who: Who) -> timeseries.Panel:
+    dropped = rate(f"{who.prefix}dropped_messages_total")
+    return graph(
+        pid,
+        f"Top droppers by {who.name}",
+        f"Messages per second the bus dropped on account of each {who.name} (mostly: "
+        "its queue was full in a discard mode, or it was cut off with messages still "
+        f"queued), the {TOP} worst; a series shows only while it drops. Why: 'Messages "
+        f"dropped by reason'. {who.series} {who.note}",
+        "count:msgs/s",
+        [query("A", top(who, dropped, only_positive=True), who.legend)],
+    )
+
+
+def deepest_queues(pid: int, who: Who) -> table.Panel:
+    messages, size = "Queued messages", "Queued bytes"
+    return (
+        _base(
+            table.Panel(),
+            pid,
+            f"Deepest queues by {who.name}",
+            f"Messages and bytes waiting now in the queues of each {who.name}'s clients, "
+            f"the {TOP} deepest by either measure, deepest first, with the bus each is "
+            f"on. {who.note}",
+            "count:msgs",
+            [
+                query(ref, top(who, sel(f"{who.prefix}{metric}")), when="instant", as_table=True)
+                for ref, metric in (("A", "queued_messages"), ("B", "queued_bytes"))
+            ],
+            12,
+            8,
+        )
+        .show_header(True)
+        .sort_by([common.TableSortByFieldState().display_name(messages).desc(True)])
+        # One row per bus and relay (or uid) with both values, whichever query found it.
+        .with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "indexByName": {"instance": 0, who.label: 1, "Value #A": 2, "Value #B": 3},
+                    "renameByName": {
+                        "instance": "Bus",
+                        who.label: who.column,
+                        "Value #A": messages,
+                        "Value #B": size,
+                    },
+                },
+            )
+        )
+        .override_by_name(size, [dm.DynamicConfigValue(id_val="unit", value="bytes")])
+    )
+
+
+def disconnects(pid: int, who: Who) -> bargauge.Panel:
+    closed = increase(f"{who.prefix}disconnects_total", window="$__range")
+    return (
+        _base(
+            bargauge.Panel(),
+            pid,
+            f"Disconnects by {who.name} in the selected range",
+            f"Connections of each {who.name} that the bus closed for a reason (protocol "
+            "error, slow client, refused secret ...; not the peer's own close) over the "
+            f"dashboard's time range, the {TOP} most. Why: 'Disconnects by reason'. "
+            f"{who.series} {who.note}",
+            "count:disconnects",
+            [query("A", top(who, closed, only_positive=True), who.legend, when="instant")],
+            12,
+            7,
+        )
+        .decimals(0)
+        .display_mode(cm.BarGaugeDisplayMode.BASIC)
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .reduce_options(last_value())
+        .show_unfilled(True)
+    )
+
+
+def who(d: dash.Dashboard) -> None:
+    """Which relay (container) and which user publish, lose messages, queue, get cut off."""
+    d.with_row(dash.Row("Who").id(29).collapsed(False))
+    d.with_panel(top_publishers(30, RELAY))
+    d.with_panel(top_publishers(31, USER))
+    d.with_panel(top_droppers(32, RELAY))
+    d.with_panel(top_droppers(33, USER))
+    d.with_panel(deepest_queues(34, RELAY))
+    d.with_panel(deepest_queues(35, USER))
+    d.with_panel(disconnects(36, RELAY))
+    d.with_panel(disconnects(37, USER))
+
+
 def upstream(d: dash.Dashboard) -> None:
     d.with_row(dash.Row("Upstream (relays)").id(21).collapsed(False))
     d.with_panel(
@@ -618,6 +778,7 @@ def build() -> dm.Dashboard:
         traffic,
         drops_and_disconnects,
         queues_and_slow_clients,
+        who,
         upstream,
         clients_and_process,
     ):
