@@ -73,7 +73,7 @@ def test_every_panel_has_queries_on_the_selected_instances() -> None:
             assert 'instance=~"$instance"' in t["expr"], (p["title"], t["expr"])
 
 
-def test_dashboard_covers_what_the_issue_asks_for() -> None:
+def test_dashboard_covers_drops_queues_traffic_and_relays() -> None:
     exprs = " ".join(q.expr for q in panel_queries())
     for metric in (
         "sbus_messages_delivered_total",
