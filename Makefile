@@ -37,18 +37,18 @@ run: install
 	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
 test: system-deps $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sbus_relay tests
-	$(VENV)/bin/ruff format --check sbus_relay tests
+	$(VENV)/bin/ruff check sbus_relay tests grafana
+	$(VENV)/bin/ruff format --check sbus_relay tests grafana
 	$(VENV)/bin/mypy sbus_relay
-	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus
+	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, ~2 min
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sbus_relay tests
-	$(VENV)/bin/ruff format --check sbus_relay tests
+	$(VENV)/bin/ruff check sbus_relay tests grafana
+	$(VENV)/bin/ruff format --check sbus_relay tests grafana
 	$(VENV)/bin/mypy sbus_relay
-	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus
+	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
