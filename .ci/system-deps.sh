@@ -9,6 +9,7 @@
 #   systemd-analyze,       tests/deploy: the units verified, and the master's
 #   systemd-socket-activate  socket activation run (systemd need not be PID 1)
 #   docker-compose         tests/deploy: validates the compose file (no daemon)
+#   tmux                   tests/metrics/test_top.py: the live view in a real terminal
 set -euo pipefail
 
 missing=()
@@ -18,6 +19,7 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate >/dev/null 2>&1 \
     || missing+=(systemd)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 python3 - <<'PY' || missing+=(python3-dev)
 import os, sys, sysconfig
 sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
