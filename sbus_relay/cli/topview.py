@@ -497,10 +497,6 @@ def bus_totals(view: BusView) -> str:
     )
 
 
-#: How the screen marks each kind of line (``cli/top.py`` maps them to curses attributes).
-STYLES = ("title", "bus", "down", "columns", "row", "note")
-
-
 def render(
     views: Sequence[BusView],
     state: ViewState,
@@ -508,7 +504,11 @@ def render(
     unwatched: Sequence[str] = (),
     limit: int | None = None,
 ) -> list[tuple[str, str]]:
-    """Every line of the view as (text, style); ``limit`` rows per bus (else ``state.limit``)."""
+    """Every line of the view as (text, style); ``limit`` rows per bus (else ``state.limit``).
+
+    A style is title, bus, down, columns, row or note: what kind of line it is,
+    which ``cli/top.py`` shows in bold, reverse and so on.
+    """
     limit = state.limit if limit is None else min(limit, state.limit or limit)
     order = "desc" if state.descending else "asc"
     lines = [
