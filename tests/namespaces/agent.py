@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from sbus_relay.client import Client
-from sbus_relay.protocol.errors import BusClosed
+from sbus_relay.protocol.errors import BusClosed, SbusError
 
 
 def _text(data: bytes) -> str:
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     try:
         bus = Client(address, timeout=10)
-    except OSError as exc:
+    except (OSError, SbusError) as exc:
         out.write(json.dumps({"error": f"connect {address}: {exc}"}) + "\n")
         out.flush()
         return 1

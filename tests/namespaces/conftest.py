@@ -48,13 +48,13 @@ class Lab:
         self.agents: list[Agent] = []
         self.peers: list[Peer] = []
 
-    def master(self) -> Bus:
+    def master(self, *args: str) -> Bus:
         """A master on the host at ``<dir>/sbus.socket``: the directory is what
         containers mount (a socket file mount would not see a restarted master)."""
         directory = short_dir()
         os.chmod(directory, 0o755)
         self.dirs.append(directory)
-        bus = Bus(self.tmp_path, os.path.join(directory, MASTER_SOCKET_NAME))
+        bus = Bus(self.tmp_path, os.path.join(directory, MASTER_SOCKET_NAME), *args)
         self.masters.append(bus)
         return bus
 
@@ -141,6 +141,8 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 @pytest.fixture
 def hosted(lab: Lab) -> tuple[Bus, Container, Container]:
     """A master on the host and two containers, box-a and box-b, each with its own
-    network namespace and a relay running the shipped configs/relay.yaml."""
-    master = lab.master()
+    network namespace and a relay running the shipped configs/relay.yaml.  The
+    master lets everyone reach its socket (``-o``) but admits only root and uid
+    1000 (``-u``), so that the tests' unprivileged clients may try it directly."""
+    master = lab.master("-o", "-u", "1000")
     return master, lab.container("box-a", master), lab.container("box-b", master)
