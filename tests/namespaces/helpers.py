@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import yaml
 
-from tests.relay.helpers import WAIT, _without_instance, wait_until
+from tests.relay.helpers import WAIT, Peer, _without_instance, wait_until
 from tests.support import VENV_BIN, read_line
 
 #: The repository's root (configs/ and the agent live below it).
@@ -154,6 +154,26 @@ def parse_metrics(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[_without_instance(name)] = float(value)
     return samples
+
+
+def host_messages(peer: Peer, expected: int) -> list[tuple[str, str]]:
+    """A raw host client's MSG packets (``Peer.messages``) as sorted (key, payload)."""
+    got = []
+    for packet in peer.messages(expected):
+        key, _, payload = packet.removeprefix(b"MSG ").partition(b"\0")
+        got.append((key.decode(), payload.decode()))
+    return sorted(got)
+
+
+def log_events(text: str, name: str | None = None) -> list[dict[str, Any]]:
+    """The JSON log lines of a server's log (those of event ``name``)."""
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and (name is None or event.get("event") == name):
+                found.append(event)
+    return found
 
 
 def _child_of(launcher: subprocess.Popen[bytes], what: str) -> int:
@@ -284,13 +304,7 @@ class NsServer:
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         """The JSON log lines so far (those of event ``name``)."""
-        found = []
-        for line in self.log().splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict) and (name is None or event.get("event") == name):
-                    found.append(event)
-        return found
+        return log_events(self.log(), name)
 
     def wait_event(self, name: str, count: int = 1, timeout: float = WAIT) -> dict[str, Any]:
         """Wait for the ``count``-th log event ``name``; returns it."""
@@ -468,8 +482,9 @@ class Container(Namespace):
             raise AssertionError(f"{exc}; last value {last}\n{relay_log}") from None
 
     def destroy(self) -> None:
+        """Tear the container down at once (SIGKILL of pid 1), then reap what ran in it."""
+        super().destroy()
         for agent in self.agents:
             agent.close()
-        super().destroy()
         if self.relay is not None:
             self.relay.kill()

@@ -9,15 +9,15 @@ secrets; everything else works for it.
 
 from __future__ import annotations
 
-import json
 import os
+import urllib.request
 from typing import Any
 
 import pytest
 
 from tests.namespaces.conftest import Lab
-from tests.namespaces.helpers import Agent, NsServer, ns_pids
-from tests.relay.helpers import Bus, Peer, wait_until
+from tests.namespaces.helpers import Agent, NsServer, log_events, ns_pids, parse_metrics
+from tests.relay.helpers import Peer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,7 +89,7 @@ def test_relays_outside_the_masters_pid_namespace_keep_their_link(lab: Lab) -> N
     relays = [lab.relay_on_host(address), lab.relay_on_host(address)]
     for relay in relays:
         relay.wait_log("upstream.interest_ready")
-        ready = [e for e in _events(relay) if e.get("event") == "upstream.ready"]
+        ready = log_events(relay.log(), "upstream.ready")
         assert ready[-1]["identity"] == PID0.decode()
     one, two = (lab.peer(relay.address) for relay in relays)
     # a relay sees its host clients' real pids, so the chains collide too: this
@@ -131,16 +131,6 @@ def test_relays_outside_the_masters_pid_namespace_keep_their_link(lab: Lab) -> N
         assert peer.messages(1) == [up]
 
 
-def _events(bus: Bus) -> list[dict[str, Any]]:
-    found = []
-    for line in bus.log().splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
-
-
 def _pattern_refusals(server: NsServer) -> list[dict[str, Any]]:
     return [
         e for e in server.events("client.pattern_refused") if e.get("reason") == "secret_refused"
@@ -148,9 +138,5 @@ def _pattern_refusals(server: NsServer) -> list[dict[str, Any]]:
 
 
 def _scrape(port: int) -> dict[str, float]:
-    import urllib.request
-
-    from tests.namespaces.helpers import parse_metrics
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return parse_metrics(response.read().decode())
