@@ -104,13 +104,19 @@ class Connection:
         "account",
         "alive",
         "batch",
+        "bytes_in",
+        "bytes_out",
         "cid",
         "creds",
         "dropped",
         "echo",
+        "ended",
         "episode_drops",
         "fd",
         "interest",
+        "label",
+        "msgs_in",
+        "msgs_out",
         "notices",
         "pattern_bytes",
         "pauses",
@@ -121,6 +127,7 @@ class Connection:
         "router",
         "send",
         "shed",
+        "since",
         "sock",
         "waiters",
     )
@@ -159,6 +166,13 @@ class Connection:
         self.shed: str | None = None
         self.episode_drops = 0
         self.dropped = 0  # messages dropped for this client since it connected
+        #: traffic of this client since it connected (``/clients``, per-relay/user series)
+        self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
+        self.since = time.monotonic()
+        #: the server's relay label of this client (``accounting``): ``local`` until
+        #: it says it is a relay
+        self.label = "local"
+        self.ended = ""  # why it was closed, once it is
         self.pattern_bytes = 0  # bytes of the distinct patterns it holds
         self._drop_reason = ""
         self._drop_timer: Any = None
@@ -243,6 +257,8 @@ class Connection:
             router.flush(self)
             stats.packets_in["msg"] += msgs
             stats.bytes_in += nbytes
+            self.msgs_in += msgs
+            self.bytes_in += nbytes
 
     def _zero_length(self) -> None:
         """recv returned 0: the peer closed, or it sent an empty packet."""
@@ -383,6 +399,8 @@ class Connection:
             finally:
                 stats.delivered += sent
                 stats.bytes_out += nbytes
+                self.msgs_out += sent
+                self.bytes_out += nbytes
             if self.shed is not None and flood.shedding_ends(self.shed, q):
                 self.shed = None
             if self.waiters:
@@ -490,6 +508,7 @@ class Connection:
         if not self.alive:
             return
         self.alive = False
+        self.ended = reason
         stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
         lost = self.queue.clear() + len(self.pending or ())
@@ -497,6 +516,7 @@ class Connection:
         if lost:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
+            self.dropped += lost
         if reason != "closed":
             why_text = reason + (": " + detail if detail else "")
             with contextlib.suppress(OSError):

@@ -29,6 +29,7 @@ import contextlib
 import os
 import socket
 import struct
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,7 +38,7 @@ import structlog
 from gevent.event import Event
 
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec, quota
+from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import OutboundQueue, parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
@@ -58,6 +59,16 @@ from .upstream import UpstreamLink
 
 _CRED_FMT = "3i"  # struct ucred: pid, uid, gid
 _DROPS_COUNT = b"drops/count"
+_RELAY_NAME = b"relay/name"
+#: closed-connection totals kept beyond two per live client before the
+#: accounting forgets those of keys nobody uses (bounds its memory)
+_TRIM_SLACK = 1024
+
+
+def _counters(conn: Connection) -> tuple[int, ...]:
+    """One connection's row of ``accounting.COUNTERS``."""
+    ended = bool(conn.ended) and conn.ended != "closed"
+    return (conn.msgs_in, conn.msgs_out, conn.bytes_in, conn.bytes_out, conn.dropped, ended)
 
 
 class Server:
@@ -89,6 +100,10 @@ class Server:
         #: uid -> what that user's connections hold (``protocol.quota``)
         self.accounts: dict[int, quota.Account] = {}
         self.upstream: UpstreamLink | None = None
+        #: traffic per child relay and per user, for the bounded per-who series
+        self.by_relay = accounting.Tally(config.accounting_top)
+        self.by_user = accounting.Tally(config.accounting_top)
+        self.started = time.time()
         #: our identity prefix: empty on a master, ``<upstream's whoami reply>/`` on a
         #: relay, None until the upstream has answered
         self.prefix: bytes | None = b""
@@ -224,6 +239,12 @@ class Server:
         account.connections -= 1
         if not account.connections:
             self.accounts.pop(conn.creds.uid, None)
+        counts = _counters(conn)
+        self.by_relay.closed(conn.label, counts)
+        self.by_user.closed(str(conn.creds.uid), counts)
+        if self.by_relay.tracked() + self.by_user.tracked() > 2 * len(self.clients) + _TRIM_SLACK:
+            self.by_relay.trim(c.label for c in self.clients.values())
+            self.by_user.trim(str(c.creds.uid) for c in self.clients.values())
         if self.config.exit_when_empty and self._ever_connected and not self.clients:
             gevent.spawn(self.stop)
 
@@ -267,6 +288,8 @@ class Server:
                     try:
                         conn.send(packet)
                         delivered += 1
+                        conn.msgs_out += 1
+                        conn.bytes_out += len(packet)
                         continue
                     except BlockingIOError:
                         pass
@@ -307,8 +330,11 @@ class Server:
                 continue
             total = len(pending)
             if sent:
+                nbytes = sum(map(len, pending if sent == total else pending[:sent]))
                 stats.delivered += sent
-                stats.bytes_out += sum(map(len, pending if sent == total else pending[:sent]))
+                stats.bytes_out += nbytes
+                conn.msgs_out += sent
+                conn.bytes_out += nbytes
             for i in range(sent, total):
                 conn.deliver(pending[i], sender)
 
@@ -428,7 +454,10 @@ class Server:
         elif key == b"echo/on":
             conn.echo = True
         elif key == b"interest/on":
-            conn.relay = True
+            if not conn.relay:
+                conn.relay = True
+                c = conn.creds
+                self._relabel(conn, accounting.credentials_label(c.gid, c.uid, c.pid))
             if not conn.interest:
                 conn.interest = True
                 self.interest.listeners[conn] = None
@@ -439,6 +468,8 @@ class Server:
             if conn.interest:
                 conn.interest = False
                 del self.interest.listeners[conn]
+        elif key == _RELAY_NAME:
+            self._name_relay(conn, packet)
         elif key == _DROPS_COUNT:
             conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
         else:
@@ -456,6 +487,24 @@ class Server:
                 q.set_order(value)
             # soft/block pauses the publisher at the very packet refused: never batched
             conn.batch = q.soft != "block"
+
+    def _relabel(self, conn: Connection, label: str) -> None:
+        """A client's relay label changes; what it counted so far stays with the old one."""
+        if label != conn.label:
+            self.by_relay.moved(conn.label, label, _counters(conn))
+            conn.label = label
+
+    def _name_relay(self, conn: Connection, packet: bytes) -> None:
+        """``CMSG relay/name\0<name>``: a relay says which one it is (its instance)."""
+        nul = packet.find(b"\0")
+        raw = packet[nul + 1 :] if nul >= 0 else b""
+        name = accounting.relay_name(raw)
+        if name is None or not conn.relay:  # only a relay (after interest/on) is named
+            shown = raw[: accounting.MAX_NAME].decode("utf-8", "replace")
+            conn.warn_repeated("client.relay_name_refused", name=shown, relay=conn.relay)
+            return
+        self._relabel(conn, name)
+        conn.log.info("client.relay_named", name=name)
 
     # --- the relay: index callbacks, and the UpstreamHost interface ----------------
 
@@ -549,3 +598,59 @@ class Server:
             upstream_interest_patterns=up.interest_count if up is not None else 0,
             upstream_queue_messages=up.queued if up is not None else 0,
         )
+
+    def who(self) -> dict[str, list[tuple[str, list[int], list[int]]]]:
+        """Per child relay and per user: the bounded rows of ``accounting``
+        (cost: one pass over the clients)."""
+        by_relay: dict[str, tuple[list[int], list[int]]] = {}
+        by_user: dict[str, tuple[list[int], list[int]]] = {}
+        for conn in self.clients.values():
+            counts = _counters(conn)
+            q = conn.queue
+            for rows, key in ((by_relay, conn.label), (by_user, str(conn.creds.uid))):
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = ([0] * len(counts), [0, 0, 0])
+                total, gauges = row
+                for i, v in enumerate(counts):
+                    total[i] += v
+                gauges[0] += q.count
+                gauges[1] += q.nbytes
+                gauges[2] += 1
+        now = time.monotonic()
+        return {
+            "relay": self.by_relay.rows(by_relay, now),
+            "user": self.by_user.rows(by_user, now),
+        }
+
+    def client_rows(self) -> list[dict[str, Any]]:
+        """Every connection as ``/clients`` shows it (docs/observability.md)."""
+        now = time.monotonic()
+        prefix = (self.prefix or b"").decode("utf-8", "replace")
+        rows = []
+        for conn in self.clients.values():
+            c, q = conn.creds, conn.queue
+            rows.append(
+                {
+                    "cid": conn.cid,
+                    "pid": c.pid,
+                    "uid": c.uid,
+                    "gid": c.gid,
+                    "identity": prefix + c.identity().decode(),
+                    "relay": conn.label,
+                    "is_relay": conn.relay,
+                    "patterns": self.index.distinct_of(conn),
+                    "queued_messages": q.count,
+                    "queued_bytes": q.nbytes,
+                    "msgs_in": conn.msgs_in,
+                    "bytes_in": conn.bytes_in,
+                    "msgs_out": conn.msgs_out,
+                    "bytes_out": conn.bytes_out,
+                    "dropped": conn.dropped,
+                    "age": round(now - conn.since, 3),
+                    "soft": q.soft,
+                    "hard": q.hard,
+                    "paused": conn.pauses > 0,
+                }
+            )
+        return rows

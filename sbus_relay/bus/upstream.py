@@ -6,10 +6,10 @@ own bus only through ``UpstreamHost``:
 
 * one greenlet connects (with capped exponential back-off) and reads what
   comes down; writing is a callback of the hub, like a client's;
-* on connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami`` and
-  ``CMSG interest/on``; once whoami is answered (our identity is known, and
-  so are the right secret patterns) it sends ``SUB`` for every local pattern,
-  and local publishes start to go up;
+* on connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
+  ``CMSG interest/on`` and its name (``CMSG relay/name``); once whoami is
+  answered (our identity is known, and so are the right secret patterns) it
+  sends ``SUB`` for every local pattern, and local publishes start to go up;
 * after that, pattern changes (the index's first/last callbacks) are kept as
   the net change per pattern until they can be sent: a burst of SUB/UNSUB
   churn costs memory per distinct pattern, never per packet;
@@ -98,6 +98,12 @@ class UpstreamLink:
         self._max = config.reconnect_max
         self._max_messages = config.upstream_queue_messages
         self._max_bytes = config.upstream_queue_bytes
+        #: the hello: the last packet names this relay (its ``instance``), so the
+        #: upstream's per-relay series and ``/clients`` say which relay it is
+        self._hello_packets = (
+            *_HELLO,
+            codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace")),
+        )
         self.connected = False  # socket up, hello sent
         self.ready = False  # whoami answered: patterns synced, publishes flow
         self.interest: SubscriptionIndex[str] = SubscriptionIndex()
@@ -332,7 +338,7 @@ class UpstreamLink:
             self.stats.upstream_reconnects += 1
         loop = gevent.get_hub().loop
         self._write_watcher = loop.io(sock.fileno(), 2)
-        self._hello = deque(_HELLO)
+        self._hello = deque(self._hello_packets)
         self._pending = {}
         self.connected = True
         self._whoami_timer = loop.timer(WHOAMI_TIMEOUT)

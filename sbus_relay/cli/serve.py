@@ -50,6 +50,11 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "reconnect_max": (("--reconnect-max",), "SECONDS", "largest upstream reconnect delay"),
     "metrics": (("--metrics",), "HOST:PORT", "serve Prometheus /metrics and /healthz here"),
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
+    "accounting_top": (
+        ("--accounting-top",),
+        "N",
+        "relays and users named in the per-who series (the rest: other)",
+    ),
     "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
     "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
     "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sbus_relay.protocol import limits
+from sbus_relay.protocol.accounting import TOP_MAX, TOP_MIN
 from sbus_relay.protocol.errors import ConfigError, UsageError
 from sbus_relay.protocol.quota import ClientLimits, Quota
 
@@ -64,6 +65,8 @@ class ServerConfig:
     reconnect_max: float = limits.RECONNECT_MAX
     metrics: str | None = None
     instance: str = field(default_factory=_hostname)
+    #: relays and users shown by name in the per-who series; the rest are "other"
+    accounting_top: int = limits.ACCOUNTING_TOP
     log_level: str = "info"
     log_format: str = "auto"
     #: where the log goes: None = stderr (a daemon whose stderr was a terminal
@@ -161,7 +164,7 @@ def _size(minimum: int) -> Callable[[str, str, Any], int]:
     return check
 
 
-def _count(minimum: int) -> Callable[[str, str, Any], int]:
+def _count(minimum: int, maximum: int | None = None) -> Callable[[str, str, Any], int]:
     def check(source: str, key: str, value: Any) -> int:
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)  # flags arrive as strings
@@ -169,6 +172,8 @@ def _count(minimum: int) -> Callable[[str, str, Any], int]:
             raise ConfigError(source, key, f"expected an integer, got {_show(value)}")
         if value < minimum:
             raise ConfigError(source, key, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(source, key, f"must be at most {maximum}, got {value}")
         return value
 
     return check
@@ -292,6 +297,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
     "reconnect_max": _seconds,
     "metrics": _host_port,
     "instance": _text,
+    "accounting_top": _count(TOP_MIN, TOP_MAX),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "log_file": _optional_text,

@@ -9,14 +9,19 @@ the counters without any lock.
 Naming follows the Prometheus conventions: an ``sbus_`` prefix, base units in
 the name (``_bytes``, ``_seconds``), ``_total`` on counters, and only labels
 with a small fixed set of values (``type``, ``reason``, ``mode``,
-``direction``) -- never one per client, key or pattern.  The full list is in
+``direction``), or a bounded one: the per-relay and per-user families carry
+``relay``/``uid`` for the top N plus ``other`` (``protocol.accounting``) --
+never one per client, key or pattern.  ``/clients`` lists the connections
+themselves, bounded per answer (``ops.clients``).  The full list is in
 ``docs/observability.md``.
 """
 
 from __future__ import annotations
 
+import json
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -32,17 +37,34 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sbus_relay import __version__
+from sbus_relay.protocol.accounting import COUNTERS, GAUGES
 from sbus_relay.protocol.errors import AddressError, ConfigError
 from sbus_relay.protocol.flood import HARD_MODES, SOFT_MODES
 from sbus_relay.protocol.limits import LISTEN_BACKLOG
 from sbus_relay.protocol.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
 
-from . import logsetup
+from . import clients, logsetup
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
 log = structlog.get_logger("sbus_relay.metrics")
+
+#: One exported row of a per-who dimension: label, counters, gauges (``accounting``).
+WhoRow = tuple[str, Sequence[int], Sequence[int]]
+#: The per-who dimensions: series prefix and label name.
+_WHO = {"relay": ("sbus_relay_", "relay"), "user": ("sbus_user_", "uid")}
+_WHO_HELP = {
+    "messages_in": "MSG packets received from them",
+    "messages_out": "messages delivered to them",
+    "bytes_in": "bytes received from them",
+    "bytes_out": "bytes sent to them",
+    "dropped_messages": "messages dropped for them",
+    "disconnects": "their connections closed by the server for a reason (not by themselves)",
+    "queued_messages": "messages waiting in their queues now",
+    "queued_bytes": "bytes waiting in their queues now",
+    "connections": "their connections now",
+}
 
 #: ``le`` label values of the queue-wait histogram, formatted once.
 _QUEUE_WAIT_LE = [floatToGoString(b) for b in QUEUE_WAIT_BUCKETS] + ["+Inf"]
@@ -61,6 +83,10 @@ class _ServerLike(Protocol):
     @property
     def stopped(self) -> _EventLike: ...
     def gauges(self) -> Gauges: ...
+    def who(self) -> Mapping[str, Sequence[WhoRow]]: ...
+    def client_rows(self) -> list[dict[str, Any]]: ...
+    @property
+    def started(self) -> float: ...
 
 
 class _ConfigLike(Protocol):
@@ -82,10 +108,17 @@ class MetricsCollector(Collector):
     ``exported_instance``.
     """
 
-    def __init__(self, stats: Stats, gauges_fn: Callable[[], Gauges], instance: str) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        gauges_fn: Callable[[], Gauges],
+        instance: str,
+        who_fn: Callable[[], Mapping[str, Sequence[WhoRow]]] | None = None,
+    ) -> None:
         self._stats = stats
         self._gauges_fn = gauges_fn
         self._instance = instance
+        self._who_fn = who_fn
 
     def describe(self) -> Iterable[Metric]:
         # Returning nothing keeps ``register`` from calling ``collect`` (and so
@@ -109,6 +142,13 @@ class MetricsCollector(Collector):
             yield from self._gauges(gauges)
             if gauges.is_relay:
                 yield from self._upstream(self._stats, gauges)
+        if self._who_fn is not None:
+            try:
+                who = self._who_fn()
+            except Exception:
+                log.exception("metrics.who_failed")
+            else:
+                yield from self._who(who)
         yield self._build_info(gauges)
 
     # -- families -----------------------------------------------------------
@@ -186,6 +226,26 @@ class MetricsCollector(Collector):
             "UNSUB of a pattern the client did not hold (ignored).",
             stats.unknown_unsubscribes,
         )
+
+    @staticmethod
+    def _who(who: Mapping[str, Sequence[WhoRow]]) -> Iterator[Metric]:
+        """Per child relay and per user, top N plus ``other`` (docs/observability.md)."""
+        for dimension, rows in who.items():
+            prefix, label = _WHO[dimension]
+            for i, field in enumerate(COUNTERS):
+                family = CounterMetricFamily(
+                    prefix + field, "Per %s: %s." % (label, _WHO_HELP[field]), labels=[label]
+                )
+                for key, counters, _ in rows:
+                    family.add_metric([key], counters[i])
+                yield family
+            for i, field in enumerate(GAUGES):
+                gauge = GaugeMetricFamily(
+                    prefix + field, "Per %s: %s." % (label, _WHO_HELP[field]), labels=[label]
+                )
+                for key, _, gauges in rows:
+                    gauge.add_metric([key], gauges[i])
+                yield gauge
 
     @staticmethod
     def _queue_wait(stats: Stats) -> Metric:
@@ -318,14 +378,17 @@ def _with_defaults(names: Iterable[str], values: Mapping[str, int]) -> dict[str,
 
 
 def build_registry(
-    stats: Stats, gauges_fn: Callable[[], Gauges], instance: str
+    stats: Stats,
+    gauges_fn: Callable[[], Gauges],
+    instance: str,
+    who_fn: Callable[[], Mapping[str, Sequence[WhoRow]]] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the sbus collector and the process collector.
 
     Never the global default registry: each server (and each test) has its own.
     """
     registry = CollectorRegistry()
-    registry.register(MetricsCollector(stats, gauges_fn, instance))
+    registry.register(MetricsCollector(stats, gauges_fn, instance, who_fn))
     ProcessCollector(registry=registry)
     return registry
 
@@ -335,10 +398,30 @@ def build_registry(
 _Body = list[bytes]
 
 
+#: ``/clients``' source: the server's own block and one row per connection.
+ClientsFn = Callable[[], tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]]
+
+
 def _wsgi_app(
-    registry: CollectorRegistry, health_fn: Callable[[], bool]
+    registry: CollectorRegistry, health_fn: Callable[[], bool], clients_fn: ClientsFn | None
 ) -> Callable[[WSGIEnvironment, StartResponse], _Body]:
     metrics_app = make_wsgi_app(registry)
+
+    def clients_answer(environ: WSGIEnvironment, start_response: StartResponse) -> _Body:
+        status = "200 OK"
+        try:
+            query = clients.parse(environ.get("QUERY_STRING", ""))
+            assert clients_fn is not None
+            server, rows = clients_fn()
+            doc: Any = clients.answer(query, server, rows)
+        except clients.QueryError as e:
+            status, doc = "400 Bad Request", {"error": str(e)}
+        except Exception:
+            log.exception("metrics.clients_failed")
+            status, doc = "500 Internal Server Error", {"error": "snapshot failed"}
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        start_response(status, [("Content-Type", "application/json")])
+        return [body]
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> _Body:
         path = environ.get("PATH_INFO", "/")
@@ -354,9 +437,11 @@ def _wsgi_app(
             status = "200 OK" if healthy else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [b"ok\n" if healthy else b"unhealthy\n"]
+        if path == "/clients" and clients_fn is not None:
+            return clients_answer(environ, start_response)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"sbus_relay: /metrics /healthz\n"]
+            return [b"sbus_relay: /metrics /healthz /clients\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found\n"]
 
@@ -393,6 +478,7 @@ def serve(
     port: int,
     registry: CollectorRegistry,
     health_fn: Callable[[], bool],
+    clients_fn: ClientsFn | None = None,
 ) -> WSGIServer:
     """Start serving ``/metrics`` and ``/healthz`` in the current gevent hub.
 
@@ -401,7 +487,7 @@ def serve(
     Prometheus scrapes every few seconds and would drown the bus's own events.
     """
     listener: Any = host if isinstance(host, socket.socket) else (host, port)
-    server = WSGIServer(listener, _wsgi_app(registry, health_fn), log=None)
+    server = WSGIServer(listener, _wsgi_app(registry, health_fn, clients_fn), log=None)
     server.start()
     return server
 
@@ -434,7 +520,7 @@ def serve_from_config(
     if not config.metrics:
         raise ConfigError("config", "metrics", "no HOST:PORT to serve metrics on")
     host, port = parse_host_port(config.metrics)
-    registry = build_registry(server.stats, server.gauges, config.instance)
+    registry = build_registry(server.stats, server.gauges, config.instance, server.who)
 
     def healthy() -> bool:
         if server.stopped.is_set():
@@ -442,6 +528,20 @@ def serve_from_config(
         server.gauges()  # raises (-> 503) if the server's state is broken
         return True
 
-    wsgi = serve(listener if listener is not None else host, port, registry, healthy)
+    def clients_now() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        gauges = server.gauges()
+        now = time.time()
+        block = {
+            "instance": config.instance,
+            "role": "relay" if gauges.is_relay else "master",
+            "version": __version__,
+            "time": round(now, 3),
+            "uptime": round(now - server.started, 3),
+            "clients": gauges.clients,
+            "upstream_connected": gauges.upstream_connected if gauges.is_relay else None,
+        }
+        return block, server.client_rows()
+
+    wsgi = serve(listener if listener is not None else host, port, registry, healthy, clients_now)
     log.info("metrics.listening", host=host, port=wsgi.server_port)
     return wsgi

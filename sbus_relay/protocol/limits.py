@@ -111,3 +111,7 @@ DAEMON_READY_TIMEOUT = 30.0
 #: Messages a Client keeps while it waits for a reply (whoami); more means the
 #: caller is not reading, and the client raises instead of growing without bound.
 CLIENT_PENDING_MESSAGES = 10_000
+
+#: Relays and users shown by name in the per-relay and per-user series, per
+#: dimension; everyone else is summed as "other" (``accounting_top``).
+ACCOUNTING_TOP = 10

@@ -392,11 +392,18 @@ class FakeServer:
     stats: Stats = field(default_factory=Stats)
     stopped: Event = field(default_factory=Event)
     fail: bool = False
+    started: float = 0.0
 
     def gauges(self) -> Gauges:
         if self.fail:
             raise RuntimeError("gone")
         return Gauges(clients=3)
+
+    def who(self) -> dict[str, list[Any]]:
+        return {}
+
+    def client_rows(self) -> list[dict[str, Any]]:
+        return []
 
 
 def test_serve_from_config_logs_port_and_reports_health() -> None:
