@@ -91,11 +91,11 @@ class Lab:
         self.servers.append(server)
         return server, address, port
 
-    def relay_on_host(self, upstream: str) -> Bus:
+    def relay_on_host(self, upstream: str, *args: str) -> Bus:
         """A relay in the host's namespaces."""
         directory = short_dir()
         self.dirs.append(directory)
-        bus = Bus(self.tmp_path, os.path.join(directory, "relay.sock"), upstream=upstream)
+        bus = Bus(self.tmp_path, os.path.join(directory, "relay.sock"), *args, upstream=upstream)
         self.masters.append(bus)
         return bus
 

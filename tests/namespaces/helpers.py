@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, cast
 
@@ -154,6 +155,18 @@ def parse_metrics(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[_without_instance(name)] = float(value)
     return samples
+
+
+def clients(port: int, query: str = "") -> dict[str, Any]:
+    """A server's ``/clients`` document (its metrics server on 127.0.0.1:``port``)."""
+    url = f"http://127.0.0.1:{port}/clients{query}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return cast(dict[str, Any], json.load(response))
+
+
+def relay_rows(port: int) -> dict[str, dict[str, Any]]:
+    """The relay connections in ``/clients``, by the name each relay announced."""
+    return {row["relay"]: row for row in clients(port)["clients"] if row["is_relay"]}
 
 
 def host_messages(peer: Peer, expected: int) -> list[tuple[str, str]]:

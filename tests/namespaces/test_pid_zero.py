@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.namespaces.conftest import Lab
-from tests.namespaces.helpers import Agent, NsServer, log_events, ns_pids, parse_metrics
+from tests.namespaces.helpers import Agent, NsServer, log_events, ns_pids, parse_metrics, relay_rows
 from tests.relay.helpers import Peer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,11 +86,16 @@ def test_relays_outside_the_masters_pid_namespace_keep_their_link(lab: Lab) -> N
         return _scrape(port).get(name, 0.0)
 
     # two relays on the host: to the master both are pid 0, the same identity
-    relays = [lab.relay_on_host(address), lab.relay_on_host(address)]
+    names = ("host-relay-1", "host-relay-2")
+    relays = [lab.relay_on_host(address, "--instance", name) for name in names]
     for relay in relays:
         relay.wait_log("upstream.interest_ready")
         ready = log_events(relay.log(), "upstream.ready")
         assert ready[-1]["identity"] == PID0.decode()
+    # their names still tell them apart in the master's accounting
+    rows = wait_until(lambda: len(relay_rows(port)) == 2 and relay_rows(port), "two named relays")
+    assert sorted(rows) == sorted(names)
+    assert {(row["pid"], row["identity"]) for row in rows.values()} == {(0, PID0.decode())}
     one, two = (lab.peer(relay.address) for relay in relays)
     # a relay sees its host clients' real pids, so the chains collide too: this
     # test process is the client of both

@@ -20,6 +20,7 @@ from tests.namespaces.helpers import (
     host_messages,
     host_mounts,
     log_events,
+    relay_rows,
 )
 from tests.relay.helpers import Bus, wait_until
 
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.timeout(60)
 STORED = "sbus_patterns_stored"
 INTEREST = "sbus_upstream_interest_patterns"
 CONNECTED = "sbus_clients_connected"
+BOX_A_CONNECTIONS = 'sbus_relay_connections{relay="box-a"}'
+BOX_A_DISCONNECTS = 'sbus_relay_disconnects_total{relay="box-a"}'
 
 
 def closed_by_master(master: Bus, pid: int) -> dict[str, Any]:
@@ -73,6 +76,7 @@ def test_a_relay_restart_leaves_the_master_and_the_other_container_unharmed(
     assert a_client.messages(1) == [("demo/before", "a")]  # its own, echoed
     host_pub = lab.peer(master.address)
     connected = master.metric(CONNECTED)
+    assert master.metric(BOX_A_CONNECTIONS) == 1
 
     assert a.relay is not None
     old = a.relay
@@ -81,6 +85,8 @@ def test_a_relay_restart_leaves_the_master_and_the_other_container_unharmed(
     assert (event["reason"], event["level"]) == ("closed", "info")
     master.wait_metric(CONNECTED, connected - 1)
     master.wait_metric(STORED, 2)  # relay a's demo/ is forgotten with its connection
+    master.wait_metric(BOX_A_CONNECTIONS, 0)
+    assert master.metric(BOX_A_DISCONNECTS) == 0  # a close, not a disconnect for a reason
     assert "closed" in a_client.recv()  # its bus went away, and it is told so
 
     # box-b and the host carry on, both ways
@@ -100,6 +106,8 @@ def test_a_relay_restart_leaves_the_master_and_the_other_container_unharmed(
     assert host_messages(host_sub, 1) == [("demo/after", "a again")]
     assert b_sub.messages(1) == [("demo/after", "a again")]
     assert master.metric(CONNECTED) == connected
+    assert master.metric(BOX_A_CONNECTIONS) == 1
+    assert relay_rows(master.port)["box-a"]["pid"] == new.pid
     assert_only_ordinary_disconnects(master)
 
 
@@ -125,6 +133,8 @@ def test_tearing_a_container_down_leaves_the_rest_unharmed_and_it_starts_again(
     assert (event["reason"], event["level"]) == ("closed", "info")
     master.wait_metric(CONNECTED, connected - 1)
     master.wait_metric(STORED, 2)
+    master.wait_metric(BOX_A_CONNECTIONS, 0)
+    assert set(relay_rows(master.port)) == {"box-b"}
     # nothing left behind: no mount on the host, only the master's socket in its directory
     assert a.tmpfs_source not in host_mounts()
     assert os.listdir(os.path.dirname(master.address)) == [MASTER_SOCKET_NAME]
@@ -145,4 +155,7 @@ def test_tearing_a_container_down_leaves_the_rest_unharmed_and_it_starts_again(
     assert host_messages(host_sub, 1) == [("demo/again", "new box-a")]
     assert b_sub.messages(1) == [("demo/again", "new box-a")]
     assert master.metric(CONNECTED) == connected
+    assert again.relay is not None
+    assert relay_rows(master.port)["box-a"]["pid"] == again.relay.pid
+    assert master.metric(BOX_A_DISCONNECTS) == 0
     assert_only_ordinary_disconnects(master)
