@@ -120,8 +120,7 @@ class Lab:
         for server in self.servers:
             server.kill()
         for bus in reversed(self.masters):
-            if bus.process.proc.poll() is None:
-                bus.process._kill()
+            bus.process._kill()  # also removes its directory when it has died already
         for directory in self.dirs:
             shutil.rmtree(directory, ignore_errors=True)
         mounts = host_mounts()
