@@ -9,11 +9,14 @@ import os
 import pytest
 
 from tests.namespaces.conftest import Lab
-from tests.namespaces.helpers import Container, NsServer, host_messages
+from tests.namespaces.helpers import Container, NsServer, host_messages, parse_metrics
+from tests.relay.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 NESTED = "/run/nested.sock"
+#: the nested relay's metrics, in the container's own network beside the relay's 9801
+NESTED_METRICS = 9802
 
 
 def nested_relay(lab: Lab, box: Container, pid: int | None = None) -> NsServer:
@@ -22,7 +25,8 @@ def nested_relay(lab: Lab, box: Container, pid: int | None = None) -> NsServer:
         done = box.run("sh", "-c", f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid")
         assert done.returncode == 0, done.stderr
     args = ["-f", "-a", NESTED, "--upstream", "/run/sbus.socket", "--log-format", "json"]
-    server = NsServer(box, *args, "--instance", "nested", ready=("listening",))
+    args += ["--instance", "nested", "--metrics", f"127.0.0.1:{NESTED_METRICS}"]
+    server = NsServer(box, *args, ready=("listening", "metrics.listening"))
     lab.servers.append(server)
     return server
 
@@ -43,10 +47,13 @@ def test_a_nested_relay_may_have_the_pid_its_parent_has_on_the_host(lab: Lab) ->
     host_sub.sub(b"deep/")
     client = a.agent(address=NESTED)
     assert client.whoami() == f"{ready['identity']}/!/cred/0/0/{client.pid}"
-    # messages cross both relays; wait until the nested one has the interest
-    master.wait_metric("sbus_patterns_stored", 1)
-    client.sub("deep/")
-    master.wait_metric("sbus_patterns_stored", 2)
+
+    # messages cross both relays once the host's interest has come down to the nested one
+    def interest() -> bool:
+        text = a.http_get(f"http://127.0.0.1:{NESTED_METRICS}/metrics")
+        return parse_metrics(text).get("sbus_upstream_interest_patterns") == 1
+
+    wait_until(interest, "deep/ in the nested relay's interest")
     client.pub("deep/x", "two levels down")
     assert host_messages(host_sub, 1) == [("deep/x", "two levels down")]
 
