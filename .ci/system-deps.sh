@@ -6,12 +6,18 @@
 #   java (JRE 17+)         tests/pipeline: PySpark runs on the JVM
 #   gcc, Python headers    the bus's compiled helper (bus/_batchio.c) and the
 #                          benchmark's C load generator (tests/bench)
+#   systemd-analyze,       tests/deploy: the units verified, and the master's
+#   systemd-socket-activate  socket activation run (systemd need not be PID 1)
+#   docker-compose         tests/deploy: validates the compose file (no daemon)
 set -euo pipefail
 
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate >/dev/null 2>&1 \
+    || missing+=(systemd)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 python3 - <<'PY' || missing+=(python3-dev)
 import os, sys, sysconfig
 sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
@@ -26,5 +32,5 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update </dev/null
-apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
+apt-get update -qq </dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null

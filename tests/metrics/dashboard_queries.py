@@ -52,6 +52,19 @@ def all_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def row_panels(dashboard: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under the row titled ``title`` (expanded or collapsed)."""
+    panels: list[dict[str, Any]] = dashboard["panels"]
+    for i, panel in enumerate(panels):
+        if panel["type"] == "row" and panel["title"] == title:
+            if panel.get("panels"):
+                return list(panel["panels"])
+            rest = panels[i + 1 :]
+            ends = [j for j, p in enumerate(rest) if p["type"] == "row"]
+            return rest[: ends[0]] if ends else rest
+    raise AssertionError(f"no row titled {title!r}")
+
+
 def panel_queries(dashboard: dict[str, Any] | None = None) -> list[PanelQuery]:
     dashboard = dashboard or load_dashboard()
     return [

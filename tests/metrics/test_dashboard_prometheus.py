@@ -4,15 +4,18 @@ A master and a relay run as real ``sbus-relay serve`` processes with
 ``--metrics``; a real Prometheus (Debian's ``prometheus`` package) scrapes them
 every second.  The test makes the traffic the dashboard is about -- messages
 both ways through the relay, a stalled subscriber in ``blocking/soft/discard``,
-a slow queueing subscriber, a protocol error, a reserved key, and an upstream
-outage (master stopped and restarted) -- then evaluates every panel's PromQL
-through Prometheus's HTTP API.  An empty panel fails the test with its title
-and expression.
+a slow queueing subscriber, a protocol error, a reserved key, an upstream
+outage (master stopped and restarted) and a relay that stops reading while the
+master has messages for it -- then evaluates every panel's PromQL through
+Prometheus's HTTP API.  An empty panel fails the test with its title and
+expression.  The Who row must name the relay, by the name it announced, as the
+one the master dropped messages for.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -30,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.metrics.dashboard_queries import panel_queries
+from tests.metrics.dashboard_queries import load_dashboard, panel_queries, row_panels
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
@@ -41,6 +44,8 @@ SCRAPE_INTERVAL = 1
 FLOOD_PAYLOAD = b"x" * 2048
 #: Messages published in a flood: well over what the socket buffers can hold.
 FLOOD_COUNT = 1500
+#: The master's per-client queue limit: a flood of FLOOD_COUNT overflows it.
+MASTER_HARD_LIMIT = "1MiB"
 
 
 # --- helpers -----------------------------------------------------------------
@@ -294,12 +299,12 @@ def require_cli(*flags: str) -> None:
 @pytest.fixture
 def hierarchy(workdir: Path) -> Iterator[tuple[Bus, Bus]]:
     find_prometheus()  # skip before starting anything when it is missing
-    require_cli("--metrics", "--upstream", "--instance")
+    require_cli("--metrics", "--upstream", "--instance", "--hard-limit-bytes")
     master = Bus(
         "master",
         str(workdir / "master"),
         free_port(),
-        ("--instance", "the-master"),
+        ("--instance", "the-master", "--hard-limit-bytes", MASTER_HARD_LIMIT),
         workdir / "master.log",
     )
     relay = Bus(
@@ -397,6 +402,27 @@ def floods(bus: Bus) -> list[Raw]:
     return [stalled, slow]
 
 
+def stalled_relay(master: Bus, relay: Bus) -> None:
+    """The relay stops reading (SIGSTOP) while the master publishes what it wants.
+
+    The master queues the messages for the relay's connection up to its hard
+    limit and drops the rest (``hard_discard``), on the relay's account: the
+    ``relay`` label the master gives that connection is the relay's announced
+    instance name.  Held for a few scrapes, then the relay goes on.
+    """
+    assert relay.proc is not None
+    relay.proc.send_signal(signal.SIGSTOP)
+    try:
+        pub = Raw(master.address)
+        for i in range(FLOOD_COUNT):
+            pub.send(b"MSG both/stalled/%d\0" % i + FLOOD_PAYLOAD)
+        pub.sync()
+        pub.close()
+        time.sleep(3 * SCRAPE_INTERVAL)
+    finally:
+        relay.proc.send_signal(signal.SIGCONT)
+
+
 def protocol_error(bus: Bus) -> None:
     """Junk on the wire: the server must close that client (docs/protocol.md)."""
     junk = Raw(bus.address)
@@ -441,6 +467,7 @@ def test_every_dashboard_panel_returns_data(
     held = floods(master) + floods(relay)
     protocol_error(master)
     protocol_error(relay)
+    stalled_relay(master, relay)
 
     # Keep the queues full across a few scrapes, then drain the slow readers so
     # their messages finally leave the queue and are timed.
@@ -456,9 +483,13 @@ def test_every_dashboard_panel_returns_data(
     for q in panel_queries():
         result = prom.query(q.promql())
         values = sorted(
-            f"{r['metric'].get('instance', '')}"
-            f"{'/' + r['metric']['reason'] if 'reason' in r['metric'] else ''}="
-            f"{r['value'][1]}"
+            r["metric"].get("instance", "")
+            + "".join(
+                f"/{r['metric'][label]}"
+                for label in ("reason", "relay", "uid")
+                if label in r["metric"]
+            )
+            + f"={r['value'][1]}"
             for r in result
         )
         report.append(
@@ -522,7 +553,47 @@ def test_every_dashboard_panel_returns_data(
     expect("build info", 'sbus_build_info{instance="relay", role="relay", name="the-relay"}')
     expect("upstream interest known", 'sbus_upstream_interest_patterns{instance="relay"} > 0')
     expect("process metrics", 'process_resident_memory_bytes{instance="relay"} > 0')
+    # Who: each bus accounts its own clients as relay "local" and by uid; the
+    # master accounts the relay's connection under the name the relay announced.
+    uid = os.getuid()
+    for inst in ("master", "relay"):
+        local = f'instance="{inst}", relay="local"'
+        user = f'instance="{inst}", uid="{uid}"'
+        expect(f"{inst} local publishers", f"sbus_relay_messages_in_total{{{local}}} > 0")
+        expect(f"{inst} publishing user", f"sbus_user_messages_in_total{{{user}}} > 0")
+        expect(
+            f"{inst} drops for local clients", f"sbus_relay_dropped_messages_total{{{local}}} > 0"
+        )
+        expect(f"{inst} drops for the user", f"sbus_user_dropped_messages_total{{{user}}} > 0")
+        expect(f"{inst} local disconnects", f"sbus_relay_disconnects_total{{{local}}} > 0")
+        expect(f"{inst} user disconnects", f"sbus_user_disconnects_total{{{user}}} > 0")
+        expect(
+            f"{inst} local queue seen",
+            f"max_over_time(sbus_relay_queued_messages{{{local}}}[5m]) > 0",
+        )
+        expect(
+            f"{inst} user queue seen", f"max_over_time(sbus_user_queued_bytes{{{user}}}[5m]) > 0"
+        )
+    named = 'instance="master", relay="the-relay"'
+    expect("master names the relay", f"sbus_relay_connections{{{named}}} == 1")
+    expect("the relay published up", f"sbus_relay_messages_in_total{{{named}}} > 0")
+    expect("drops for the stalled relay", f"sbus_relay_dropped_messages_total{{{named}}} > 0")
+    expect(
+        "the stalled relay's queue seen",
+        f"max_over_time(sbus_relay_queued_bytes{{{named}}}[5m]) > 0",
+    )
     assert not problems, "metrics that stayed at zero:\n" + "\n".join(problems)
+
+    # -- the Who row answers "which container did the master drop messages for" --
+    (droppers,) = [
+        p for p in row_panels(load_dashboard(), "Who") if p["title"] == "Top droppers by relay"
+    ]
+    (target,) = droppers["targets"]
+    shown = {
+        (r["metric"]["instance"], r["metric"]["relay"])
+        for r in prom.query(panel_queries({"panels": [droppers]})[0].promql())
+    }
+    assert ("master", "the-relay") in shown, (target["expr"], shown)
 
     # -- the live exposition lints clean -----------------------------------------
     promtool = shutil.which("promtool") or shutil.which("promtool", path="/usr/bin")

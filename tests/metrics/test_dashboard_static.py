@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sbus_relay.ops.metrics import build_registry
+from sbus_relay.protocol.accounting import COUNTERS, GAUGES
 from sbus_relay.protocol.stats import Gauges, Stats
 from tests.metrics.dashboard_queries import (
     PROMETHEUS_CONFIG,
@@ -23,6 +25,7 @@ from tests.metrics.dashboard_queries import (
     all_panels,
     load_dashboard,
     panel_queries,
+    row_panels,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -32,8 +35,17 @@ METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
 
 
 def exported_names() -> set[str]:
-    """Sample names a relay exports (a relay exports a superset of a master)."""
-    registry = build_registry(Stats(), lambda: Gauges(is_relay=True), "x")
+    """Sample names a relay exports (a relay exports a superset of a master).
+
+    With one row per who-dimension, as a server with a client has: the
+    per-relay and per-user families then have samples.
+    """
+
+    def who() -> dict[str, list[tuple[str, list[int], list[int]]]]:
+        row = ([0] * len(COUNTERS), [0] * len(GAUGES))
+        return {"relay": [("local", *row)], "user": [("0", *row)]}
+
+    registry = build_registry(Stats(), lambda: Gauges(is_relay=True), "x", who)
     text = generate_latest(registry).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
@@ -42,7 +54,7 @@ def test_dashboard_has_instance_variable_and_schema() -> None:
     d = load_dashboard()
     assert 36 <= d["schemaVersion"] <= 41
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert "label_values(sbus_build_info" in variables["instance"]["definition"]
+    assert variables["instance"]["query"]["query"].startswith("label_values(sbus_build_info")
     assert variables["instance"]["includeAll"] and variables["instance"]["allValue"] == ".*"
     assert variables["datasource"]["type"] == "datasource"
     assert d["uid"] == "sbus-relay"
@@ -83,6 +95,93 @@ def test_dashboard_covers_what_the_issue_asks_for() -> None:
     ):
         assert metric in exprs, metric
     assert "histogram_quantile(0.99" in exprs and "histogram_quantile(0.5" in exprs
+
+
+#: The Who row's metrics: publishers, droppers, queue depth, disconnects, by relay and by uid.
+WHO_METRICS = {
+    label: [
+        f"{prefix}_{name}"
+        for name in (
+            "messages_in_total",
+            "dropped_messages_total",
+            "queued_messages",
+            "queued_bytes",
+            "disconnects_total",
+        )
+    ]
+    for prefix, label in (("sbus_relay", "relay"), ("sbus_user", "uid"))
+}
+
+
+def who_label(expr: str) -> str:
+    """``relay`` or ``uid``: which split of the Who row a query belongs to."""
+    (label,) = {label for label, names in WHO_METRICS.items() if any(n in expr for n in names)}
+    return label
+
+
+def test_who_row_covers_publishers_droppers_queues_and_disconnects() -> None:
+    panels = row_panels(load_dashboard(), "Who")
+    assert panels, "the Who row has no panels"
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    for names in WHO_METRICS.values():
+        for name in names:
+            assert name in exprs, f"the Who row does not show {name}"
+
+
+def test_who_panels_are_bounded_and_name_the_bus_and_the_relay_or_user() -> None:
+    """Top N only, and every series says which bus and which relay (or uid) it is."""
+    for p in row_panels(load_dashboard(), "Who"):
+        for t in p["targets"]:
+            label = who_label(t["expr"])
+            assert re.match(rf"topk\(\d+, sum by \(instance, {label}\) \(", t["expr"]), (
+                p["title"],
+                t["expr"],
+            )
+            if p["type"] == "table":
+                assert t["format"] == "table" and t["instant"], p["title"]
+                (organize,) = [x for x in p["transformations"] if x["id"] == "organize"]
+                hidden = organize["options"]["excludeByName"]
+                assert not hidden.get("instance") and not hidden.get(label), p["title"]
+            else:
+                assert "{{instance}}" in t["legendFormat"], p["title"]
+                assert "{{%s}}" % label in t["legendFormat"], p["title"]
+
+
+def test_who_panels_speak_in_messages_and_bytes() -> None:
+    for p in row_panels(load_dashboard(), "Who"):
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        exprs = " ".join(t["expr"] for t in p["targets"])
+        if "disconnects_total" in exprs:
+            assert unit == "count:disconnects", p["title"]
+        elif "rate(" in exprs:
+            assert unit == "count:msgs/s", p["title"]
+        else:  # a table of queue depth: messages, and bytes where the column is bytes
+            assert unit == "count:msgs", p["title"]
+            units = {
+                o["matcher"]["options"]: prop["value"]
+                for o in p["fieldConfig"]["overrides"]
+                for prop in o["properties"]
+                if prop["id"] == "unit"
+            }
+            assert units == {"Queued bytes": "bytes"}, p["title"]
+
+
+def test_every_panel_query_parses() -> None:
+    """promtool parses every expression (Grafana's variables replaced as for "All")."""
+    promtool = shutil.which("promtool") or shutil.which("promtool", path="/usr/bin")
+    if promtool is None:
+        pytest.skip("!!! promtool NOT FOUND: apt-get install prometheus to parse the queries !!!")
+    rules = [
+        {"record": f"dashboard:panel_query:{i}", "expr": q.promql()}
+        for i, q in enumerate(panel_queries())
+    ]
+    with tempfile.NamedTemporaryFile("w", suffix=".yml") as f:
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+        f.flush()
+        result = subprocess.run(
+            [promtool, "check", "rules", f.name], capture_output=True, timeout=20
+        )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
 
 
 def test_every_metric_in_the_dashboard_is_exported() -> None:

@@ -222,10 +222,10 @@ def test_hierarchy_starts_parents_first() -> None:
 
 
 def shipped_configs() -> list[Path]:
-    """Every YAML config in configs/ except deploy examples and Prometheus's file."""
-    return sorted(
-        p for p in CONFIGS.glob("*.y*ml") if p.name not in ("prometheus.yml", "prometheus.yaml")
-    )
+    """Every bus config in configs/ (and the host relay instances of deploy/):
+    not Prometheus's file, not the compose file."""
+    top = [p for p in CONFIGS.glob("*.y*ml") if p.name not in ("prometheus.yml", "prometheus.yaml")]
+    return sorted([*top, *(CONFIGS / "deploy").glob("relay-*.yaml")])
 
 
 @pytest.mark.parametrize("path", shipped_configs(), ids=lambda p: p.name)
