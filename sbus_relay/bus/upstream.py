@@ -19,8 +19,8 @@ own bus only through ``UpstreamHost``:
   (``flood.decide_upward``): the local bus never waits for its upstream;
 * an upstream that never answers whoami is warned about after
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
-  answer, so nothing can storm round it), and an identity chain that already
-  holds this process is refused as a cycle.
+  answer, so nothing can storm round it), and an identity chain that begins
+  with this relay's own earlier identity is refused as a cycle.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ class UpstreamLink:
         )
         self.connected = False  # socket up, hello sent
         self.ready = False  # whoami answered: patterns synced, publishes flow
+        #: the last whoami answer we took, kept across reconnects (cycle detection)
+        self._identity_known: bytes | None = None
         self.interest: SubscriptionIndex[str] = SubscriptionIndex()
         self.interest_complete = False
         #: control packets to send before anything else (the hello)
@@ -413,8 +415,11 @@ class UpstreamLink:
         """The whoami reply: our prefix is ``<reply>/``; now send every pattern."""
         if self.ready:
             return  # one answer per connection is all we asked for
-        if b"/%d/!/cred/" % os.getpid() in reply:
-            # our own pid already stands as a relay in the chain above us: a cycle
+        if self._identity_known is not None and reply.startswith(self._identity_known + b"/"):
+            # Our own identity heads the chain: the upstream is one of our
+            # descendants, a cycle.  Whole identities are compared, not our pid:
+            # each group holds a pid as seen in its writer's pid namespace, so in
+            # containers a number proves neither a cycle nor its absence.
             self.log.error(
                 "upstream.refused",
                 reason="relay cycle detected",
@@ -423,6 +428,7 @@ class UpstreamLink:
             self._lost("cycle")
             return
         self.host.set_prefix(reply + b"/")
+        self._identity_known = reply
         self._pending = dict.fromkeys(self.host.local_patterns(), True)
         self.ready = True
         self.log.info(

@@ -236,6 +236,26 @@ def test_relays_in_a_cycle_warn_naming_the_upstream(tree: Hierarchy) -> None:
         assert "relay cycle" in relay.log()
 
 
+def test_a_relay_whose_upstream_path_comes_to_lead_to_its_own_relay_refuses_it(
+    tree: Hierarchy,
+) -> None:
+    # a cycle that resolves: the child already knows its identity, so it
+    # answers the relay at once with a chain that begins with the relay's own
+    link = tree.path("up")
+    master = tree.bus("m")
+    os.symlink(master.address, link)
+    relay = tree.bus("r", upstream=link)
+    relay.wait_log("upstream.ready")
+    child = tree.bus("c", upstream=relay)
+    child.wait_log("upstream.ready")
+    master.kill()
+    os.unlink(link)
+    os.symlink(child.address, link)
+    relay.wait_log("relay cycle detected", timeout=WAIT + 5)
+    assert relay.log().count('"upstream.ready"') == 1  # it never took that chain
+    assert "relay.identity_changed" not in relay.log()
+
+
 def test_a_relay_refuses_its_own_socket_through_a_symlink(tree: Hierarchy) -> None:
     address = tree.path("self")
     link = tree.path("link")
