@@ -55,11 +55,15 @@ SBUS_RELAY = os.path.join(VENV_BIN, "sbus-relay")
 AGENT = str(Path(__file__).with_name("agent.py"))
 #: Seconds a namespace gets to set itself up, and to vanish after SIGKILL.
 NS_TIMEOUT = 10.0
+#: What a namespace's processes run from; kept visible under its private /tmp.
+_NEEDED_PATHS = sorted(
+    {str(ROOT), sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+)
 
 #: pid 1 of every namespace: set up mounts, then reap whatever is re-parented to it.
 _INIT = r"""
 set -eu
-name=$1 token=$2 master_dir=$3 net=$4 config=$5 python=$6
+name=$1 token=$2 master_dir=$3 net=$4 config=$5 python=$6 keep=$7
 mount --make-rprivate /
 hostname "$name"
 if [ -n "$master_dir" ]; then
@@ -67,7 +71,21 @@ if [ -n "$master_dir" ]; then
     mkdir /run/sbus-master
     mount --bind "$master_dir" /run/sbus-master
     printf '%s' "$config" > /run/sbus-relay.yaml
+    # A private /tmp, as a container has; what the tests run from (a checkout
+    # or a venv under /tmp) is bound back in at the same path.
+    mkdir /run/host-tmp
+    mount --bind /tmp /run/host-tmp
     mount -t tmpfs -o mode=1777,size=16m "sbus-ns-$name-$token" /tmp
+    printf '%s\n' "$keep" | while IFS= read -r path; do
+        case "$path" in
+        /tmp/?*)
+            mkdir -p "$path"
+            mount --bind "/run/host-tmp/${path#/tmp/}" "$path"
+            ;;
+        esac
+    done
+    umount -l /run/host-tmp
+    rmdir /run/host-tmp
 fi
 if [ "$net" = 1 ]; then
     ip link set lo up
@@ -219,7 +237,7 @@ class Namespace:
         self.log_dir = log_dir
         argv = [*UNSHARE, *(["--net"] if net else [])]
         argv += ["sh", "-c", _INIT, "init", name, self.token, master_dir or "", str(int(net))]
-        argv += [config, sys.executable]
+        argv += [config, sys.executable, "\n".join(_NEEDED_PATHS)]
         self._err_path = log_dir / f"ns-{name}-{self.token}.err"
         with open(self._err_path, "wb") as err:
             self.unshare: subprocess.Popen[bytes] = subprocess.Popen(
