@@ -56,9 +56,7 @@ AGENT = str(Path(__file__).with_name("agent.py"))
 #: Seconds a namespace gets to set itself up, and to vanish after SIGKILL.
 NS_TIMEOUT = 10.0
 #: What a namespace's processes run from; kept visible under its private /tmp.
-_NEEDED_PATHS = sorted(
-    {str(ROOT), sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
-)
+_NEEDED_PATHS = sorted({str(ROOT), sys.prefix, os.path.dirname(os.path.realpath(sys.executable))})
 
 #: pid 1 of every namespace: set up mounts, then reap whatever is re-parented to it.
 _INIT = r"""
