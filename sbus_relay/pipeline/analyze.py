@@ -174,6 +174,17 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
     }
 
 
+def parallelism(spark: SparkSession) -> int:
+    """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
+    executors may not have registered yet when the job is planned, and Spark then
+    counts 2), else Spark's default parallelism (``local[N]``'s N, or the cores of
+    the executors registered so far)."""
+    given = spark.sparkContext.getConf().get("spark.cores.max")
+    if given and given.isdigit() and int(given) > 0:
+        return int(given)
+    return int(spark.sparkContext.defaultParallelism)
+
+
 def build_session(
     master: str | None = None,
     conf: dict[str, str] | None = None,
