@@ -27,13 +27,12 @@ BASE_CONF = {
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }
 #: Driver JVM settings when analyze starts the JVM itself (a local run, or
-#: --master), unless --conf gives them: a 2 GiB heap and the throughput collector
-#: (GC was a quarter of a 10M-row run before); no web UI (a second saved at start;
-#: --conf spark.ui.enabled=true brings it back).  Under spark-submit the JVM
-#: already runs and they are moot.
+#: --master), unless --conf gives them: the throughput collector and no web UI (a
+#: second saved at start; --conf spark.ui.enabled=true brings it back); the heap
+#: is sized from the input (analyze.heap_mib).  Under spark-submit the JVM already
+#: runs and they are moot.
 DRIVER_CONF = {
     "spark.ui.enabled": "false",
-    "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
 }
 #: Executor settings on a cluster (--master other than local), unless --conf
@@ -160,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     jvm_log = os.path.join(tempfile.gettempdir(), f"sbus-analyze-{os.getpid()}.log")
     try:
         cluster = args.master is not None and not args.master.startswith("local")
-        session_conf = {**BASE_CONF, **DRIVER_CONF, **(CLUSTER_CONF if cluster else {}), **conf}
+        heap = {"spark.driver.memory": f"{A.heap_mib(inputs.bytes)}m"}
+        session_conf = {
+            **BASE_CONF, **DRIVER_CONF, **heap, **(CLUSTER_CONF if cluster else {}), **conf
+        }  # fmt: skip
         spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
         t_session = time.monotonic()
         try:

@@ -51,9 +51,9 @@ SAMPLE_SECONDS = 0.2
 #: Executor cores and memory of the benchmark's cluster worker: the machine's cores.
 CLUSTER_CORES = os.cpu_count() or 2
 CLUSTER_MEMORY = "4g"
-#: The executor gets what the local driver gets (cli.analyze.DRIVER_CONF, and
-#: CLUSTER_CONF gives it the same collector): the comparison is of the modes.
-EXECUTOR_CONF = ("--conf", "spark.executor.memory=2g")
+#: The executor gets the heap the local driver gets (analyze.heap_mib; and
+#: cli.analyze.CLUSTER_CONF gives it the same collector): the comparison is of
+#: the modes, not of the JVM settings.
 #: The targets: Spark within TARGET_VS_DUCKDB times DuckDB on 10M rows; the
 #: cluster within TARGET_CLUSTER_VS_LOCAL times local on the same cores.
 TARGET_VS_DUCKDB = 3.0
@@ -309,6 +309,12 @@ def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool)
     bin_dir = os.path.dirname(sys.executable)
     analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze", str(data), "--no-report"]
     peer = [sys.executable, "-P", "-m", "sbus_relay.pipeline.peer", str(data)]
+    from .analyze import heap_mib
+
+    executor = [
+        "--conf",
+        f"spark.executor.memory={heap_mib(sum(f.stat().st_size for f in files))}m",
+    ]
     results: dict[str, list[Run]] = {"duckdb": [], "spark local": [], "spark cluster": []}
     differ: list[str] = []
     with contextlib.ExitStack() as stack:
@@ -329,7 +335,7 @@ def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool)
             if cluster is not None:
                 cmd = [*analyze, "--out", str(tmp / f"cluster{i}"), "--master", cluster.url]
                 results["spark cluster"].append(
-                    _timed("spark cluster", [*cmd, *EXECUTOR_CONF], worker=cluster.worker.pid)
+                    _timed("spark cluster", [*cmd, *executor], worker=cluster.worker.pid)
                 )
             for engine, rs in results.items():
                 if rs and len(rs) == i + 1:
