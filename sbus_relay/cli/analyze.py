@@ -26,13 +26,19 @@ BASE_CONF = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }
-#: Driver JVM settings for a local run (no --master), unless --conf gives them: a
-#: 2 GiB heap and the throughput collector cut a 10M-row run by about a quarter
-#: (less time in GC); under spark-submit the JVM already runs and they are moot.
-LOCAL_CONF = {
-    "spark.ui.enabled": "false",  # a second saved at start; --conf spark.ui.enabled=true
-    "spark.driver.memory": "2g",
+#: Driver JVM settings when analyze starts the JVM itself (a local run, or
+#: --master), unless --conf gives them: the throughput collector and no web UI (a
+#: second saved at start; --conf spark.ui.enabled=true brings it back); the heap
+#: is sized from the input (analyze.heap_mib).  Under spark-submit the JVM already
+#: runs and they are moot.
+DRIVER_CONF = {
+    "spark.ui.enabled": "false",
     "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+}
+#: Executor settings on a cluster (--master other than local), unless --conf
+#: gives them: the driver's collector, so both modes run the scan alike.
+CLUSTER_CONF = {
+    "spark.executor.extraJavaOptions": "-XX:+UseParallelGC",
 }
 #: Exit status for inputs, options or output analyze refuses (and a missing extra).
 EXIT_USAGE = 2
@@ -152,23 +158,28 @@ def run(args: argparse.Namespace) -> int:
     staging = I.staging_dir(args.out) if local_out else None
     jvm_log = os.path.join(tempfile.gettempdir(), f"sbus-analyze-{os.getpid()}.log")
     try:
-        local = args.master is None or args.master.startswith("local")
-        session_conf = {**BASE_CONF, **(LOCAL_CONF if local else {}), **conf}
+        cluster = args.master is not None and not args.master.startswith("local")
+        heap = {"spark.driver.memory": f"{A.heap_mib(inputs.bytes)}m"}
+        session_conf = {
+            **BASE_CONF, **DRIVER_CONF, **heap, **(CLUSTER_CONF if cluster else {}), **conf
+        }  # fmt: skip
         spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
+        t_session = time.monotonic()
         try:
             spark.sparkContext.setLogLevel("ERROR")
-            for key, value in A.partitioning(
-                inputs.bytes, spark.sparkContext.defaultParallelism
-            ).items():
+            for key, value in A.partitioning(inputs.bytes, A.parallelism(spark)).items():
                 if key not in conf:
                     spark.conf.set(key, value)
             result = A.run(spark, inputs, str(staging or args.out), opts)
+            t_analysis = time.monotonic()
         finally:
             spark.stop()
+        t_stopped = time.monotonic()
         if not args.no_report:
             from sbus_relay.pipeline.report import write_report
 
             write_report(result, staging or args.out)
+        t_report = time.monotonic()
         if staging is not None:
             I.swap_into_place(staging, args.out)
             staging = None
@@ -197,9 +208,11 @@ def run(args: argparse.Namespace) -> int:
         lost = f"{loss['dropped']:,} lost by the bus" if loss["dropped"] else "nothing lost"
     else:
         lost = "loss unknown"
+    report = "" if args.no_report else f", report {t_report - t_stopped:.1f} s"
     print(
         f"analysed {s['messages']:,} messages ({s['keys']:,} keys; {lost}) "
-        f"in {time.monotonic() - t0:.1f} s; {s['options']['window_seconds']:g} s windows; "
-        f"tables in {args.out}"
+        f"in {time.monotonic() - t0:.1f} s (Spark start {t_session - t0:.1f} s, "
+        f"analysis {t_analysis - t_session:.1f} s{report}); "
+        f"{s['options']['window_seconds']:g} s windows; tables in {args.out}"
     )
     return 0

@@ -1,8 +1,10 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
-Everything is computed with built-in Spark SQL functions, never Python UDFs, so a
-cluster's executors need neither sbus_relay nor a matching Python: only the driver
-runs this code.  Definitions (the tests recompute each one in plain Python):
+The captures are read once, by Spark, with built-in Spark SQL functions, never
+Python UDFs, so a cluster's executors need neither sbus_relay nor a matching
+Python: only the driver runs this code.  The pass yields small aggregates from
+which the driver derives the tables (``derive``).  Definitions (the tests
+recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
   (``a/b/c`` at depth 2 is ``a/b``; ``a`` is ``a``).
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import derive as D
 from .defaults import (
     CAPTURE_SUFFIX,
     DEFAULT_BURST_FACTOR,
@@ -66,8 +69,20 @@ MAX_SPLIT_BYTES = 128 * 1024 * 1024
 SHUFFLE_PARTITION_BYTES = 64 * 1024 * 1024
 #: Most shuffle partitions: Spark's default, reached at about 12 GiB of captures.
 MAX_SHUFFLE_PARTITIONS = 200
+#: JVM heap for the tasks of a run: MIN_HEAP_MIB, plus HEAP_PER_INPUT_MIB per MiB
+#: of captures, at most MAX_HEAP_MIB (see ``heap_mib``).
+MIN_HEAP_MIB = 1024
+HEAP_PER_INPUT_MIB = 0.25
+MAX_HEAP_MIB = 4096
 #: Size histogram buckets: powers of two up to the largest sbus packet (409,600 B).
-HISTOGRAM_MAX_EXPONENT = 19
+HISTOGRAM_MAX_EXPONENT = D.HISTOGRAM_MAX_EXPONENT
+
+#: The scan's grouping sets: what every table derives from.
+CELLS = ("prefix", "window_start_ns", "instance")
+SIZES = ("prefix", "size")
+KEYS = ("key",)
+GROUPING_SETS = (CELLS, SIZES, KEYS)
+GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
 
 OTHER = "(other)"
 #: Names of the Parquet result tables under the output directory.
@@ -123,6 +138,16 @@ def auto_window(span_ns: int | None) -> float:
     return float(NICE_WINDOWS[-1])
 
 
+def grouping_id(grouping: tuple[str, ...]) -> int:
+    """Spark's ``grouping_id()`` of the rows of one grouping set: a bit per
+    GROUPING_COLUMNS column, most significant first, set when it is not grouped on."""
+    return sum(
+        1 << (len(GROUPING_COLUMNS) - 1 - i)
+        for i, c in enumerate(GROUPING_COLUMNS)
+        if c not in grouping
+    )
+
+
 def percentile_name(q: float) -> str:
     """Column name for percentile ``q``: 0.5 -> ``p50``, 0.999 -> ``p99_9``."""
     return "p" + f"{q * 100:g}".replace(".", "_")
@@ -152,6 +177,26 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
         "spark.sql.files.maxPartitionBytes": str(split),
         "spark.sql.shuffle.partitions": str(shuffles),
     }
+
+
+def heap_mib(input_bytes: int) -> int:
+    """The heap for the JVM that runs the tasks, sized from the input.  The scan
+    keeps per-task hash tables of the aggregates, not the rows, so 1 GiB does for
+    10M rows (the job ran as fast in 512 MiB, 1 and 2 GiB); bigger captures bring
+    more keys and distinct sizes, hence a quarter of the input on top, to 4 GiB."""
+    extra = input_bytes / 2**20 * HEAP_PER_INPUT_MIB
+    return int(min(MAX_HEAP_MIB, MIN_HEAP_MIB + extra))
+
+
+def parallelism(spark: SparkSession) -> int:
+    """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
+    executors may not have registered yet when the job is planned, and Spark then
+    counts 2), else Spark's default parallelism (``local[N]``'s N, or the cores of
+    the executors registered so far)."""
+    given = spark.sparkContext.getConf().get("spark.cores.max")
+    if given and given.isdigit() and int(given) > 0:
+        return int(given)
+    return int(spark.sparkContext.defaultParallelism)
 
 
 def build_session(
@@ -228,215 +273,96 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
     )
 
 
-@dataclass
-class Frames:
-    """The job's lazy DataFrames: ``tables`` (keyed by TABLES names) and helpers."""
-
-    tables: dict[str, DataFrame]
-    key_stats: DataFrame
-    overall: DataFrame
-    cached: list[DataFrame]
-
-    def release(self) -> None:
-        """Drop the cached intermediate aggregates."""
-        for df in self.cached:
-            df.unpersist()
-
-
-def compute(df: DataFrame, opts: AnalyzeOptions, span_windows: int = 1) -> Frames:
-    """The analysis of capture rows ``df`` as DataFrames.
-
-    ``span_windows`` is the number of windows from the first message's to the
-    last's (the burst medians count the empty ones as zero).  Lazy, except the
-    top-key tables: ranking ``top`` rows runs one job here.
-    """
-    from pyspark import StorageLevel
-    from pyspark.sql import Window
+def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
+    """The one pass over the capture rows ``df``: a single aggregate of the
+    GROUPING_SETS, (prefix, window, instance), (prefix, size) and key, each row
+    tagged with its set (``_set``, see ``grouping_id``).  Lazy."""
     from pyspark.sql import functions as F
 
-    base = _with_derived(df, opts)
-    ts = F.timestamp_micros(F.expr("window_start_ns div 1000")).alias("window_start")
-    count = F.count(F.lit(1))
-
-    # Three scans of the captures, each to a small aggregate that the rest derives
-    # from: (prefix, window, instance), (prefix, size) and key.  All three are of
-    # low cardinality, which is what keeps them fast: one aggregate per (key,
-    # window, instance) would save a scan but costs more than it saves.  Sizes are
-    # at most 409,600 (docs/protocol.md), so (prefix, size) stays small however many
-    # messages there are, and exact percentiles weighted by count are cheap.
-    cells = (
-        base.groupBy("prefix", "window_start_ns", "instance").agg(
-            count.alias("messages"),
+    return (
+        _with_derived(df, opts)
+        .groupingSets([list(s) for s in GROUPING_SETS], *GROUPING_COLUMNS)
+        .agg(
+            F.grouping_id().alias("_set"),
+            F.count(F.lit(1)).alias("messages"),
             F.sum("size").alias("bytes"),
             F.min("time_ns").alias("first_ns"),
             F.max("time_ns").alias("last_ns"),
         )
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    size_counts = (base.groupBy("prefix", "size").agg(count.alias("n"))).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    key_stats = (
-        base.groupBy("key").agg(count.alias("messages"), F.sum("size").alias("bytes"))
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-
-    prefix_windows = (
-        cells.groupBy("prefix", "window_start_ns")
-        .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
-        .select("prefix", "window_start_ns", ts, "messages", "bytes")
-    )
-    instances = cells.groupBy("instance").agg(
-        F.sum("messages").alias("messages"),
-        F.sum("bytes").alias("bytes"),
-        F.min("first_ns").alias("first_ns"),
-        F.max("last_ns").alias("last_ns"),
     )
 
-    pcols = [percentile_name(q) for q in opts.percentiles]
-    size_percentiles = (
-        size_counts.groupBy("prefix")
-        .agg(
-            F.sum("n").alias("messages"),
-            F.sum(F.col("size") * F.col("n")).alias("bytes"),
-            F.percentile(F.col("size"), list(opts.percentiles), F.col("n")).alias("_p"),
-            F.max("size").alias("max_size"),
-        )
-        .select(
-            "prefix",
-            "messages",
-            "bytes",
-            (F.col("bytes") / F.col("messages")).alias("mean_size"),
-            *[F.col("_p")[i].alias(n) for i, n in enumerate(pcols)],
-            "max_size",
-        )
-    )
-    overall = size_counts.agg(
-        F.percentile(F.col("size"), list(opts.percentiles), F.col("n")).alias("_p")
-    ).select(*[F.col("_p")[i].alias(n) for i, n in enumerate(pcols)])
 
-    def top_by(first: str, second: str) -> DataFrame:
-        order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
-        # At most opts.top rows: ranking them on the driver avoids a global
-        # (single-partition) window, which Spark warns about on every run.
-        top = key_stats.orderBy(*order).limit(opts.top).collect()
-        return df.sparkSession.createDataFrame(
-            [(i + 1, r["key"], r["messages"], r["bytes"]) for i, r in enumerate(top)],
-            "rank int, key string, messages long, bytes long",
-        )
+@dataclass
+class Computed:
+    """What the Spark job returns: the small aggregates, on the driver."""
 
-    totals = prefix_windows.groupBy("window_start_ns").agg(
-        F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
-    )
-    scoped = prefix_windows.select(
-        F.lit("prefix").alias("scope"), "prefix", "window_start_ns", "messages", "bytes"
-    ).unionByName(
-        totals.select(
-            F.lit("total").alias("scope"),
-            F.lit("").alias("prefix"),
-            "window_start_ns",
-            "messages",
-            "bytes",
-        )
-    )
-    # The median over all span_windows windows, the empty ones being zeros: with
-    # the k non-empty counts sorted (rank rn from 0), the value at overall rank j
-    # is 0 for j < W - k, else the one at rn = j - (W - k).
-    n_windows = max(1, span_windows)
-    pos = (n_windows - 1) / 2
-    lo, hi = math.floor(pos), math.ceil(pos)
-    by_scope = Window.partitionBy("scope", "prefix")
-    ranked = scoped.select(
-        "scope",
-        "prefix",
-        "messages",
-        (F.row_number().over(by_scope.orderBy("messages")) - 1).alias("rn"),
-        F.count(F.lit(1)).over(by_scope).alias("k"),
-    )
-
-    def at(rank: int) -> Any:
-        hit = F.col("rn") == F.lit(rank) - (F.lit(n_windows) - F.col("k"))
-        return F.coalesce(F.max(F.when(hit, F.col("messages"))), F.lit(0)).cast("double")
-
-    medians = (
-        ranked.groupBy("scope", "prefix")
-        .agg(at(lo).alias("_lo"), at(hi).alias("_hi"))
-        .select(
-            "scope",
-            "prefix",
-            (F.col("_lo") + (F.col("_hi") - F.col("_lo")) * (pos - lo)).alias("median_messages"),
-        )
-    )
-    bursts = (
-        scoped.join(medians, ["scope", "prefix"])
-        .where(
-            (F.col("messages") >= F.col("median_messages") * opts.burst_factor)
-            & (F.col("messages") >= opts.burst_min_messages)
-        )
-        .select(
-            "scope",
-            "prefix",
-            "window_start_ns",
-            ts,
-            "messages",
-            "bytes",
-            "median_messages",
-            F.when(
-                F.col("median_messages") > 0, F.col("messages") / F.col("median_messages")
-            ).alias("ratio"),
-        )
-    )
-
-    # Bucket b holds sizes in [2**(b-1), 2**b); bucket 0 holds empty payloads.
-    bucket = F.when(F.col("size") == 0, F.lit(0)).otherwise(
-        F.least(F.floor(F.log2(F.col("size"))).cast("int") + 1, F.lit(HISTOGRAM_MAX_EXPONENT + 1))
-    )
-    size_histogram = (
-        size_counts.groupBy(bucket.alias("bucket"))
-        .agg(F.sum("n").alias("messages"))
-        .select(
-            "bucket",
-            F.when(F.col("bucket") == 0, F.lit(0))
-            .otherwise(F.expr("shiftleft(1, bucket - 1)"))
-            .alias("min_size"),
-            "messages",
-        )
-    )
-
-    tables = {
-        "prefix_windows": prefix_windows,
-        "size_percentiles": size_percentiles,
-        "top_keys_by_messages": top_by("messages", "bytes"),
-        "top_keys_by_bytes": top_by("bytes", "messages"),
-        "instances": instances,
-        "bursts": bursts,
-        "size_histogram": size_histogram,
-    }
-    return Frames(tables, key_stats, overall, [cells, size_counts, key_stats])
+    #: (prefix, window, instance): messages, bytes, first_ns, last_ns.
+    cells: Any
+    #: (prefix, size): n.
+    sizes: Any
+    top_by_messages: Any
+    top_by_bytes: Any
+    distinct_keys: int
 
 
-def _write_table(df: DataFrame, out: str, name: str) -> None:
-    """One result table as ``<out>/<name>/part-00000.parquet``.
+def compute(df: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """Run the analysis of capture rows ``df`` on Spark.
 
-    The tables are aggregates, small enough for the driver: a local output is
-    collected as Arrow and written with pyarrow, which saves a Spark write job
-    (and its output committer) per table; a URL output is written by Spark.
+    One scan (``aggregate``), kept while five small jobs read it: the (prefix,
+    window, instance) and (prefix, size) rows, collected as Arrow (their size is
+    bounded by prefixes x windows x instances and prefixes x distinct sizes, not
+    by the traffic), and, left on the cluster because keys are unbounded, the
+    two top-key rankings and the number of distinct keys.
     """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    sets = aggregate(df, opts).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        tag = F.col("_set")
+        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow()
+        keys = sets.where(tag == F.lit(grouping_id(KEYS))).select("key", "messages", "bytes")
+
+        def top_by(first: str, second: str) -> Any:
+            import pyarrow as pa
+
+            order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
+            # At most opts.top rows, ranked here: no global (single-partition) window.
+            top = keys.orderBy(*order).limit(opts.top).collect()
+            return pa.table(
+                {
+                    "rank": pa.array(range(1, len(top) + 1), pa.int32()),
+                    "key": pa.array([r["key"] for r in top], pa.string()),
+                    "messages": pa.array([r["messages"] for r in top], pa.int64()),
+                    "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
+                }
+            )
+
+        by_messages = top_by("messages", "bytes")
+        by_bytes = top_by("bytes", "messages")
+        distinct_keys = keys.count()
+    finally:
+        sets.unpersist()
+    import pyarrow.compute as pc
+
+    is_cell = pc.equal(small["_set"], grouping_id(CELLS))
+    cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
+    sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
+    sizes = sizes.rename_columns([*SIZES, "n"])
+    return Computed(cells, sizes, by_messages, by_bytes, distinct_keys)
+
+
+def _write_table(spark: SparkSession, table: Any, out: str, name: str) -> None:
+    """One result table as ``<out>/<name>/part-00000.parquet``: written by the driver
+    with pyarrow, or by Spark for a URL output."""
     if "://" in out:
-        df.coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+        spark.createDataFrame(table).coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
         return
     import pyarrow.parquet as pq
 
     directory = Path(out, name)
     directory.mkdir(parents=True, exist_ok=True)
-    pq.write_table(df.toArrow(), directory / "part-00000.parquet", compression="zstd")
-
-
-def _read(spark: SparkSession, out: str, name: str) -> Any:
-    """A written result table as a pyarrow Table (plain file I/O for local output)."""
-    import pyarrow.parquet as pq
-
-    if "://" in out:
-        return spark.read.parquet(f"{out}/{name}").toArrow()
-    return pq.read_table(os.path.join(out, name))
+    pq.write_table(table, directory / "part-00000.parquet", compression="zstd")
 
 
 def _sorted_rows(table: Any, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -473,18 +399,22 @@ def run(
         opts = replace(opts, window_seconds=auto_window(span_ns))
     w = opts.window_ns
     span_windows = 1 if first_ns is None or last_ns is None else last_ns // w - first_ns // w + 1
-    frames = compute(df, opts, span_windows)
-    try:
-        for name in TABLES:
-            _write_table(frames.tables[name], out, name)
-        overall = frames.overall.collect()[0].asDict()
-        distinct_keys = frames.key_stats.count()
-    finally:
-        frames.release()
-
-    # Everything below reads the small written tables, not the captures again.
-    tables = {name: _read(spark, out, name) for name in TABLES}
-    pw = tables["prefix_windows"]
+    job = compute(df, opts)
+    pcols = [percentile_name(q) for q in opts.percentiles]
+    pw = D.prefix_windows(job.cells)
+    tables = {
+        "prefix_windows": pw,
+        "size_percentiles": D.size_percentiles(job.sizes, opts.percentiles, pcols),
+        "top_keys_by_messages": job.top_by_messages,
+        "top_keys_by_bytes": job.top_by_bytes,
+        "instances": D.instances(job.cells),
+        "bursts": D.bursts(pw, span_windows, opts.burst_factor, opts.burst_min_messages),
+        "size_histogram": D.size_histogram(job.sizes),
+    }
+    for name in TABLES:
+        _write_table(spark, tables[name], out, name)
+    overall = dict(zip(pcols, D.overall_percentiles(job.sizes, opts.percentiles), strict=True))
+    distinct_keys = job.distinct_keys
     inst = _sorted_rows(
         tables["instances"], [("messages", "descending"), ("instance", "ascending")]
     )

@@ -1,14 +1,24 @@
 """The analysis benchmark: Spark local, a standalone cluster and DuckDB, side by side.
 
-    python -m sbus_relay.pipeline.benchmark --rows 10000000 --dir /tmp/synth10m
+    python -m sbus_relay.pipeline.benchmark --rows 10000000 --dir /tmp/synth10m --runs 3
 
 Generates a synthetic capture (``synth``) unless ``--dir`` already holds one, then
-times, on the same files and in the same run:
+times, on the same files, ``--runs`` rounds of (interleaved, so that the load of a
+shared machine falls on all three alike):
 
-- ``duckdb``: the same aggregates in DuckDB (the live peer), as Parquet tables;
-- ``spark local``: ``sbus-relay analyze`` with its defaults (``local[*]``);
+- ``duckdb``: the peer (``peer``), computing every table and summary figure that
+  analyze writes, checked equal to analyze's output;
+- ``spark local``: ``sbus-relay analyze --no-report`` with its defaults (``local[*]``);
 - ``spark cluster``: the same against a standalone master and worker started
-  from the installed pyspark (``cluster.standalone_cluster``) on the same cores.
+  from the installed pyspark (``cluster.standalone_cluster``) on the same cores;
+  the daemons start once, each run starts its own executor.
+
+For each run: end to end (command start to output written) and the analysis
+alone (Spark: the job with the session up, from analyze's own timing line;
+DuckDB: from connecting to the files written).  Memory is the peak resident
+set, sampled from /proc every SAMPLE_SECONDS: the driver JVM, the executor JVM
+(cluster), the Python driver, DuckDB's process.  The medians, and whether each
+target is met, go to stdout.
 
 With ``--recorder`` it measures ``sbus-relay record`` instead, against a fresh
 bus (``sbusd``) on a private socket: one, then two publishers (FLOOD_PUBLISHERS)
@@ -17,18 +27,17 @@ routed them at, what the recorder recorded and what it reports lost are
 printed.  Then a steady stream (KILL_RATE msgs/s for KILL_SECONDS) with a
 ``kill -9`` of the recorder at the end: how many messages the recovered capture
 misses.
-
-Memory is the peak resident set of the processes doing the work, sampled from
-/proc every SAMPLE_SECONDS: for Spark the JVMs (driver, and executor on the
-cluster), reported apart from the Python driver; for DuckDB its process.  The
-table goes to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,50 +48,16 @@ from pathlib import Path
 
 #: Seconds between memory samples.
 SAMPLE_SECONDS = 0.2
-#: Prefix depth and window of the DuckDB query: analyze's defaults on a day of synthetic data.
-DEPTH = 2
-WINDOW_NS = 300 * 10**9
-#: Executor cores and memory of the benchmark's cluster worker.
+#: Executor cores and memory of the benchmark's cluster worker: the machine's cores.
 CLUSTER_CORES = os.cpu_count() or 2
 CLUSTER_MEMORY = "4g"
-#: The executor gets what a local run's driver gets (cli.analyze.LOCAL_CONF): the
-#: same heap and collector on both sides, so the comparison is of the modes.
-EXECUTOR_CONF = (
-    "--conf", "spark.executor.memory=2g",
-    "--conf", "spark.executor.extraJavaOptions=-XX:+UseParallelGC",
-)  # fmt: skip
-
-#: The aggregates analyze computes, in DuckDB SQL: the three scans and what derives from them.
-DUCKDB_SQL = """
-create temp table base as
-  select time_ns, key, size::bigint as size, instance,
-         array_to_string(list_slice(string_split(key, '/'), 1, {depth}), '/') as prefix,
-         (time_ns // {w}) * {w} as window_start_ns
-  from read_parquet('{glob}');
-create temp table cells as
-  select prefix, window_start_ns, instance, count(*) as messages, sum(size) as bytes,
-         min(time_ns) as first_ns, max(time_ns) as last_ns
-  from base group by all;
-create temp table size_counts as select prefix, size, count(*) as n from base group by all;
-create temp table key_stats as
-  select key, count(*) as messages, sum(size) as bytes from base group by all;
-copy (select prefix, window_start_ns, sum(messages) as messages, sum(bytes) as bytes
-      from cells group by all) to '{out}/prefix_windows.parquet';
-copy (select prefix, sum(n) as messages, sum(size * n) as bytes,
-             quantile_cont(size, [0.5, 0.9, 0.99]) as p, max(size) as max_size
-      from (select prefix, size, n, unnest(range(n)) from size_counts) group by prefix)
-  to '{out}/size_percentiles.parquet';
-copy (select * from key_stats order by messages desc, bytes desc, key limit 20)
-  to '{out}/top_keys_by_messages.parquet';
-copy (select * from key_stats order by bytes desc, messages desc, key limit 20)
-  to '{out}/top_keys_by_bytes.parquet';
-copy (select instance, sum(messages) as messages, sum(bytes) as bytes,
-             min(first_ns) as first_ns, max(last_ns) as last_ns from cells group by all)
-  to '{out}/instances.parquet';
-copy (select case when size = 0 then 0 else least(floor(log2(size))::int + 1, 20) end as bucket,
-             sum(n) as messages from size_counts group by all)
-  to '{out}/size_histogram.parquet';
-"""
+#: The executor gets the heap the local driver gets (analyze.heap_mib; and
+#: cli.analyze.CLUSTER_CONF gives it the same collector): the comparison is of
+#: the modes, not of the JVM settings.
+#: The targets: Spark within TARGET_VS_DUCKDB times DuckDB on 10M rows; the
+#: cluster within TARGET_CLUSTER_VS_LOCAL times local on the same cores.
+TARGET_VS_DUCKDB = 3.0
+TARGET_CLUSTER_VS_LOCAL = 1.3
 
 
 #: Concurrent flood publishers of the runs: one (the bus's 1-to-1 rate), then two
@@ -198,12 +173,17 @@ def recorder_benchmark(messages: int) -> int:
 
 @dataclass
 class Run:
-    """One engine's figures."""
+    """One engine's figures in one round."""
 
     engine: str
+    #: Command start to output written.
     seconds: float
-    jvm_mib: float | None
-    other_mib: float
+    #: The analysis alone (see the module docstring); None if not printed.
+    analysis: float | None
+    #: Peak RSS (MiB): driver JVM, executor JVM, everything else (Python, DuckDB).
+    driver_jvm: float
+    executor_jvm: float
+    other: float
     ok: bool
 
 
@@ -232,18 +212,27 @@ def _rss_mib(pid: int) -> tuple[float, bool]:
     return rss / 1024, os.path.basename(exe) == "java"
 
 
-class TreeSampler:
-    """Peak RSS of the process trees under ``roots``: JVMs and the rest, apart."""
+def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
+    todo, found = [root], []
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(kids.get(pid, []))
+    return found
 
-    def __init__(self, roots: list[int]) -> None:
-        self.roots = roots
-        self.jvm_peak = 0.0
-        self.other_peak = 0.0
-        self.seen_jvm = False
+
+class Sampler:
+    """Peak RSS of a command's process tree (its JVMs apart from the rest) and of
+    the executors under a cluster worker (the worker's descendants, not itself)."""
+
+    def __init__(self, root: int, worker: int | None = None) -> None:
+        self.root = root
+        self.worker = worker
+        self.driver_jvm = self.executor_jvm = self.other = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> TreeSampler:
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -254,110 +243,186 @@ class TreeSampler:
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_SECONDS):
             kids = _children()
-            todo, jvm, other = list(self.roots), 0.0, 0.0
-            while todo:
-                pid = todo.pop()
+            jvm = other = executors = 0.0
+            for pid in _tree(self.root, kids):
                 mib, is_jvm = _rss_mib(pid)
                 if is_jvm:
                     jvm += mib
-                    self.seen_jvm = True
                 else:
                     other += mib
-                todo.extend(kids.get(pid, []))
-            self.jvm_peak = max(self.jvm_peak, jvm)
-            self.other_peak = max(self.other_peak, other)
+            if self.worker is not None:
+                for pid in _tree(self.worker, kids)[1:]:
+                    mib, is_jvm = _rss_mib(pid)
+                    executors += mib if is_jvm else 0.0
+            self.driver_jvm = max(self.driver_jvm, jvm)
+            self.other = max(self.other, other)
+            self.executor_jvm = max(self.executor_jvm, executors)
 
 
-def _timed(engine: str, cmd: list[str], extra_roots: list[int] | None = None) -> Run:
+#: The timing analyze prints (cli.analyze) and the peer's.
+SPARK_TIMING = re.compile(r"\(Spark start ([0-9.]+) s, analysis ([0-9.]+) s")
+PEER_TIMING = re.compile(r"^analysis ([0-9.]+) s$", re.M)
+
+
+def _timed(engine: str, cmd: list[str], worker: int | None = None) -> Run:
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    with TreeSampler([proc.pid, *(extra_roots or [])]) as sampler:
-        out, _ = proc.communicate()
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    with Sampler(proc.pid, worker) as sampler:
+        out, err = proc.communicate()
     seconds = time.monotonic() - t0
-    sys.stderr.write(out)
-    jvm = sampler.jvm_peak if sampler.seen_jvm else None
-    return Run(engine, seconds, jvm, sampler.other_peak, proc.returncode == 0)
+    if proc.returncode:
+        sys.stderr.write(err[-3000:])
+    found = SPARK_TIMING.search(out) or PEER_TIMING.search(out)
+    analysis = float(found.groups()[-1]) if found else None
+    return Run(
+        engine, seconds, analysis, sampler.driver_jvm, sampler.executor_jvm, sampler.other,
+        proc.returncode == 0,
+    )  # fmt: skip
 
 
-def duckdb_query(directory: str, out: str) -> None:
-    """Run DUCKDB_SQL over the captures in ``directory``, writing into ``out``."""
-    import duckdb
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
-    Path(out).mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    glob = os.path.join(directory, "**", "*.parquet")
-    con.execute(DUCKDB_SQL.format(depth=DEPTH, w=WINDOW_NS, glob=glob, out=out))
-    con.close()
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool) -> int:
+    """Generate (if needed) and benchmark the analysis; print the figures and targets."""
+    from .capture import capture_files
+    from .cluster import standalone_cluster
+    from .peer import same_tables
+    from .synth import generate
+
+    data = Path(directory)
+    if not capture_files([str(data)]):
+        generate(data, rows)
+    files = capture_files([str(data)])
+    size_mib = sum(f.stat().st_size for f in files) / 2**20
+    import pyarrow.parquet as pq
+
+    n_rows = sum(pq.read_metadata(f).num_rows for f in files)
+    tmp = Path(tempfile.mkdtemp(prefix="sbus-bench-"))
+    bin_dir = os.path.dirname(sys.executable)
+    analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze", str(data), "--no-report"]
+    peer = [sys.executable, "-P", "-m", "sbus_relay.pipeline.peer", str(data)]
+    from .analyze import heap_mib
+
+    executor = [
+        "--conf",
+        f"spark.executor.memory={heap_mib(sum(f.stat().st_size for f in files))}m",
+    ]
+    results: dict[str, list[Run]] = {"duckdb": [], "spark local": [], "spark cluster": []}
+    differ: list[str] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, True)
+        cluster = (
+            stack.enter_context(standalone_cluster(cores=CLUSTER_CORES, memory=CLUSTER_MEMORY))
+            if with_cluster
+            else None
+        )
+        for i in range(runs):
+            results["duckdb"].append(_timed("duckdb", [*peer, str(tmp / f"duckdb{i}")]))
+            local_out = tmp / f"local{i}"
+            results["spark local"].append(
+                _timed("spark local", [*analyze, "--out", str(local_out)])
+            )
+            if i == 0:
+                differ = same_tables(str(tmp / "duckdb0"), str(local_out))
+            if cluster is not None:
+                cmd = [*analyze, "--out", str(tmp / f"cluster{i}"), "--master", cluster.url]
+                results["spark cluster"].append(
+                    _timed("spark cluster", [*cmd, *executor], worker=cluster.worker.pid)
+                )
+            for engine, rs in results.items():
+                if rs and len(rs) == i + 1:
+                    r = rs[-1]
+                    print(
+                        f"run {i + 1} {engine}: {r.seconds:.1f} s end to end, analysis "
+                        f"{'-' if r.analysis is None else f'{r.analysis:.1f} s'}"
+                        f"{'' if r.ok else ' (FAILED)'}",
+                        file=sys.stderr,
+                    )
+    print(f"{n_rows:,} rows, {size_mib:,.0f} MiB of Parquet, {os.cpu_count()} CPUs, "
+          f"{runs} interleaved runs (medians)")  # fmt: skip
+    print(
+        "DuckDB computes every table and summary figure analyze writes: "
+        + ("identical to analyze's output" if not differ else f"DIFFERS in {', '.join(differ)}")
+    )
+    print("| engine | end to end | analysis (session up) | peak RSS, driver JVM | "
+          "peak RSS, executor JVM | peak RSS, other processes |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    med: dict[str, dict[str, float]] = {}
+    for engine, rs in results.items():
+        if not rs:
+            continue
+        m = {
+            "seconds": _median([r.seconds for r in rs]),
+            "analysis": _median([r.analysis for r in rs if r.analysis is not None]),
+            "driver_jvm": max(r.driver_jvm for r in rs),
+            "executor_jvm": max(r.executor_jvm for r in rs),
+            "other": max(r.other for r in rs),
+        }
+        med[engine] = m
+        runs_s = ", ".join(f"{r.seconds:.1f}" for r in rs)
+        jvm = "-" if engine == "duckdb" else f"{m['driver_jvm']:,.0f} MiB"
+        ex = f"{m['executor_jvm']:,.0f} MiB" if engine == "spark cluster" else "-"
+        status = "" if all(r.ok for r in rs) else " (FAILED)"
+        print(f"| {engine}{status} | {m['seconds']:.1f} s ({runs_s}) | {m['analysis']:.1f} s | "
+              f"{jvm} | {ex} | {m['other']:,.0f} MiB |")  # fmt: skip
+    duck = med["duckdb"]["seconds"]
+    local = med["spark local"]
+    bound = TARGET_VS_DUCKDB * duck
+    print(f"target 1, Spark local within {TARGET_VS_DUCKDB:g}x DuckDB's {duck:.1f} s "
+          f"(<= {bound:.1f} s): end to end {local['seconds']:.1f} s = "
+          f"{local['seconds'] / duck:.1f}x, {_met(local['seconds'] <= bound)}; analysis with the "
+          f"session up {local['analysis']:.1f} s = {local['analysis'] / duck:.1f}x, "
+          f"{_met(local['analysis'] <= bound)}")  # fmt: skip
+    if "spark cluster" in med:
+        c = med["spark cluster"]
+        ratio = c["seconds"] / local["seconds"]
+        per_run = [
+            c_run.seconds / l_run.seconds
+            for c_run, l_run in zip(results["spark cluster"], results["spark local"], strict=True)
+        ]
+        print(f"target 2, cluster within {TARGET_CLUSTER_VS_LOCAL:g}x local on the same cores: "
+              f"{c['seconds']:.1f} s / {local['seconds']:.1f} s = {ratio:.2f}x "
+              f"(per run {', '.join(f'{x:.2f}' for x in per_run)}), "
+              f"{_met(ratio <= TARGET_CLUSTER_VS_LOCAL)}; analysis "
+              f"{c['analysis'] / local['analysis']:.2f}x")  # fmt: skip
+    jvm_ok = local["driver_jvm"] > 0 and (
+        "spark cluster" not in med or med["spark cluster"]["executor_jvm"] > 0
+    )
+    print(f"target 3, JVM memory reported: driver JVM {local['driver_jvm']:,.0f} MiB local"
+          + (f", {med['spark cluster']['driver_jvm']:,.0f} MiB driver + "
+             f"{med['spark cluster']['executor_jvm']:,.0f} MiB executor on the cluster"
+             if "spark cluster" in med else "")
+          + f"; {_met(jvm_ok)}")  # fmt: skip
+    ok = all(r.ok for rs in results.values() for r in rs) and not differ
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Generate (if needed) and benchmark; print the table."""
+    """Benchmark the analysis (default) or the recorder; print the figures."""
     parser = argparse.ArgumentParser(prog="python -m sbus_relay.pipeline.benchmark")
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dir", default="/tmp/sbus-bench-synth", help="synthetic capture")
-    parser.add_argument("--no-cluster", action="store_true", help="skip the cluster run")
+    parser.add_argument("--runs", type=int, default=3, help="interleaved rounds (medians)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the cluster runs")
     parser.add_argument(
         "--recorder", type=int, metavar="N", help="benchmark record with N flood messages instead"
     )
-    parser.add_argument("--duckdb-only", nargs=2, metavar=("DIR", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--flood", nargs=3, metavar=("ADDR", "N", "TAG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.duckdb_only:
-        duckdb_query(*args.duckdb_only)
-        return 0
     if args.flood:
         flood(args.flood[0], int(args.flood[1]), args.flood[2])
         return 0
     if args.recorder:
         return recorder_benchmark(args.recorder)
-
-    from .capture import capture_files
-    from .cluster import standalone_cluster
-    from .synth import generate
-
-    data = Path(args.dir)
-    if not capture_files([str(data)]):
-        generate(data, args.rows)
-    size_mib = sum(f.stat().st_size for f in capture_files([str(data)])) / 2**20
-    tmp = Path(tempfile.mkdtemp(prefix="sbus-bench-"))
-    analyze = [os.path.join(os.path.dirname(sys.executable), "sbus-relay"), "analyze", str(data)]
-    runs = []
-    try:
-        runs.append(
-            _timed("duckdb", [sys.executable, "-P", "-m", "sbus_relay.pipeline.benchmark",
-                              "--duckdb-only", str(data), str(tmp / "duckdb")])
-        )  # fmt: skip
-        runs.append(_timed("spark local", [*analyze, "--out", str(tmp / "local")]))
-        if not args.no_cluster:
-            with standalone_cluster(cores=CLUSTER_CORES, memory=CLUSTER_MEMORY) as cluster:
-                runs.append(
-                    _timed(
-                        "spark cluster",
-                        [
-                            *analyze,
-                            "--out",
-                            str(tmp / "cluster"),
-                            "--master",
-                            cluster.url,
-                            *EXECUTOR_CONF,
-                        ],
-                        extra_roots=[cluster.worker.pid],  # the executors are its children
-                    )
-                )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    base = runs[0].seconds
-    print(f"{args.rows:,} rows, {size_mib:,.0f} MiB of Parquet, {os.cpu_count()} CPUs")
-    print("| engine | wall time | vs DuckDB | peak RSS, JVMs | peak RSS, other processes |")
-    print("|---|---|---|---|---|")
-    for r in runs:
-        jvm = "-" if r.jvm_mib is None else f"{r.jvm_mib:,.0f} MiB"
-        status = "" if r.ok else " (FAILED)"
-        print(
-            f"| {r.engine}{status} | {r.seconds:.1f} s | {r.seconds / base:.1f}x | {jvm} | "
-            f"{r.other_mib:,.0f} MiB |"
-        )
-    return 0 if all(r.ok for r in runs) else 1
+    return analysis_benchmark(args.rows, args.dir, max(1, args.runs), not args.no_cluster)
 
 
 if __name__ == "__main__":

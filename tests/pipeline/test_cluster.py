@@ -27,12 +27,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: Rows of the synthetic capture: enough for every stage to have real work.
 ROWS = 1_000_000
-#: The executor gets the local driver's heap and collector (cli.analyze.LOCAL_CONF):
-#: the comparison is of the modes, not of the JVM settings.
-EXECUTOR_CONF = [
-    "--conf", "spark.executor.memory=2g",
-    "--conf", "spark.executor.extraJavaOptions=-XX:+UseParallelGC",
-]  # fmt: skip
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
