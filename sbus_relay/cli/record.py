@@ -165,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
 
     def on_ready() -> None:
         if not args.quiet:
-            patterns = " ".join(repr(p) for p in recorder.patterns)
+            patterns = " ".join(
+                repr(p.decode("utf-8", "backslashreplace")) for p in recorder.patterns
+            )
             print(f"recording {patterns} on {text} into {args.out}", file=sys.stderr, flush=True)
         if not recorder.status.drop_query:
             print(

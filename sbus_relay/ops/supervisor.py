@@ -280,7 +280,12 @@ class Supervisor:
         Raises ``SupervisorError`` (after stopping what was started) if one fails.
         """
         if self.hierarchy.log_dir:
-            os.makedirs(self.hierarchy.log_dir, exist_ok=True)
+            try:
+                os.makedirs(self.hierarchy.log_dir, exist_ok=True)
+            except OSError as exc:
+                raise SupervisorError(
+                    f"cannot create log_dir {self.hierarchy.log_dir}: {exc.strerror or exc}"
+                ) from None
         for child in self.children:
             if self._stopping:
                 return
@@ -290,7 +295,8 @@ class Supervisor:
             except SupervisorError:
                 self.stop()
                 raise
-        self.out(f"sbus-relay up: {len(self.children)} buses running; Ctrl-C stops them all")
+        buses = "1 bus" if len(self.children) == 1 else f"{len(self.children)} buses"
+        self.out(f"sbus-relay up: {buses} running; Ctrl-C stops them all")
 
     def run(self) -> None:
         """Watch the children until ``request_stop()``; restart those that die.
@@ -349,7 +355,12 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         spec = child.spec
         log_path = self._log_path(spec)
-        stderr: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
+        try:
+            stderr: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
+        except OSError as exc:
+            raise SupervisorError(
+                f"cannot open the log of {spec.name}, {log_path}: {exc.strerror or exc}"
+            ) from None
         try:
             child.proc = subprocess.Popen(
                 self.argv(spec),
@@ -359,6 +370,8 @@ class Supervisor:
                 start_new_session=True,  # Ctrl-C is for us; we stop the children in order
                 preexec_fn=_die_with_parent,  # safe: the supervisor runs no threads
             )
+        except OSError as exc:  # the interpreter moved or vanished, fds exhausted ...
+            raise SupervisorError(f"cannot start {spec.name}: {exc.strerror or exc}") from None
         finally:
             if stderr is not None:
                 stderr.close()  # the child has its own copy
