@@ -249,16 +249,18 @@ def _loss_lines(summary: dict[str, Any]) -> list[str]:
     if loss.get("known"):
         n = loss.get("dropped") or 0
         if not n:
-            return [f"- Loss: **none** (the bus dropped nothing for {loss['sessions']} recorder "
-                    "session(s))"]  # fmt: skip
-        events = len(loss.get("events", []))
-        return [f"- Loss: **{n:,} messages dropped** by the bus for the recorder, not in these "
-                f"numbers ({events} loss event(s), marked x on the charts)"]  # fmt: skip
-    reason = loss.get("reason", "unknown")
-    at_least = loss.get("dropped_at_least") or 0
-    extra = f"; at least {at_least:,} messages were dropped" if at_least else ""
-    lines = [f"- Loss: **unknown** ({reason}){extra}"]
-    if loss.get("unfinished_sessions"):
+            lines = [f"- Loss: **none** (the bus dropped nothing for {loss['sessions']} "
+                     "recorder session(s))"]  # fmt: skip
+        else:
+            events = len(loss.get("events", []))
+            lines = [f"- Loss: **{n:,} messages dropped** by the bus for the recorder, not in "
+                     f"these numbers ({events} loss event(s), marked x on the charts)"]  # fmt: skip
+    else:
+        reason = loss.get("reason", "unknown")
+        at_least = loss.get("dropped_at_least") or 0
+        extra = f"; at least {at_least:,} messages were dropped" if at_least else ""
+        lines = [f"- Loss: **unknown** ({reason}){extra}"]
+    if loss.get("unfinished_sessions"):  # a killed recorder: its last second may be missing
         lines.append(
             f"- {loss['unfinished_sessions']} recorder session(s) did not finish (killed?): "
             "up to their last second of traffic is missing"

@@ -122,3 +122,13 @@ def test_losses_are_in_summary_and_reports(bursty: tuple[Path, Any]) -> None:
     assert "1,234 messages dropped" in page
     assert "<script src=" not in page.replace('<script src="data:', "")  # nothing fetched
     assert "plotly" in page.lower() and "rangeslider" in page
+
+
+@pytest.mark.timeout(10)
+def test_an_unfinished_session_is_said_even_when_the_bus_dropped_nothing() -> None:
+    from sbus_relay.pipeline.report import _loss_lines
+
+    lines = _loss_lines({"loss": {"known": True, "dropped": 0, "sessions": 1,
+                                  "unfinished_sessions": 1}})  # fmt: skip
+    assert "**none**" in lines[0]
+    assert "did not finish" in lines[1]
