@@ -807,7 +807,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = render().encode()
     if args.check:
-        if not args.check.exists() or args.check.read_bytes() != data:
+        if not args.check.is_file():
+            print(f"{args.check}: no such file", file=sys.stderr)
+            return 1
+        if args.check.read_bytes() != data:
             print(
                 f"{args.check} is not the generator's output; regenerate it with\n"
                 "    python grafana/dashboard.py --out grafana/sbus-dashboard.json",
@@ -816,7 +819,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.out:
-        args.out.write_bytes(data)
+        try:
+            args.out.write_bytes(data)
+        except OSError as exc:
+            print(f"cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.buffer.write(data)
     return 0

@@ -189,9 +189,15 @@ def run(args: argparse.Namespace) -> int:
 
         if not isinstance(exc, PySparkException | Py4JError):
             raise
-        hint = "" if args.skip_bad_files else " (a corrupt capture file? try --skip-bad-files)"
+        message = _spark_error(exc)
+        if "JAVA_GATEWAY_EXITED" in message or "Connection refused" in message:
+            hint = " (is --master right and the cluster up? see the log)"
+        elif args.skip_bad_files:
+            hint = ""
+        else:
+            hint = " (a corrupt capture file? try --skip-bad-files)"
         print(
-            f"sbus-relay analyze: Spark failed: {_spark_error(exc)}{hint}; Spark's log: {jvm_log}",
+            f"sbus-relay analyze: Spark failed: {message}{hint}; Spark's log: {jvm_log}",
             file=sys.stderr,
         )
         return EXIT_SPARK
