@@ -233,19 +233,11 @@ class MetricsCollector(Collector):
         for dimension, rows in who.items():
             prefix, label = _WHO[dimension]
             for i, field in enumerate(COUNTERS):
-                family = CounterMetricFamily(
-                    prefix + field, "Per %s: %s." % (label, _WHO_HELP[field]), labels=[label]
-                )
-                for key, counters, _ in rows:
-                    family.add_metric([key], counters[i])
-                yield family
+                doc = "Per %s: %s." % (label, _WHO_HELP[field])
+                yield _labelled_counter(prefix + field, doc, label, {k: c[i] for k, c, _ in rows})
             for i, field in enumerate(GAUGES):
-                gauge = GaugeMetricFamily(
-                    prefix + field, "Per %s: %s." % (label, _WHO_HELP[field]), labels=[label]
-                )
-                for key, _, gauges in rows:
-                    gauge.add_metric([key], gauges[i])
-                yield gauge
+                doc = "Per %s: %s." % (label, _WHO_HELP[field])
+                yield _labelled_gauge(prefix + field, doc, label, {k: g[i] for k, _, g in rows})
 
     @staticmethod
     def _queue_wait(stats: Stats) -> Metric:
