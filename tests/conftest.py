@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import BusProcess, short_dir, start_bus
+
+# analyze builds a JVM class archive in the background after a run that found
+# none: a Spark run competing for the cores with timing-sensitive tests.  Off
+# here; tests/pipeline/test_classarchive.py switches it on where it is tested.
+os.environ["SBUS_CLASS_ARCHIVE"] = "0"
 
 
 @pytest.fixture

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 
+from sbus_relay.pipeline import classarchive
 from sbus_relay.pipeline import defaults as D
 
 #: Spark settings for every run: the console progress bar garbles our output;
@@ -27,21 +33,28 @@ BASE_CONF = {
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
 }
 #: Driver JVM settings when analyze starts the JVM itself (a local run, or
-#: --master), unless --conf gives them: the throughput collector and no web UI (a
+#: --master), unless --conf gives them: the throughput collector, a crash report
+#: (if any) in the temporary directory rather than the user's, and no web UI (a
 #: second saved at start; --conf spark.ui.enabled=true brings it back); the heap
-#: is sized from the input (analyze.heap_mib).  Under spark-submit the JVM already
+#: is sized from the input (analyze.heap_mib), and the class archive
+#: (``classarchive``) added when there is one.  Under spark-submit the JVM already
 #: runs and they are moot.
 DRIVER_CONF = {
     "spark.ui.enabled": "false",
-    "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+    "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:ErrorFile="
+    + os.path.join(tempfile.gettempdir(), "sbus-analyze-jvm-crash-%p.log"),
 }
 #: Executor settings on a cluster (--master other than local), unless --conf
-#: gives them: the driver's collector, so both modes run the scan alike.
+#: gives them: the driver's collector, so both modes run the scan alike (and the
+#: class archive when the master listens on loopback: its workers are then on
+#: this machine, where the archive is).
 CLUSTER_CONF = {
     "spark.executor.extraJavaOptions": "-XX:+UseParallelGC",
 }
 #: Exit status for inputs, options or output analyze refuses (and a missing extra).
 EXIT_USAGE = 2
+#: Exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 #: Exit status when Spark fails (reading a corrupt file, a lost cluster...).
 EXIT_SPARK = 1
 
@@ -120,6 +133,57 @@ def _spark_error(exc: BaseException) -> str:
     return lines[0][:300] if lines else type(exc).__name__
 
 
+def _on_loopback(master: str) -> bool:
+    """Whether every host of a ``spark://h1:p,h2:p`` master URL is a loopback address."""
+    import ipaddress
+    import urllib.parse
+
+    if not master.startswith("spark://"):
+        return False
+    hosts = [urllib.parse.urlsplit(f"//{h}").hostname for h in master[8:].split(",")]
+    for host in hosts:
+        if host == "localhost":
+            continue
+        try:
+            if not ipaddress.ip_address(host or "").is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def _note_interrupts(seen: list[int]) -> None:
+    """Remember a SIGINT in ``seen``, then do what the handler in place (pyspark's:
+    cancel the jobs) or Python would do.  Ctrl-C also stops the JVM, in the same
+    process group, and the failure that follows must read as the interruption."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    before = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(signum: int, frame: types.FrameType | None) -> None:
+        seen.append(signum)
+        if callable(before):
+            before(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
+def _jvm_running() -> bool:
+    """Whether this process already has a Spark JVM (spark-submit, a notebook)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def _jvm_process() -> subprocess.Popen[bytes] | None:
+    """The JVM process pyspark started for this session (None under spark-submit)."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return proc if isinstance(proc, subprocess.Popen) else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, EXIT_USAGE on refused input, EXIT_SPARK if Spark fails."""
     needed = ("pyarrow", "pyspark") if args.no_report else D.EXTRA_MODULES
@@ -157,14 +221,36 @@ def run(args: argparse.Namespace) -> int:
     local_out = not I.is_url(args.out)
     staging = I.staging_dir(args.out) if local_out else None
     jvm_log = os.path.join(tempfile.gettempdir(), f"sbus-analyze-{os.getpid()}.log")
+    interrupted: list[int] = []
     try:
         cluster = args.master is not None and not args.master.startswith("local")
         heap = {"spark.driver.memory": f"{A.heap_mib(inputs.bytes)}m"}
         session_conf = {
             **BASE_CONF, **DRIVER_CONF, **heap, **(CLUSTER_CONF if cluster else {}), **conf
         }  # fmt: skip
-        spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
+        starting = not _jvm_running()
+        own_options = "spark.driver.extraJavaOptions" in conf
+        fell_back = False
+        archive = classarchive.java_option() if starting and not own_options else None
+        driver_options = session_conf["spark.driver.extraJavaOptions"]
+        if archive is not None:
+            session_conf["spark.driver.extraJavaOptions"] = f"{driver_options} {archive}"
+            executor = "spark.executor.extraJavaOptions"
+            if cluster and executor not in conf and _on_loopback(args.master):
+                session_conf[executor] = f"{session_conf[executor]} {archive}"
+        try:
+            spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
+        except Exception as exc:
+            if archive is None or classarchive.writing() or "JAVA_GATEWAY" not in str(exc):
+                raise
+            # The JVM did not start with the class archive: drop it, start without.
+            classarchive.discard()
+            archive, fell_back = None, True
+            session_conf["spark.driver.extraJavaOptions"] = driver_options
+            spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
+        jvm = _jvm_process() if starting else None
         t_session = time.monotonic()
+        _note_interrupts(interrupted)
         try:
             spark.sparkContext.setLogLevel("ERROR")
             for key, value in A.partitioning(inputs.bytes, A.parallelism(spark)).items():
@@ -174,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
             t_analysis = time.monotonic()
         finally:
             spark.stop()
+        if classarchive.writing() is not None and not classarchive.wait_for_dump(jvm):
+            print("sbus-relay analyze: the JVM did not write its class archive", file=sys.stderr)
+            return EXIT_SPARK
         t_stopped = time.monotonic()
         if not args.no_report:
             from sbus_relay.pipeline.report import write_report
@@ -183,10 +272,15 @@ def run(args: argparse.Namespace) -> int:
         if staging is not None:
             I.swap_into_place(staging, args.out)
             staging = None
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException
 
+        if interrupted or isinstance(exc, KeyboardInterrupt):
+            # Ctrl-C reaches the JVM too: whatever failed after it is no news.
+            logging.getLogger("py4j").setLevel(logging.CRITICAL)
+            print("sbus-relay analyze: interrupted; nothing written", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if not isinstance(exc, PySparkException | Py4JError):
             raise
         message = _spark_error(exc)
@@ -206,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
             I.discard(staging)
     with contextlib.suppress(OSError):
         os.unlink(jvm_log)  # a clean run: nothing in it worth keeping
+    if starting and archive is None and not fell_back:
+        classarchive.build_later()  # in the background, for the next runs
     s = result.summary
     if not args.no_report:
         print(f"report: {os.path.join(args.out, 'report.md')} and report.html")

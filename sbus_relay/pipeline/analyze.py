@@ -207,8 +207,8 @@ def build_session(
 ) -> SparkSession:
     """A SparkSession; ``master=None`` keeps spark-submit's choice (or ``local[*]``).
 
-    With ``jvm_log``, the JVM that this starts writes its stderr (Spark's log and
-    any Java stack trace) into that file instead of the terminal.
+    With ``jvm_log``, the JVM that this starts writes its stdout and stderr
+    (Spark's log, any Java stack trace) into that file instead of the terminal.
     """
     from pyspark.sql import SparkSession
 
@@ -226,17 +226,21 @@ def build_session(
         builder = builder.config(k, v)
     if jvm_log is None:
         return builder.getOrCreate()
-    # The JVM inherits descriptor 2 when it is launched: point it at the log for
-    # that moment only, so this process's own stderr is unchanged.
+    # The JVM inherits descriptors 1 and 2 when it is launched: point them at the
+    # log for that moment only, so this process's own are unchanged.  (The JVM
+    # writes little to stdout, but a crash banner among it.)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = [os.dup(1), os.dup(2)]
     log_fd = os.open(jvm_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         return builder.getOrCreate()
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, old in zip((1, 2), saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
         os.close(log_fd)
 
 

@@ -1,0 +1,184 @@
+"""The JVM class archive: built in the background, used by the next runs, never
+a reason for a run to fail; and Ctrl-C during analyze."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from sbus_relay.cli.analyze import _on_loopback
+from sbus_relay.pipeline import classarchive as C
+from sbus_relay.pipeline.synth import generate
+from tests.support import VENV_BIN
+
+from .conftest import SPARK_TEST_TIMEOUT
+
+#: The slow test builds an archive (a Spark run that dumps ~180 MB), then runs twice.
+ARCHIVE_TEST_TIMEOUT = 900
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache directory, with the archive switched on."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(C.ENV_SWITCH, raising=False)
+    return tmp_path / "cache" / "sbus-relay"
+
+
+def test_loopback_masters_are_told_apart() -> None:
+    assert _on_loopback("spark://127.0.0.1:7077")
+    assert _on_loopback("spark://localhost:7077")
+    assert _on_loopback("spark://[::1]:7077")
+    assert not _on_loopback("spark://head:7077")
+    assert not _on_loopback("spark://127.0.0.1:7077,10.0.0.2:7077")
+    assert not _on_loopback("local[2]")
+    assert not _on_loopback("yarn")
+
+
+@pytest.mark.timeout(60)
+def test_an_archive_is_used_only_whole_and_when_switched_on(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = C.archive_path()
+    if path is None:
+        pytest.skip("no java")
+    assert path.parent == cache
+    assert C.java_option() is None  # nothing built yet
+    cache.mkdir(parents=True)
+    path.write_bytes(b"x" * 1000)
+    assert C.java_option() is None  # no size record: not known whole
+    Path(f"{path}.size").write_text("999")
+    assert C.java_option() is None  # cut
+    Path(f"{path}.size").write_text("1000")
+    option = C.java_option()
+    assert option is not None and f"-XX:SharedArchiveFile={path}" in option
+    monkeypatch.setenv(C.ENV_SWITCH, "0")
+    assert C.java_option() is None
+    assert not C.build_later()
+    monkeypatch.setenv(C.ENV_SWITCH, f"{C.WRITE_MODE}/x/y.jsa")
+    assert C.java_option() == f"-XX:ArchiveClassesAtExit=/x/y.jsa {C.QUIET}"
+
+
+@pytest.mark.timeout(60)
+def test_one_builder_at_a_time_and_a_dead_ones_lock_is_taken_over(cache: Path) -> None:
+    path = C.archive_path()
+    if path is None:
+        pytest.skip("no java")
+    cache.mkdir(parents=True)
+    lock = path.with_suffix(C.LOCK_SUFFIX)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(str(holder.pid))
+        assert not C.build_later()  # a live builder: nothing started
+        assert not C._lock(lock)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert C._lock(lock)  # its holder is gone
+    assert lock.read_text() == str(os.getpid())
+
+
+def _analyze(captures: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [os.path.join(VENV_BIN, "sbus-relay"), "analyze", str(captures), "--out", str(out),
+         "--no-report"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SPARK_TEST_TIMEOUT,
+        cwd=out.parent,
+    )  # fmt: skip
+
+
+def _java_args_seen(stop: threading.Event, seen: list[str]) -> None:
+    """Collect the command lines of java processes until ``stop``."""
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                args = Path("/proc", pid, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"java"):
+                seen.append(b" ".join(args).decode(errors="replace"))
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(ARCHIVE_TEST_TIMEOUT)
+def test_analyze_builds_the_archive_then_uses_it_and_survives_a_broken_one(
+    cache: Path, tmp_path: Path
+) -> None:
+    path = C.archive_path()
+    if path is None:
+        pytest.skip("no java")
+    captures = tmp_path / "captures"
+    generate(captures, 5_000, seconds=600.0)
+
+    # No archive: the run works as ever and leaves a builder behind it.
+    first = _analyze(captures, tmp_path / "out1")
+    assert first.returncode == 0, first.stderr
+    deadline = time.monotonic() + ARCHIVE_TEST_TIMEOUT / 2
+    while not C.usable(path):
+        assert time.monotonic() < deadline, (cache / C.LOG_NAME).read_text()[-2000:]
+        time.sleep(1)
+    assert not path.with_suffix(C.LOCK_SUFFIX).exists()
+    assert not list(cache.glob("*.tmp"))
+
+    # The next run's JVM maps it in.
+    stop, seen = threading.Event(), []  # type: ignore[var-annotated]
+    watcher = threading.Thread(target=_java_args_seen, args=(stop, seen), daemon=True)
+    watcher.start()
+    try:
+        second = _analyze(captures, tmp_path / "out2")
+    finally:
+        stop.set()
+        watcher.join()
+    assert second.returncode == 0, second.stderr
+    assert any(f"-XX:SharedArchiveFile={path}" in args for args in seen), seen[:3]
+    assert C.usable(path)
+
+    # An archive the JVM cannot map (cut, with a size record to match) makes it
+    # crash at start: the run starts again without it, quietly, and drops it.
+    data = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(data[: len(data) // 50])
+    Path(f"{path}.size").write_text(str(len(data) // 50))
+    third = _analyze(captures, tmp_path / "out3")
+    assert third.returncode == 0, third.stderr
+    assert "#" not in third.stdout and not third.stderr.strip(), (third.stdout, third.stderr)
+    assert not path.exists()
+    assert not list(tmp_path.glob("hs_err*")), "a JVM crash report in the user's directory"
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT)
+@pytest.mark.parametrize("delay", [1.0, 7.0], ids=["starting", "running"])
+def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, delay: float) -> None:
+    captures = tmp_path / "captures"
+    generate(captures, 3_000_000, seconds=3600.0)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "sbus-relay"), "analyze", str(captures), "--out", str(out)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        # As from a terminal: SIGINT as Python expects it, to the whole group.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    time.sleep(delay)
+    assert proc.poll() is None, "finished before Ctrl-C: the capture is too small"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=SPARK_TEST_TIMEOUT)
+    assert proc.returncode == 130, (stdout, stderr)
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    assert lines == ["sbus-relay analyze: interrupted; nothing written"], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["captures"]  # no output, no staging
