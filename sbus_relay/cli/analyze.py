@@ -153,17 +153,16 @@ def _on_loopback(master: str) -> bool:
 
 
 def _note_interrupts(seen: list[int]) -> None:
-    """Remember a SIGINT in ``seen``, then do what the handler in place (pyspark's:
-    cancel the jobs) or Python would do.  Ctrl-C also stops the JVM, in the same
-    process group, and the failure that follows must read as the interruption."""
+    """Replace pyspark's SIGINT handler (which calls into the JVM from inside the
+    handler, while the main thread waits on that same connection): remember the
+    signal in ``seen``, mute the logging of py4j's broken calls that follow (Ctrl-C
+    stops the JVM too, in the same process group), and raise KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         return
-    before = signal.getsignal(signal.SIGINT)
 
     def on_interrupt(signum: int, frame: types.FrameType | None) -> None:
         seen.append(signum)
-        if callable(before):
-            before(signum, frame)
+        logging.disable(logging.CRITICAL)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_interrupt)
@@ -278,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
 
         if interrupted or isinstance(exc, KeyboardInterrupt):
             # Ctrl-C reaches the JVM too: whatever failed after it is no news.
-            logging.getLogger("py4j").setLevel(logging.CRITICAL)
+            logging.disable(logging.NOTSET)
             print("sbus-relay analyze: interrupted; nothing written", file=sys.stderr)
             return EXIT_INTERRUPTED
         if not isinstance(exc, PySparkException | Py4JError):

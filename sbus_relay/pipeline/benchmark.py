@@ -8,7 +8,8 @@ shared machine falls on all three alike):
 
 - ``duckdb``: the peer (``peer``), computing every table and summary figure that
   analyze writes, checked equal to analyze's output;
-- ``spark local``: ``sbus-relay analyze --no-report`` with its defaults (``local[*]``);
+- ``spark local``: ``sbus-relay analyze --no-report`` with its defaults (``local[*]``),
+  and its JVM class archive (``classarchive``), built first if missing;
 - ``spark cluster``: the same against a standalone master and worker started
   from the installed pyspark (``cluster.standalone_cluster``) on the same cores;
   the daemons start once, each run starts its own executor.
@@ -290,6 +291,21 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _class_archive() -> str:
+    """Build analyze's class archive if there is none; say which one the runs use."""
+    from . import classarchive
+
+    path = classarchive.archive_path()
+    if path is None:
+        return f"none ({classarchive.ENV_SWITCH}=0 or no java)"
+    if not classarchive.usable(path):
+        subprocess.run(
+            [sys.executable, "-m", "sbus_relay.pipeline.classarchive"], check=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    return str(path) if classarchive.usable(path) else "none (it could not be built)"
+
+
 def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool) -> int:
     """Generate (if needed) and benchmark the analysis; print the figures and targets."""
     from .capture import capture_files
@@ -315,6 +331,9 @@ def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool)
         "--conf",
         f"spark.executor.memory={heap_mib(sum(f.stat().st_size for f in files))}m",
     ]
+    # analyze's JVM class archive, as a user has it from the second run on: built
+    # now, so that no round has a builder running beside it.
+    print(f"Spark class archive: {_class_archive()}", flush=True)
     results: dict[str, list[Run]] = {"duckdb": [], "spark local": [], "spark cluster": []}
     differ: list[str] = []
     with contextlib.ExitStack() as stack:
