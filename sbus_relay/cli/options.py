@@ -26,5 +26,9 @@ def add_address_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def bus_address(args: argparse.Namespace) -> str:
-    """-a, else $SBUS_ADDRESS, else the default; read when run, not when parsed."""
-    return getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    """-a, else $SBUS_ADDRESS, else the default; read when run, not when parsed.
+    An empty ``-a ''`` is an address too (parse_address refuses it), not "unset"."""
+    given = getattr(args, "address", None)
+    if given is not None:
+        return str(given)
+    return os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS

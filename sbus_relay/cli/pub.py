@@ -34,9 +34,17 @@ def run(args: argparse.Namespace) -> int:
     from sbus_relay.client import Client
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.protocol.errors import AddressError, BusClosed, UsageError
+    from sbus_relay.protocol.keys import valid_key
     from sbus_relay.protocol.limits import MAX_PACKET
 
     address = parse_address(bus_address(args))  # a malformed address: usage error (2)
+    key = os.fsencode(args.key)
+    if not valid_key(key):
+        # The bus would take it and drop it (reserved_key): say so instead.
+        raise UsageError(
+            f"key {args.key!r} uses the reserved '!' segment, which only secret "
+            "keys (!/cred/<gid>/<uid>/<pid>/...) may; the bus would drop it"
+        )
 
     if args.payload == "-":
         # Read one byte more than fits in a packet, so that too much input is
@@ -46,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         payload = os.fsencode(args.payload)
     try:
         with Client(address, timeout=CONFIRM_TIMEOUT) as client:
-            client.publish(os.fsencode(args.key), payload)
+            client.publish(key, payload)
             client.whoami()
     except TimeoutError:
         print(

@@ -108,12 +108,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load the config (file, then flags) and run the server until it stops."""
+def config_from(args: argparse.Namespace) -> ServerConfig:
+    """The server's config: the file (``-C``), then the flags over it."""
     config_path = getattr(args, "config", None)
     config = load_config(config_path) if config_path else ServerConfig()
     overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
-    return run_server(config.merged(**overrides))
+    return config.merged(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the config (file, then flags) and run the server until it stops."""
+    return run_server(config_from(args))
 
 
 def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:

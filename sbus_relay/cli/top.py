@@ -34,6 +34,8 @@ from .topview import BusView, Snapshot, ViewState
 
 #: Most bytes read of one HTTP answer (1000 clients are well under 1 MiB).
 MAX_ANSWER_BYTES = 8 << 20
+#: Exit status of a snapshot in which no bus answered (scripts can tell).
+EXIT_ALL_DOWN = 1
 #: Seconds to wait for one HTTP answer before calling the bus down.
 FETCH_TIMEOUT = 2.0
 #: Clients asked of each bus per poll (the most /clients gives), busiest first.
@@ -86,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Watch the buses until q or Ctrl-C, or print one snapshot; 0 either way."""
+    """Watch the buses until q or Ctrl-C (0), or print one snapshot: 0 when a bus
+    answered, EXIT_ALL_DOWN when none did (the snapshot says why for each)."""
     state = _view_state(args)
     watches, unwatched = _watches(args)
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(watches)))) as pool:
@@ -275,7 +278,7 @@ def _snapshot(
         for text, _style in topview.render(views, state, unwatched=unwatched):
             print(text)
     sys.stdout.flush()
-    return 0
+    return EXIT_ALL_DOWN if views and all(v.error is not None for v in views) else 0
 
 
 def _interactive(

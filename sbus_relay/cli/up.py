@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import NoReturn
+
+from sbus_relay.ops.config import COMMAND_LINE
+from sbus_relay.protocol.errors import ConfigError, UsageError
 
 #: Signals that stop the whole hierarchy.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -30,12 +34,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _Refused(Exception):
+    """argparse's complaint, raised instead of exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(message)
+
+
+def _check_serve_flags(source: str, name: str, flags: list[str]) -> None:
+    """Refuse, before anything starts, a bus whose ``serve`` flags (its ``args:``
+    included) serve would refuse: one line naming the bus's ``args``."""
+    from sbus_relay.cli import serve
+
+    parser = _Parser(prog="serve", add_help=False)
+    serve.add_arguments(parser)
+    try:
+        serve.config_from(parser.parse_args(flags))
+    except ConfigError as exc:
+        reason = f"{exc.key}: {exc.reason}" if exc.source == COMMAND_LINE else str(exc)
+        raise ConfigError(source, f"buses[{name}].args", reason) from None
+    except (_Refused, UsageError) as exc:
+        raise ConfigError(source, f"buses[{name}].args", str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate, start every bus, supervise until a stop signal."""
     from sbus_relay.ops.supervisor import Supervisor, SupervisorError, load_hierarchy
 
     hierarchy = load_hierarchy(args.hierarchy)  # ConfigError -> one line, status 2 (cli)
     supervisor = Supervisor(hierarchy)
+    for spec in hierarchy.buses:
+        flags = supervisor.argv(spec)[len(supervisor.command) :]
+        _check_serve_flags(args.hierarchy, spec.name, flags)
     if args.check:
         for spec in hierarchy.buses:
             print(" ".join(supervisor.argv(spec)))

@@ -111,13 +111,19 @@ class ServerConfig:
         if unknown:
             raise UsageError(f"not ServerConfig fields: {', '.join(unknown)}")
         values = {
-            key: _VALIDATORS[key](COMMAND_LINE, "--" + key.replace("_", "-"), value)
+            key: _VALIDATORS[key](
+                COMMAND_LINE, _FLAGS.get(key, "--" + key.replace("_", "-")), value
+            )
             for key, value in overrides.items()
             if value is not None
         }
         result = replace(self, **values)
         _check_together(result, COMMAND_LINE)
         return result
+
+
+#: Fields whose flag is not ``--<field>``: ``users`` is ``-u`` (sbusd and serve).
+_FLAGS = {"users": "-u"}
 
 
 # --- validators: (source, key, raw value) -> value, or raise ConfigError ------

@@ -86,7 +86,12 @@ def archive_path() -> Path | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
     name = digest()
-    return None if name is None else cache_dir() / f"{PREFIX}{name}{SUFFIX}"
+    if name is None:
+        return None
+    try:
+        return cache_dir() / f"{PREFIX}{name}{SUFFIX}"
+    except RuntimeError:  # no $HOME and no passwd entry: nowhere to keep it
+        return None
 
 
 def writing() -> Path | None:

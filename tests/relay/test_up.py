@@ -170,6 +170,32 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ('["--upstream-queue-messages", "lots"]', "--upstream-queue-messages: expected an integer"),
+        ('["--no-such-flag"]', "unrecognized arguments: --no-such-flag"),
+        ('["-C", "/nonexistent/sbus.yaml"]', "/nonexistent/sbus.yaml"),
+    ],
+    ids=["bad value", "unknown flag", "missing config"],
+)
+def test_up_check_refuses_serve_flags_serve_would_refuse(
+    tmp_path: Path, args: str, reason: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "buses:\n"
+        "  - {name: master, address: /tmp/x/m}\n"
+        f"  - {{name: a, address: /tmp/x/a, upstream: master, args: {args}}}\n"
+    )
+    for extra in (("--check",), ()):  # refused before anything starts
+        result = run_cli("up", str(bad), *extra)
+        assert result.returncode == 2
+        err = result.stderr.decode()
+        assert err.count("\n") == 1, err
+        assert f"{bad}: buses[a].args: " in err and reason in err, err
+
+
+@pytest.mark.parametrize(
     ("document", "key", "reason"),
     [
         ({"buses": [{"name": "m", "address": "/x", "upstream": "m"}]}, "upstream", "own"),

@@ -120,10 +120,31 @@ def test_pub_and_sub_without_a_bus_fail_clearly(short_tmp: Path) -> None:
         assert b"cannot connect" in done.stderr
 
 
+def test_an_empty_address_is_refused_not_taken_for_the_default(
+    sbusd: BusProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SBUS_ADDRESS", sbusd.address)  # a bus the fallback would reach
+    for args in (("pub", "-a", "", "k", "v"), ("sub", "-a", "", "k")):
+        done = run_cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().endswith(b"empty address"), done.stderr
+
+
 def test_pub_refuses_a_payload_over_the_packet_limit(sbusd: BusProcess) -> None:
     done = run_cli("pub", "-a", sbusd.address, "k", "-", input=b"x" * 409_600)
     assert done.returncode == 1
     assert b"limit" in done.stderr
+
+
+def test_pub_refuses_a_reserved_key_the_bus_would_drop(sbusd: BusProcess) -> None:
+    for key in ("!/x", "a/!/b"):
+        done = run_cli("pub", "-a", sbusd.address, key, "v")
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count(b"\n") == 1 and b"reserved '!'" in done.stderr
+    # A secret key, and '!' inside a segment, are ordinary publishes.
+    for key in ("!/cred/0/0/1/x", "a/!x"):
+        done = run_cli("pub", "-a", sbusd.address, key, "v")
+        assert done.returncode == 0, done.stderr
 
 
 # --- the Client API ----------------------------------------------------------------------
