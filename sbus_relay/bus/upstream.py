@@ -292,11 +292,16 @@ class UpstreamLink:
 
     def _run(self) -> None:
         delay = self._min
+        failures = 0
         while not self._stopping:
             try:
                 sock = connect(self.address)
             except (OSError, AddressError) as e:
-                self.log.info("upstream.connect_failed", error=str(e), retry_in=round(delay, 3))
+                # The first failure of a streak is news (a relay started before its
+                # upstream says so at warning); the retries that follow are not.
+                failures += 1
+                say = self.log.warning if failures == 1 else self.log.info
+                say("upstream.connect_failed", error=str(e), retry_in=round(delay, 3))
                 gevent.sleep(delay)
                 delay = min(delay * 2, self._max)
                 continue
@@ -306,6 +311,7 @@ class UpstreamLink:
                 gevent.sleep(self._max)
                 continue
             self._open(sock)
+            failures = 0
             try:
                 self._read_loop(sock)
             except PeerError as e:

@@ -127,6 +127,7 @@ def test_analyze_builds_the_archive_then_uses_it_and_survives_a_broken_one(
     # No archive: the run works as ever and leaves a builder behind it.
     first = _analyze(captures, tmp_path / "out1")
     assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1].startswith("note: building a class archive"), first
     deadline = time.monotonic() + ARCHIVE_TEST_TIMEOUT / 2
     while not C.usable(path):
         assert time.monotonic() < deadline, (cache / C.LOG_NAME).read_text()[-2000:]
@@ -144,6 +145,7 @@ def test_analyze_builds_the_archive_then_uses_it_and_survives_a_broken_one(
         stop.set()
         watcher.join()
     assert second.returncode == 0, second.stderr
+    assert "note:" not in second.stdout
     assert any(f"-XX:SharedArchiveFile={path}" in args for args in seen), seen[:3]
     assert C.usable(path)
 
