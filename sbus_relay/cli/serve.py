@@ -24,6 +24,7 @@ from sbus_relay.ops.addresses import (
     MODE_GROUP,
     MODE_OTHER,
     MODE_OWNER,
+    connect,
     listen,
     parse_address,
     printable_name,
@@ -212,7 +213,18 @@ def _metrics_listener(config: ServerConfig) -> socket.socket:
     from sbus_relay.ops.metrics import bind_metrics
 
     assert config.metrics is not None
-    return bind_metrics(config.metrics)
+    try:
+        return bind_metrics(config.metrics)
+    except AddressError as exc:
+        busy = exc
+    # The usual cause: this very bus is running already (a second `make run`).
+    try:
+        if parse_address(config.address).kind != "path":
+            raise busy
+        connect(config.address).close()
+    except (AddressError, OSError):
+        raise busy from None
+    raise AddressError(f"a bus is already running on {config.address} (and {busy})")
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

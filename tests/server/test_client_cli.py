@@ -477,3 +477,18 @@ def test_a_busy_metrics_port_is_one_line_naming_the_address(tmp_path: Path) -> N
         f"sbus-relay serve: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
     ]
     assert not address.exists()  # the bus never listened
+
+
+def test_a_second_start_of_the_same_bus_says_it_is_running(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics = f"127.0.0.1:{port}"
+    with start_bus(tmp_path, "--metrics", metrics, command="serve") as bus:
+        done = run_cli("serve", "-f", "-a", bus.address, "--metrics", metrics)
+        assert done.returncode == 2
+        assert done.stderr.decode().splitlines() == [
+            f"sbus-relay serve: a bus is already running on {bus.address} "
+            f"(and cannot serve metrics on {metrics}: Address already in use)"
+        ]
+        assert os.path.exists(bus.address)  # the running bus keeps its socket
