@@ -152,18 +152,24 @@ def _on_loopback(master: str) -> bool:
     return True
 
 
-def _note_interrupts(seen: list[int]) -> None:
-    """Replace pyspark's SIGINT handler (which calls into the JVM from inside the
-    handler, while the main thread waits on that same connection): remember the
-    signal in ``seen``, mute the logging of py4j's broken calls that follow (Ctrl-C
-    stops the JVM too, in the same process group), and raise KeyboardInterrupt."""
+def _note_interrupts(seen: list[int], *, defer: bool = False) -> None:
+    """Take over SIGINT: remember it in ``seen`` and, unless ``defer``, raise
+    KeyboardInterrupt after muting the logging of the py4j calls it breaks.
+
+    Deferred while the JVM starts: pyspark launches it ignoring SIGINT (it exits
+    when its stdin closes, with this process) but an interrupted launch deletes
+    the file the JVM writes its port to, and a JVM that fails there never reads
+    its stdin: it would outlive us.  Once it runs, pyspark's own handler is
+    replaced too: it calls into the JVM from inside the handler while the main
+    thread waits on that same connection."""
     if threading.current_thread() is not threading.main_thread():
         return
 
     def on_interrupt(signum: int, frame: types.FrameType | None) -> None:
         seen.append(signum)
-        logging.disable(logging.CRITICAL)
-        raise KeyboardInterrupt
+        if not defer:
+            logging.disable(logging.CRITICAL)
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_interrupt)
 
@@ -237,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
             executor = "spark.executor.extraJavaOptions"
             if cluster and executor not in conf and _on_loopback(args.master):
                 session_conf[executor] = f"{session_conf[executor]} {archive}"
+        _note_interrupts(interrupted, defer=True)
         try:
             spark = A.build_session(args.master, session_conf, jvm_log=jvm_log)
         except Exception as exc:
@@ -251,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         t_session = time.monotonic()
         _note_interrupts(interrupted)
         try:
+            if interrupted:  # while the JVM started
+                raise KeyboardInterrupt
             spark.sparkContext.setLogLevel("ERROR")
             for key, value in A.partitioning(inputs.bytes, A.parallelism(spark)).items():
                 if key not in conf:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -169,10 +170,11 @@ def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, del
     captures = tmp_path / "captures"
     generate(captures, 3_000_000, seconds=3600.0)
     out = tmp_path / "out"
+    tag = f"SBUS_TEST_RUN={uuid.uuid4().hex}"  # finds the run's processes by environment
     proc = subprocess.Popen(
         [os.path.join(VENV_BIN, "sbus-relay"), "analyze", str(captures), "--out", str(out)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
         # As from a terminal: SIGINT as Python expects it, to the whole group.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
@@ -184,3 +186,23 @@ def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, del
     lines = [x for x in stderr.splitlines() if x.strip()]
     assert lines == ["sbus-relay analyze: interrupted; nothing written"], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["captures"]  # no output, no staging
+    # pyspark's JVM ignores SIGINT and exits when its stdin closes: none outlives the run.
+    deadline = time.monotonic() + 30
+    while left := _processes_with(tag):
+        assert time.monotonic() < deadline, f"left running: {left}"
+        time.sleep(0.2)
+
+
+def _processes_with(tag: str) -> list[str]:
+    """Command lines of the live processes whose environment holds ``tag``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() not in Path("/proc", pid, "environ").read_bytes().split(b"\0"):
+                continue
+            if Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # exited, not yet reaped
+            found.append(Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ")[:200])
+        except OSError:
+            continue
+    return [c.decode(errors="replace") for c in found]
