@@ -287,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
         if interrupted or isinstance(exc, KeyboardInterrupt):
             # Ctrl-C reaches the JVM too: whatever failed after it is no news.
             logging.disable(logging.NOTSET)
+            with contextlib.suppress(OSError):
+                os.unlink(jvm_log)  # nothing failed: nothing worth keeping
             print("sbus-relay analyze: interrupted; nothing written", file=sys.stderr)
             return EXIT_INTERRUPTED
         if not isinstance(exc, PySparkException | Py4JError):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -185,6 +186,7 @@ def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, del
     assert proc.returncode == 130, (stdout, stderr)
     lines = [x for x in stderr.splitlines() if x.strip()]
     assert lines == ["sbus-relay analyze: interrupted; nothing written"], stderr
+    assert not Path(tempfile.gettempdir(), f"sbus-analyze-{proc.pid}.log").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["captures"]  # no output, no staging
     # pyspark's JVM ignores SIGINT and exits when its stdin closes: none outlives the run.
     deadline = time.monotonic() + 30
