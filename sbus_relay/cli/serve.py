@@ -24,7 +24,7 @@ from sbus_relay.ops.addresses import (
     MODE_GROUP,
     MODE_OTHER,
     MODE_OWNER,
-    connect,
+    answers,
     listen,
     parse_address,
     printable_name,
@@ -215,16 +215,18 @@ def _metrics_listener(config: ServerConfig) -> socket.socket:
     assert config.metrics is not None
     try:
         return bind_metrics(config.metrics)
-    except AddressError as exc:
-        busy = exc
-    # The usual cause: this very bus is running already (a second `make run`).
-    try:
-        if parse_address(config.address).kind != "path":
-            raise busy
-        connect(config.address).close()
-    except (AddressError, OSError):
-        raise busy from None
-    raise AddressError(f"a bus is already running on {config.address} (and {busy})")
+    except AddressError as busy:
+        # The usual cause: this very bus is running already (a second `make run`).
+        try:
+            address = parse_address(config.address)
+            running = address.kind == "path" and answers(address.path)
+        except (AddressError, OSError):
+            running = False
+        if running:
+            raise AddressError(
+                f"a bus is already running on {config.address} (and {busy})"
+            ) from None
+        raise
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

@@ -232,23 +232,32 @@ def _remove_stale(path: str, warn: Callable[[str], None]) -> None:
             raise AddressError(f"cannot remove {path}: {exc.strerror or exc}") from exc
         warn(f"removed {path}, which was not a socket")
         return
-    probe = _new_socket()
-    probe.settimeout(STALE_PROBE_TIMEOUT)
     try:
-        probe.connect(os.fsencode(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        pass  # nobody listens: stale
+        live = answers(path)
     except OSError as exc:
         if exc.errno == errno.EPROTOTYPE:
             # A socket of another type (e.g. a stream server) lives there.
             raise AddressError(f"{path} is a socket of another kind in use") from exc
         raise AddressError(f"cannot tell whether {path} is stale: {exc}") from exc
-    else:
+    if live:
         raise AddressError(f"{path} is in use by a running server; not removing it")
-    finally:
-        probe.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def answers(path: str) -> bool:
+    """Whether a server accepts connections on the socket file ``path`` (one
+    connect, at most STALE_PROBE_TIMEOUT); False when nobody listens there.
+    Any other failure (a socket of another kind, a timeout) is raised."""
+    probe = _new_socket()
+    probe.settimeout(STALE_PROBE_TIMEOUT)
+    try:
+        probe.connect(os.fsencode(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def adopt_listener(fd: int) -> socket.socket:

@@ -113,9 +113,9 @@ def usable(path: Path) -> bool:
         return False
 
 
-def discard(path: Path | None = None) -> None:
+def discard() -> None:
     """Remove the archive (and its size record), e.g. when a JVM failed with it."""
-    path = archive_path() if path is None else path
+    path = archive_path()
     if path is not None:
         for p in (path, _size_file(path)):
             with contextlib.suppress(OSError):
@@ -161,17 +161,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _holder(lock: Path) -> int:
+    """The pid in a builder's lock file (0 when there is none)."""
+    try:
+        return int(lock.read_text() or "0")
+    except (OSError, ValueError):
+        return 0
+
+
 def _lock(path: Path) -> bool:
     """Take the builder's lock (a file holding the pid); a dead holder's is taken over."""
     for _ in range(2):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            try:
-                pid = int(path.read_text() or "0")
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
+            if _alive(_holder(path)):
                 return False
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -188,10 +192,8 @@ def build_later() -> bool:
     path = archive_path()
     if path is None or usable(path):
         return False
-    lock = path.with_suffix(LOCK_SUFFIX)
-    with contextlib.suppress(OSError, ValueError):
-        if _alive(int(lock.read_text())):
-            return False
+    if _alive(_holder(path.with_suffix(LOCK_SUFFIX))):
+        return False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         log = open(path.parent / LOG_NAME, "wb")  # noqa: SIM115 (the child's)
