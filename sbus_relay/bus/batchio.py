@@ -4,24 +4,24 @@ The bus reads a client's waiting packets as one batch and sends each
 recipient what a batch routed to it in one call.  The compiled helper
 (``_batchio``, built from ``_batchio.c`` when the package is installed with a
 C compiler) does that with one system call per batch; without it, or with
-``SBUS_PURE_PYTHON=1`` in the environment, the functions below do the same
-one packet per call.  Both are tested (``tests/server/test_batchio.py``).
+``SBUS_PURE_PYTHON=1`` in the environment (``accel``), the functions below do
+the same one packet per call.  Both are tested (``tests/server/test_batchio.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import socket
 from types import ModuleType
 
+from sbus_relay.accel import pure_python_requested
 from sbus_relay.protocol.limits import MAX_PACKET
 
 _TRUNC = socket.MSG_TRUNC
 
 _compiled: ModuleType | None = None
-if not os.environ.get("SBUS_PURE_PYTHON"):
+if not pure_python_requested():
     with contextlib.suppress(ImportError):
         _compiled = importlib.import_module("sbus_relay.bus._batchio")
 

@@ -1,26 +1,20 @@
-"""The sbus server: accepting, routing and control messages, on gevent.
+"""The sbus server: accepting clients, and everything but the routing of MSG.
 
 Theory of operation.  One gevent hub runs everything, and no greenlet exists
-per client: the hub calls a connection's ``_on_readable`` when it has
-packets.  The path of one message, top to bottom:
+per client: the hub calls a connection's callbacks when its socket is ready.
+A published message never passes through this class: ``Connection`` reads
+it, ``Router`` matches it once and offers it to each recipient, and each
+recipient sends, batches, queues or drops it (``bus/connection.py`` follows
+one message from ``recvmmsg`` to ``sendmmsg``).
 
-1. ``Connection._on_readable`` reads a batch of packets (one ``recvmmsg``
-   where compiled) and hands each ``MSG`` to ``Server.publish`` (below);
-2. ``publish`` finds the recipients (``SubscriptionIndex.match``: a bounded
-   cache, then flat dicts and a trie); a recipient with nothing queued gets
-   the packet appended to its ``pending`` list, and ``flush`` sends each one
-   its list in one ``sendmmsg`` at the end of the batch;
-3. what a socket cannot take now goes through ``Connection.deliver``, where
-   ``protocol.flood`` decides (queue, pause the publisher, drop, shed,
-   disconnect) and the connection carries it out;
-4. on a relay, ``UpstreamLink.forward`` sends the message up if the upstream
-   wants it.
-
-Everything else (SUB, UNSUB, CMSG) goes through ``handle``.  Per-user quotas
-(``protocol.quota``) are checked at accept and on each new pattern.  On a
-relay, ``upstream`` is the link to the parent bus (docs/protocol.md,
-"Relays"); the index's first/last callbacks feed it SUB/UNSUB, and it calls
-back through the ``UpstreamHost`` methods at the end of this class.
+What the server owns is the rest: accepting (with per-user quotas, at
+accept and for each new pattern, ``protocol.quota``), SUB, UNSUB and CMSG
+(``handle``), the subscription index, the interest notices to relays below,
+and on a relay the identity prefix.  There, ``upstream`` is the link to the
+parent bus (docs/protocol.md, "Relays"): the index's first/last callbacks
+feed it SUB/UNSUB, its connection is one more recipient in the index
+(holding what the upstream wants), and it calls back through the
+``UpstreamHost`` methods at the end of this class.
 """
 
 from __future__ import annotations
@@ -37,24 +31,23 @@ import gevent
 import structlog
 from gevent.event import Event
 
+from sbus_relay import accel
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import OutboundQueue, parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
 from sbus_relay.protocol.interest import ADD, InterestTracker
-from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern, valid_key
+from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
 from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
     ACCEPT_BATCH,
     SEND_BUFFER,
-    STOP_TIMEOUT,
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
-from .batchio import send_all
-from .connection import Connection
+from .connection import Connection, Router
 from .upstream import UpstreamLink
 
 _CRED_FMT = "3i"  # struct ucred: pid, uid, gid
@@ -69,6 +62,11 @@ def _counters(conn: Connection) -> tuple[int, ...]:
     """One connection's row of ``accounting.COUNTERS``."""
     ended = bool(conn.ended) and conn.ended != "closed"
     return (conn.msgs_in, conn.msgs_out, conn.bytes_in, conn.bytes_out, conn.dropped, ended)
+
+
+def _traffic(conn: Connection) -> tuple[int, int, int, int]:
+    """What one connection read and was sent: messages and bytes each way."""
+    return (conn.msgs_in, conn.bytes_in, conn.msgs_out, conn.bytes_out)
 
 
 class Server:
@@ -91,9 +89,9 @@ class Server:
             on_first=self._first_subscriber, on_last=self._last_subscriber
         )
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)
-        #: the index's key -> recipients cache, read directly on the hot path
-        #: (the dict object lives as long as the index; it is only ever cleared)
-        self._cached = self.index.cache.get
+        self.router = Router(self.index, self.stats)
+        #: traffic of the clients that have gone (``_traffic``), for the totals
+        self._gone = [0, 0, 0, 0]
         self.client_limits = config.client_limits()
         self._quotas = dict(config.user_quotas)
         self._default_quota = config.user_quota()
@@ -109,8 +107,6 @@ class Server:
         self.prefix: bytes | None = b""
         #: connections holding a packet until the prefix is known
         self._awaiting_prefix: list[Connection] = []
-        #: connections with packets routed by the current batch (``flush``)
-        self._dirty: list[Connection] = []
         self.stopped = Event()
         self._next_cid = 0
         self._ever_connected = False
@@ -122,7 +118,8 @@ class Server:
         self._backoff = ACCEPT_BACKOFF_MIN
         if config.upstream:
             self.prefix = None
-            self.upstream = UpstreamLink(self, config, self.stats, self.log)
+            self.upstream = UpstreamLink(self, config, self.log)
+            self.index.quiet = self.upstream.conn
 
     # --- lifecycle -------------------------------------------------------
 
@@ -133,7 +130,7 @@ class Server:
         self._accept_watcher.start(self._on_acceptable)
         if self.upstream is not None:
             self.upstream.start()
-        self.log.info("server.started", relay=self.upstream is not None)
+        self.log.info("server.started", relay=self.upstream is not None, hot_path=accel.mode())
 
     def serve_forever(self) -> None:
         """Start, then block until ``stop()``."""
@@ -141,13 +138,11 @@ class Server:
             self.start()
         self.stopped.wait()
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def stop(self) -> None:
         """Stop accepting, disconnect every client, drop the upstream link.
 
-        Nothing here waits: clients have no greenlets, so closing them is
-        immediate; ``timeout`` is kept for callers of gevent's server API.
+        Nothing here waits: clients have no greenlets, so closing them is immediate.
         """
-        del timeout
         if self.stopped.is_set():
             return
         for watcher in (self._accept_watcher, self._accept_timer):
@@ -221,16 +216,29 @@ class Server:
             self.config.hard_limit_bytes, self.config.hard_limit_messages, account
         )
         conn = Connection(
-            self, sock, self._next_cid, Credentials(gid, uid, pid), queue, account, self.log
+            self.router,
+            self,
+            sock,
+            self._next_cid,
+            Credentials(gid, uid, pid),
+            queue,
+            account,
+            self.log,
         )
         self.clients[conn.cid] = conn
         self._ever_connected = True
         self.stats.connections_accepted += 1
         conn.log.info("client.connected")
 
+    def lost(self, conn: Connection, reason: str, detail: str) -> None:
+        """A client failed (it closed, misbehaved, or its socket did): close it."""
+        conn.close(reason, detail)
+
     def forget(self, conn: Connection) -> None:
         """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
+        for i, n in enumerate(_traffic(conn)):
+            self._gone[i] += n
         if conn.interest:
             del self.interest.listeners[conn]
         for pattern in list(self.index.patterns_of(conn)):
@@ -248,100 +256,10 @@ class Server:
         if self.config.exit_when_empty and self._ever_connected and not self.clients:
             gevent.spawn(self.stop)
 
-    # --- routing: the hot path ------------------------------------------------
-
-    def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
-        """Route one MSG packet: to local subscribers, and upward on a relay.
-
-        ``sender`` is None for messages that came down from the upstream, which
-        are never sent back up.
-        """
-        if b"!" in key and not valid_key(key):
-            self.stats.drops["reserved_key"] += 1
-            return
-        recipients = self._cached(key)
-        if recipients is None:
-            recipients = self.index.match(key)
-        if recipients:
-            delivered = 0
-            drops = self.stats.drops
-            for conn in recipients:
-                if conn is sender and not sender.echo:
-                    continue
-                shed = conn.shed
-                if shed is not None:
-                    drops[shed] += 1
-                    conn.episode_drops += 1
-                    conn.dropped += 1
-                    continue
-                if not conn.queue.count:
-                    if conn.batch:  # sent with the rest of this batch by flush(),
-                        # which hands what the socket refuses to flood control
-                        # (so hard/block may pass its limit by one batch at most)
-                        pending = conn.pending
-                        if pending is None:
-                            conn.pending = [packet]
-                            self._dirty.append(conn)
-                        else:
-                            pending.append(packet)
-                        continue
-                    try:
-                        conn.send(packet)
-                        delivered += 1
-                        conn.msgs_out += 1
-                        conn.bytes_out += len(packet)
-                        continue
-                    except BlockingIOError:
-                        pass
-                    except OSError as e:
-                        conn.close("io_error", str(e))
-                        continue
-                conn.deliver(packet, sender)
-            if delivered:
-                stats = self.stats
-                stats.delivered += delivered
-                stats.bytes_out += delivered * len(packet)
-        upstream = self.upstream
-        if upstream is not None and sender is not None:
-            upstream.forward(key, packet)
-
-    def flush(self, sender: Connection | None = None) -> None:
-        """Send each recipient what this batch routed to it, in one call where
-        compiled (``batchio``); what its socket does not take goes through
-        ``Connection.deliver`` and so through flood control, in order
-        (``sender``, the batch's publisher, may be paused by a hard/block)."""
-        upstream = self.upstream
-        if upstream is not None:
-            upstream.flush()
-        dirty = self._dirty
-        if not dirty:
-            return
-        self._dirty = []
-        stats = self.stats
-        for conn in dirty:
-            pending, conn.pending = conn.pending, None
-            if pending is None or not conn.alive:
-                continue
-            try:
-                sent = send_all(conn.sock, conn.fd, pending)
-            except OSError as e:
-                conn.pending = pending  # counted as lost with the queue
-                conn.close("io_error", str(e))
-                continue
-            total = len(pending)
-            if sent:
-                nbytes = sum(map(len, pending if sent == total else pending[:sent]))
-                stats.delivered += sent
-                stats.bytes_out += nbytes
-                conn.msgs_out += sent
-                conn.bytes_out += nbytes
-            for i in range(sent, total):
-                conn.deliver(pending[i], sender)
-
     # --- everything but MSG ----------------------------------------------------
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """SUB, UNSUB and CMSG from a client (MSG goes through ``publish``)."""
+        """SUB, UNSUB and CMSG from a client (MSG goes through ``Router.publish``)."""
         event = codec.decode(packet)
         kind = type(event)
         if kind is codec.Subscribe:
@@ -378,7 +296,7 @@ class Server:
             if not conn.relay or e.reason != "secret_refused":
                 raise
             # A relay carries many clients: refuse the pattern, keep the relay.
-            conn.warn_repeated("client.pattern_refused", reason=e.reason, detail=e.detail)
+            conn.warn("client.pattern_refused", reason=e.reason, detail=e.detail)
             return
         if self.index.count_of(conn, stored) == 0:
             why = quota.refuse_pattern(
@@ -394,7 +312,7 @@ class Server:
                 if not conn.relay:
                     raise PeerError(why, "pattern of %d bytes refused" % len(stored))
                 # A relay carries many clients: refuse the pattern, keep the relay.
-                conn.warn_repeated("client.pattern_refused", reason=why)
+                conn.warn("client.pattern_refused", reason=why)
                 return
         self._change(conn, stored, add=True)
 
@@ -408,7 +326,7 @@ class Server:
             stored = pattern  # cannot be held; counted as unknown below
         if self.index.count_of(conn, stored) == 0:
             self.stats.unknown_unsubscribes += 1
-            conn.warn_repeated(
+            conn.warn(
                 "client.unknown_unsubscribe", pattern=pattern[:200].decode("utf-8", "replace")
             )
             return
@@ -501,7 +419,7 @@ class Server:
         name = accounting.relay_name(raw)
         if name is None or not conn.relay:  # only a relay (after interest/on) is named
             shown = raw[: accounting.MAX_NAME].decode("utf-8", "replace")
-            conn.warn_repeated("client.relay_name_refused", name=shown, relay=conn.relay)
+            conn.warn("client.relay_name_refused", name=shown, relay=conn.relay)
             return
         self._relabel(conn, name)
         conn.log.info("client.relay_named", name=name)
@@ -516,14 +434,10 @@ class Server:
         if self.upstream is not None:
             self.upstream.unsubscribe(pattern)
 
-    def deliver(self, packet: bytes, key: bytes) -> None:
-        """A message came down from the upstream: deliver it here, never back up
-        (the link calls ``flush`` after each batch)."""
-        self.publish(None, packet, key)
-
     def local_patterns(self) -> Iterable[bytes]:
-        """Every distinct pattern held by a local client."""
-        return self.index.patterns()
+        """Every distinct pattern held by a local client (not by the upstream link)."""
+        quiet = self.index.quiet
+        return [p for p in self.index.patterns() if self.index.holders(p) != (quiet,)]
 
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream told us who we are: ``<whoami reply>/``.
@@ -557,21 +471,30 @@ class Server:
                     self._change(conn, renamed, add=True)
 
     def upstream_interest(self, pattern: bytes, present: bool) -> None:
-        """The upstream's interest changed: re-advertise it to our own listeners."""
-        self._notify(self.interest.set_upstream(pattern, present))
-
-    def upstream_interest_lost(self) -> None:
-        """The upstream link went down: its interest is unknown again."""
-        self._notify(self.interest.clear_upstream())
+        """The upstream link comes to hold ``pattern`` (or one hold of it goes):
+        what the upstream wants, so our own relays are told like of any pattern."""
+        link = self.index.quiet
+        assert link is not None
+        if present or self.index.count_of(link, pattern):
+            self._change(link, pattern, add=present)
 
     # --- observability ---------------------------------------------------
 
     def gauges(self) -> Gauges:
-        """A snapshot for the metrics collector (cost: one pass over the clients)."""
-        queued = qbytes = big = bigbytes = blocked = 0
+        """A snapshot for the metrics collector (cost: one pass over the clients).
+
+        The traffic counters are summed here from each connection's own counts
+        (and those of the clients that have gone): the hot path never touches
+        a shared counter.
+        """
+        queued = qbytes = big = bigbytes = blocked = dropping = 0
+        traffic = list(self._gone)
         soft: dict[str, int] = {}
         hard: dict[str, int] = {}
         for conn in self.clients.values():
+            for i, n in enumerate(_traffic(conn)):
+                traffic[i] += n
+            dropping += conn.dropping
             q = conn.queue
             queued += q.count
             qbytes += q.nbytes
@@ -581,7 +504,13 @@ class Server:
             hard[q.hard] = hard.get(q.hard, 0) + 1
             blocked += conn.pauses > 0
         up = self.upstream
+        link = up.conn if up is not None else None
         return Gauges(
+            messages_in=traffic[0],
+            bytes_in=traffic[1],
+            delivered=traffic[2],
+            bytes_out=traffic[3],
+            dropping_clients=dropping,
             clients=len(self.clients),
             users=len(self.accounts),
             patterns=len(self.index),
@@ -596,7 +525,9 @@ class Server:
             is_relay=up is not None,
             upstream_connected=up is not None and up.connected,
             upstream_interest_patterns=up.interest_count if up is not None else 0,
-            upstream_queue_messages=up.queued if up is not None else 0,
+            upstream_queue_messages=link.queue.count if link is not None else 0,
+            forwarded_up=link.msgs_out if link is not None else 0,
+            forwarded_down=link.msgs_in if link is not None else 0,
         )
 
     def who(self) -> dict[str, list[tuple[str, list[int], list[int]]]]:
@@ -651,6 +582,7 @@ class Server:
                     "soft": q.soft,
                     "hard": q.hard,
                     "paused": conn.pauses > 0,
+                    "dropping": conn.dropping,
                 }
             )
         return rows

@@ -137,6 +137,7 @@ class MetricsCollector(Collector):
         yield from self._counters(self._stats)
         yield self._queue_wait(self._stats)
         if gauges is not None:
+            yield from self._traffic(self._stats, gauges)
             # Every known flood mode is exported, at 0 when no client uses it, so
             # a series exists before the first client switches (docs/protocol.md, Flood control).
             yield from self._gauges(gauges)
@@ -164,20 +165,29 @@ class MetricsCollector(Collector):
         return info
 
     @staticmethod
-    def _counters(stats: Stats) -> Iterator[Metric]:
+    def _traffic(stats: Stats, g: Gauges) -> Iterator[Metric]:
+        """The traffic counters: each connection counts its own, summed on scrape."""
         yield _labelled_counter(
             "sbus_packets_received_total",
             "Packets read from clients, by type (invalid = protocol error).",
             "type",
-            stats.packets_in,
+            {**stats.packets_in, "msg": g.messages_in},
         )
         yield _counter(
             "sbus_messages_delivered_total",
             "Copies of MSG packets handed to a client's socket.",
-            stats.delivered,
+            g.delivered,
         )
-        yield _counter("sbus_received_bytes_total", "Bytes read from clients.", stats.bytes_in)
-        yield _counter("sbus_sent_bytes_total", "Bytes written to clients.", stats.bytes_out)
+        yield _counter("sbus_received_bytes_total", "Bytes read from clients.", g.bytes_in)
+        yield _counter("sbus_sent_bytes_total", "Bytes written to clients.", g.bytes_out)
+        yield _gauge(
+            "sbus_clients_dropping",
+            "Clients whose messages are being dropped now (a slow consumer's drop episode).",
+            g.dropping_clients,
+        )
+
+    @staticmethod
+    def _counters(stats: Stats) -> Iterator[Metric]:
         yield _labelled_counter(
             "sbus_messages_dropped_total",
             "Messages not delivered to a client, by reason.",
@@ -319,7 +329,7 @@ class MetricsCollector(Collector):
             "sbus_upstream_forwarded_messages_total",
             "Messages forwarded to the upstream (up) and from it to local clients (down).",
             "direction",
-            {"up": stats.forwarded_up, "down": stats.forwarded_down},
+            {"up": g.forwarded_up, "down": g.forwarded_down},
         )
         yield _gauge(
             "sbus_upstream_interest_patterns",

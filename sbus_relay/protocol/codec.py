@@ -8,13 +8,15 @@ One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
     CMSG <key>[\\0<payload>]         Control (never forwarded)
 
 Anything else raises ``PeerError`` -- the only error bad input can raise.
-The server's hot path calls ``publish_key`` directly, which allocates only the
-key; ``decode`` builds an event object and serves everything else.
+The server's read loop picks the key out of a ``MSG`` itself (allocating
+only the key); ``decode`` builds an event object and serves everything else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sbus_relay.accel import load_compiled
 
 from .errors import PeerError, UsageError
 from .limits import MAX_PACKET
@@ -50,19 +52,6 @@ class Control:
 
 
 Event = Subscribe | Unsubscribe | Publish | Control
-
-
-def publish_key(packet: bytes) -> bytes | None:
-    """Return the routing key if ``packet`` is a well-formed MSG, else None.
-
-    None means "not a MSG packet"; a MSG without its NUL raises ``PeerError``.
-    """
-    if packet[:4] != MSG:
-        return None
-    nul = packet.find(NUL, 4)
-    if nul < 0:
-        raise PeerError("protocol_error", "MSG without NUL")
-    return packet[4:nul]
 
 
 def _head(packet: bytes, start: int) -> bytes:
@@ -118,17 +107,9 @@ def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     return CMSG + key if payload is None else CMSG + key + NUL + payload
 
 
-def encode(event: Event) -> bytes:
-    """Encode any event (inverse of ``decode``)."""
-    if isinstance(event, Publish):
-        return encode_msg(event.key, event.payload)
-    if isinstance(event, Subscribe):
-        return encode_sub(event.pattern)
-    if isinstance(event, Unsubscribe):
-        return encode_unsub(event.pattern)
-    return encode_cmsg(event.key, event.payload)
-
-
 def _check_field(value: bytes) -> None:
     if NUL in value:
         raise UsageError("routing keys and patterns cannot contain NUL")
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_codec")

@@ -14,10 +14,10 @@ carries the decision out:
 * ``decide_reply`` -- a server-made reply (whoami, drops/count) for a client
   at or over its limit: queued within a small slack, else dropped, never a
   reason to disconnect.
-* ``decide_upward`` -- a relay's message for its upstream: queued within the
-  bound, else dropped; a relay's local bus never waits for its upstream.
 
-Interest notices to relays are not decided here: they are coalesced per
+A relay's link to its upstream has a queue like a client's (queue, then
+discard past its bound: ``DROP_UPWARD``): a relay's local bus never waits for
+its upstream.  Interest notices are not decided here: they are coalesced per
 pattern in the connection, so they are bounded by the number of distinct
 patterns and never dropped.
 
@@ -41,6 +41,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from enum import Enum
+
+from sbus_relay.accel import load_compiled
 
 from .quota import Account, unlimited
 
@@ -68,9 +70,6 @@ class Action(Enum):
 
 #: Actions that make the publisher wait (it stops being read) until ``still_blocked`` is False.
 BLOCKING = frozenset({Action.QUEUE_AND_WAIT_EMPTY, Action.QUEUE_AND_WAIT_BELOW})
-#: Actions after which further messages are shed without a send attempt until
-#: ``shedding_ends``: a stalled client then costs the others a counter increment.
-SHEDDING = frozenset({Action.DROP_SOFT, Action.DROP_HARD})
 
 
 class OutboundQueue:
@@ -98,12 +97,22 @@ class OutboundQueue:
         "nbytes",
         "order",
         "soft",
+        "upward",
     )
 
-    def __init__(self, max_bytes: int, max_messages: int, account: Account | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        max_messages: int,
+        account: Account | None = None,
+        *,
+        upward: bool = False,
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_messages = max_messages
         self.account = account if account is not None else unlimited()
+        #: a relay's queue of messages for its upstream (past its bound: DROP_UPWARD)
+        self.upward = upward
         self.soft = "queue"
         self.hard = "discard"
         self.order = "queue"
@@ -206,7 +215,7 @@ def decide(q: OutboundQueue) -> Action:
     if q.over_limit():
         hard = q.hard
         if hard == "discard":
-            return Action.DROP_HARD
+            return Action.DROP_UPWARD if q.upward else Action.DROP_HARD
         if hard == "error":
             return Action.DISCONNECT
         return Action.QUEUE_AND_WAIT_BELOW
@@ -250,17 +259,6 @@ def decide_reply(q: OutboundQueue) -> Action:
     return Action.DROP_HARD
 
 
-def decide_upward(count: int, nbytes: int, max_messages: int, max_bytes: int) -> Action:
-    """A local publish a relay must send up, with ``count``/``nbytes`` already waiting.
-
-    Queued within the bound, else dropped (counted): the relay's local bus
-    never waits for its upstream, connected or not.
-    """
-    if count < max_messages and nbytes < max_bytes:
-        return Action.QUEUE
-    return Action.DROP_UPWARD
-
-
 def parse_flood_control(key: bytes) -> tuple[str, str] | None:
     """``(setting, value)`` for a flood-control CMSG key, else None.
 
@@ -278,3 +276,6 @@ def parse_flood_control(key: bytes) -> tuple[str, str] | None:
         value = text[6:]
         return ("order", value) if value in ORDERS else None
     return None
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_flood")

@@ -21,8 +21,12 @@ Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing key
 * A leaf holds a tuple of the clients that subscribe there (each once); how
   many times each client subscribed is kept per client (a set of its
   patterns, and counts only for the duplicates).
-  The pattern's global count therefore goes 0 -> 1 exactly when the tuple
-  becomes non-empty: the ``on_first``/``on_last`` callbacks fire then.
+  The ``on_first``/``on_last`` callbacks fire when the first client comes to a
+  pattern and when the last one leaves.  One holder may be *quiet*: on a
+  relay that is the upstream link, which holds the patterns the upstream
+  wants, so that one ``match`` finds local subscribers and the upstream
+  alike; its patterns never fire the callbacks (a relay subscribes upstream
+  to what its own clients want, not to what the upstream wants).
 * ``match`` answers from a bounded key -> recipients cache, cleared whole on
   any change of the recipient sets, so a publish costs a dict lookup and the
   fan-out, whatever the number of patterns.
@@ -33,6 +37,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Generic, TypeVar
+
+from sbus_relay.accel import load_compiled
 
 from .keys import CRED, is_secret
 from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_SIZE
@@ -116,6 +122,8 @@ class SubscriptionIndex(Generic[C]):
         self._total = 0
         self.on_first = on_first
         self.on_last = on_last
+        #: the holder whose patterns do not fire ``on_first``/``on_last``
+        self.quiet: C | None = None
 
     # --- queries ---------------------------------------------------------
 
@@ -209,11 +217,11 @@ class SubscriptionIndex(Generic[C]):
 
     @property
     def distinct(self) -> int:
-        """Distinct patterns held."""
+        """Distinct patterns held (by anyone but the quiet holder)."""
         return self._distinct
 
     def __len__(self) -> int:
-        """Stored subscriptions, duplicates counted."""
+        """Stored subscriptions, duplicates counted (the quiet holder's are not)."""
         return self._total
 
     # --- changes ---------------------------------------------------------
@@ -224,15 +232,16 @@ class SubscriptionIndex(Generic[C]):
         owned = self._owned.get(client)
         if owned is None:
             owned = self._owned[client] = set()
-        self._total += 1
+        heard = client is not self.quiet
+        self._total += heard
         if pattern in owned:  # a duplicate: recipients unchanged, only counted
             extra = self._extra.setdefault(client, {})
             extra[pattern] = extra.get(pattern, 0) + 1
             return
         owned.add(pattern)
-        first = self._attach(client, pattern)
+        before = self._attach(client, pattern)
         self.cache.clear()
-        if first:
+        if heard and not self._heard(before):
             self._distinct += 1
             if self.on_first is not None:
                 self.on_first(pattern)
@@ -243,7 +252,7 @@ class SubscriptionIndex(Generic[C]):
         owned = self._owned.get(client)
         if owned is None or pattern not in owned:
             return False
-        self._total -= 1
+        self._total -= client is not self.quiet
         extra = self._extra.get(client)
         if extra and pattern in extra:
             if extra[pattern] > 1:
@@ -259,19 +268,6 @@ class SubscriptionIndex(Generic[C]):
             del self._owned[client]
             self._solo.pop(client, None)
         return True
-
-    def remove_client(self, client: C) -> int:
-        """Drop every pattern of ``client``; returns how many subscriptions went."""
-        owned = self._owned.pop(client, None)
-        extra = self._extra.pop(client, {})
-        if not owned:
-            return 0
-        removed = len(owned) + sum(extra.values())
-        self._total -= removed
-        for pattern in owned:
-            self._detach_and_notify(client, pattern)
-        self._solo.pop(client, None)
-        return removed
 
     # --- trie plumbing ---------------------------------------------------
 
@@ -292,10 +288,15 @@ class SubscriptionIndex(Generic[C]):
             return self._with(_EMPTY, left[0])
         return left
 
+    def _heard(self, holders: Holders) -> bool:
+        """Whether ``holders`` has anyone but the quiet holder."""
+        quiet = self.quiet
+        return any(h is not quiet for h in holders)
+
     def _detach_and_notify(self, client: C, pattern: bytes) -> None:
-        last = self._detach(client, pattern)
+        left = self._detach(client, pattern)
         self.cache.clear()
-        if last:
+        if client is not self.quiet and not self._heard(left):
             self._distinct -= 1
             if self.on_last is not None:
                 self.on_last(pattern)
@@ -347,7 +348,8 @@ class SubscriptionIndex(Generic[C]):
             node = nxt
         return node, "tail" if tail else "exact"
 
-    def _attach(self, client: C, pattern: bytes) -> bool:
+    def _attach(self, client: C, pattern: bytes) -> Holders:
+        """Store one more holder; the holders before it came."""
         slot = self._slot(pattern, create=True)
         assert slot is not None
         node, attr = slot
@@ -363,12 +365,13 @@ class SubscriptionIndex(Generic[C]):
         else:
             before = getattr(node, attr)
             setattr(node, attr, self._with(before, client))
-        return not before
+        return before
 
-    def _detach(self, client: C, pattern: bytes) -> bool:
+    def _detach(self, client: C, pattern: bytes) -> Holders:
+        """Remove one holder; the holders left."""
         if pattern == b"":
             self._everything = self._without(self._everything, client)
-            return not self._everything
+            return self._everything
         split = None if b"*" not in pattern else _split(pattern)
         if split is None:
             kind = "dead" if b"*" in pattern else "prefix" if pattern.endswith(b"/") else "exact"
@@ -378,7 +381,7 @@ class SubscriptionIndex(Generic[C]):
                 flat[pattern] = left
             else:
                 flat.pop(pattern, None)
-            return not left
+            return left
         segs, tail = split
         root = self._secret if is_secret(pattern) else self._public
         path: list[tuple[_Node, bytes]] = []
@@ -412,7 +415,7 @@ class SubscriptionIndex(Generic[C]):
                 if not parent.children:
                     parent.children = None
             node = parent
-        return not left
+        return left
 
 
 def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:
@@ -438,3 +441,6 @@ def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:
         for prefix, child in node.prefixed.items():
             if seg.startswith(prefix):
                 _walk(child, segs, i + 1, out)
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_index")

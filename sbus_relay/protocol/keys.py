@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sbus_relay.accel import load_compiled
+
 from .errors import PeerError
 
 CRED = b"!/cred/"
@@ -116,3 +118,6 @@ def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> by
     if _BANG in rest and _chain_end(rest.split(b"/"), digits=False) is None:
         raise PeerError("reserved_pattern", "'!' is reserved")
     return prefix + CRED + b"/".join(filled) + b"/" + rest
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_keys")

@@ -70,8 +70,6 @@ LISTEN_BACKLOG = 128
 #: is smaller than MAX_PACKET.  The kernel doubles the value and caps it at
 #: 2 x net.core.wmem_max (425,984 by default), which still fits MAX_PACKET.
 SEND_BUFFER = MAX_PACKET + 4096
-#: Seconds ``Server.stop`` waits for client greenlets before killing them.
-STOP_TIMEOUT = 2.0
 
 # --- relays (docs/protocol.md, "Relays") ----------------------------------------
 #: (config) Upward messages a relay keeps while its upstream is slow or away,
@@ -90,12 +88,13 @@ NOTICE_BATCH = 512
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
 
-# --- logging -----------------------------------------------------------------
-#: Seconds of quiet after which a slow client's drop episode is logged as over.
-DROP_EPISODE_QUIET = 1.0
-#: Seconds over which repeated misbehaviour log lines of one client are
-#: summarised: the first is logged, then one line with the count per interval.
-LOG_REPEAT_INTERVAL = 10.0
+# --- logging (``protocol.episodes``) -----------------------------------------
+#: Seconds without an occurrence after which an episode (a slow consumer's
+#: drops, a client's repeated misbehaviour) is over and logged as ended.
+EPISODE_QUIET = 1.0
+#: Seconds between two "still going" lines of one episode: a subscriber that
+#: never reads is named once when its drops begin, then once per interval.
+EPISODE_REPORT_INTERVAL = 10.0
 
 # --- addresses, daemon and client (docs/protocol.md, "Addresses and ...") ------
 #: Size of sun_path in struct sockaddr_un on Linux; abstract names are printed

@@ -13,7 +13,6 @@ from sbus_relay.protocol.flood import (
     OutboundQueue,
     decide,
     decide_reply,
-    decide_upward,
     parse_flood_control,
     shedding_ends,
     still_blocked,
@@ -109,9 +108,8 @@ def test_shedding_ends(reason: str, soft: str, queued: int, ends: bool) -> None:
     assert shedding_ends(reason, queue(soft, queued=queued)) is ends
 
 
-def test_blocking_and_shedding_sets() -> None:
+def test_blocking_set() -> None:
     assert {Action.QUEUE_AND_WAIT_EMPTY, Action.QUEUE_AND_WAIT_BELOW} == flood.BLOCKING
-    assert {Action.DROP_SOFT, Action.DROP_HARD} == flood.SHEDDING
 
 
 @pytest.mark.parametrize("hard", flood.HARD_MODES)
@@ -126,16 +124,23 @@ def test_replies_queue_past_the_limit_within_a_slack_and_never_disconnect(hard: 
 
 
 @pytest.mark.parametrize(
-    ("count", "nbytes", "action"),
+    ("count", "size", "action"),
     [
-        (0, 0, Action.QUEUE),
-        (9, 99, Action.QUEUE),
-        (10, 0, Action.DROP_UPWARD),  # message bound
-        (0, 100, Action.DROP_UPWARD),  # byte bound
+        (0, 1, Action.QUEUE),
+        (9, 11, Action.QUEUE),
+        (10, 1, Action.DROP_UPWARD),  # message bound
+        (1, 100, Action.DROP_UPWARD),  # byte bound
     ],
 )
-def test_decide_upward(count: int, nbytes: int, action: Action) -> None:
-    assert decide_upward(count, nbytes, max_messages=10, max_bytes=100) is action
+def test_the_upward_queue_drops_past_its_bound(count: int, size: int, action: Action) -> None:
+    """A relay's queue for its upstream: queued within the bound, else dropped
+    (never a block, never a disconnect: the local bus never waits for it)."""
+    q = OutboundQueue(max_bytes=100, max_messages=10, upward=True)
+    for _ in range(count):
+        q.push(b"x" * size, 0.0)
+    assert decide(q) is action
+    if action is Action.DROP_UPWARD:
+        assert not shedding_ends(action.value, q)
 
 
 def test_a_users_queued_bytes_count_against_every_one_of_its_queues() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -133,8 +134,40 @@ def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) ->
         (state.add if verb == "+" else state.discard)(p)
     assert state == live
     for client in (0, 1, 2):
-        ix.remove_client(client)
+        drop_client(ix, client)
     assert len(ix) == 0 and ix.distinct == 0 and not ix.match(key)
+
+
+def drop_client(ix: SubscriptionIndex[Any], client: Any) -> None:
+    """Remove every subscription of ``client``, as the server does when it goes."""
+    for pattern, count in ix.patterns_of(client).items():
+        for _ in range(count):
+            assert ix.remove(client, pattern)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), patterns), max_size=30))
+def test_the_quiet_holder_never_fires_the_callbacks(ops: list[tuple[bool, int, bytes]]) -> None:
+    """Holder 0 is quiet (a relay's upstream link): the callbacks follow the
+    other holders only, whatever the quiet one holds meanwhile."""
+    events: list[tuple[str, bytes]] = []
+    ix: SubscriptionIndex[int] = SubscriptionIndex(
+        on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
+    )
+    ix.quiet = 0
+    for add, client, pattern in ops:
+        if add:
+            ix.add(client, pattern)
+        else:
+            ix.remove(client, pattern)
+    heard = {p for c in (1, 2) for p in ix.patterns_of(c)}
+    assert ix.distinct == len(heard)
+    assert len(ix) == sum(n for c in (1, 2) for n in ix.patterns_of(c).values())
+    state: set[bytes] = set()
+    for verb, p in events:
+        assert (p in state) is (verb == "-")
+        (state.add if verb == "+" else state.discard)(p)
+    assert state == heard
 
 
 def test_duplicates_counted_and_unknown_remove() -> None:
@@ -162,7 +195,7 @@ def test_trie_pruned_after_removal() -> None:
     ix: SubscriptionIndex[str] = SubscriptionIndex()
     for i in range(50):
         ix.add("c", b"a/%d/b*/*/" % i)
-    ix.remove_client("c")
+    drop_client(ix, "c")
     assert ix._public.empty()
 
 
@@ -173,7 +206,7 @@ def test_holders_for_every_kind_of_pattern(pattern: bytes) -> None:
     ix.add("c", pattern)
     ix.add("d", pattern)
     assert set(ix.holders(pattern)) == {"c", "d"}
-    ix.remove_client("c")
+    drop_client(ix, "c")
     assert ix.holders(pattern) == ("d",)
 
 

@@ -39,10 +39,13 @@ def test_two_relays_see_each_other() -> None:
 
 
 def test_upstream_interest_is_readvertised() -> None:
+    """On a relay the upstream link holds what the upstream wants: one more
+    holder, so our own relays hear of it like of any other client's pattern."""
     ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix.quiet = "up"
     tr = InterestTracker(ix)
     tr.listeners["sub"] = None
-    assert tr.set_upstream(b"u", True) == [("sub", ADD, b"u")]
+    assert change(ix, tr, "up", b"u", True) == [("sub", ADD, b"u")]
     assert tr.snapshot("sub") == [b"u"]
     ix.add("sub", b"u")
-    assert tr.clear_upstream() == [("sub", REMOVE, b"u")]
+    assert change(ix, tr, "up", b"u", False) == [("sub", REMOVE, b"u")]
