@@ -1,8 +1,8 @@
 """The hot path compiled where it was built, pure Python everywhere else.
 
-The modules on a message's way through the bus (``protocol.codec``,
-``keys``, ``index``, ``flood``, ``episodes`` and ``bus.connection``) are plain
-Python, the one source of truth.  Installing the package compiles each of
+The modules on a message's way through the bus (``protocol.scan``, ``keys``,
+``index``, ``quota``, ``flood``, ``episodes`` and ``bus.connection``) are
+plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
 by ``bus/_c_connection.pxd``), as gevent does with its own modules.  Each
@@ -11,17 +11,19 @@ replaces its contents with the compiled module's -- unless:
 
 * ``SBUS_PURE_PYTHON=1`` is set: the pure-Python path, kept and tested;
 * nothing was compiled (no compiler or no Cython at install time);
-* a compiled module was built from other sources than those beside it (a
-  checkout edited since it was installed): a warning says so, once.
+* the compiled modules were built from other sources than those beside them
+  (a checkout edited since it was installed): a warning says so, once.
 
-The choice is all or nothing, made once per process on the first call, so
-compiled and pure classes never meet.  ``mode()`` says which was taken, and why.
+The choice is all or nothing, made once per process on the first call (from
+the environment and the build's record, importing nothing), so compiled and
+pure classes never meet.  ``mode()`` says which was taken, and why.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import warnings
@@ -32,14 +34,17 @@ from typing import Any
 PURE_PYTHON_ENV = "SBUS_PURE_PYTHON"
 #: The compiled modules, each built from the source module named beside it.
 COMPILED = {
-    "sbus_relay.protocol._c_codec": "sbus_relay.protocol.codec",
+    "sbus_relay.protocol._c_scan": "sbus_relay.protocol.scan",
     "sbus_relay.protocol._c_keys": "sbus_relay.protocol.keys",
+    "sbus_relay.protocol._c_quota": "sbus_relay.protocol.quota",
     "sbus_relay.protocol._c_index": "sbus_relay.protocol.index",
     "sbus_relay.protocol._c_flood": "sbus_relay.protocol.flood",
     "sbus_relay.protocol._c_episodes": "sbus_relay.protocol.episodes",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
 }
-#: What the build records: compiled module -> digest of the sources it came from.
+#: What the build records: the modules it compiled, and the digest of the
+#: sources they came from (all of them: a module's C layout depends on the
+#: .pxd files it cimports).
 DIGESTS_FILE = "_compiled.json"
 
 _ROOT = Path(__file__).resolve().parent
@@ -59,11 +64,12 @@ def source_files(compiled: str) -> list[Path]:
     return [folder / source, folder / (name + ".pxd")]
 
 
-def digest(compiled: str) -> str:
-    """The digest of the sources of ``compiled`` as they are now."""
+def digest() -> str:
+    """The digest of every compiled module's sources as they are now."""
     h = hashlib.sha256()
-    for path in source_files(compiled):
-        h.update(path.read_bytes())
+    for name in COMPILED:
+        for path in source_files(name):
+            h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -74,18 +80,16 @@ def _decide() -> tuple[bool, str]:
         built = json.loads((_ROOT / DIGESTS_FILE).read_text())
     except (OSError, ValueError):
         return False, "pure Python (the hot path was not compiled at install time)"
-    stale = sorted(name for name in COMPILED if built.get(name) != digest(name))
-    if stale:
-        why = "pure Python (compiled from older sources: reinstall to rebuild %s)" % (
-            ", ".join(COMPILED[name] for name in stale)
-        )
+    missing = sorted(COMPILED[name] for name in COMPILED if name not in built.get("modules", ()))
+    if missing:
+        return False, "pure Python (not compiled at install time: %s)" % ", ".join(missing)
+    if built.get("sources") != digest():
+        why = "pure Python (compiled from older sources: reinstall to rebuild the hot path)"
         warnings.warn("sbus_relay: " + why, RuntimeWarning, stacklevel=3)
         return False, why
-    try:
-        for name in COMPILED:
-            importlib.import_module(name)
-    except ImportError as e:
-        return False, f"pure Python (a compiled module would not load: {e})"
+    unbuilt = [name for name in COMPILED if importlib.util.find_spec(name) is None]
+    if unbuilt:
+        return False, "pure Python (compiled modules missing: %s)" % ", ".join(unbuilt)
     return True, "compiled (Cython)"
 
 
@@ -102,6 +106,16 @@ def compiled() -> bool:
     mode()
     assert _decision is not None
     return _decision[0]
+
+
+class NotCompiled:
+    """What ``cython.compiled`` reads where Cython itself is not installed.
+
+    A compiled module's few C-only shortcuts sit under ``if cython.compiled:``,
+    which Cython settles when it compiles; the pure path imports this instead.
+    """
+
+    compiled = False
 
 
 def load_compiled(namespace: dict[str, Any], name: str) -> None:

@@ -48,12 +48,19 @@ from typing import Any, Protocol
 import gevent
 
 from sbus_relay.accel import load_compiled
-from sbus_relay.protocol import codec, flood
-from sbus_relay.protocol.episodes import ENDED, Episode, Episodes
+from sbus_relay.protocol import codec, episodes
+from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import Action, OutboundQueue
+from sbus_relay.protocol.flood import (
+    Action,
+    OutboundQueue,
+    decide,
+    decide_reply,
+    shedding_ends,
+    still_blocked,
+)
 from sbus_relay.protocol.index import SubscriptionIndex
-from sbus_relay.protocol.keys import valid_key
+from sbus_relay.protocol.keys import BANG, valid_key
 from sbus_relay.protocol.limits import (
     EPISODE_QUIET,
     MAX_PACKET,
@@ -62,13 +69,13 @@ from sbus_relay.protocol.limits import (
     WRITE_BATCH,
 )
 from sbus_relay.protocol.quota import Account
+from sbus_relay.protocol.scan import cut, find_byte, size_of
 from sbus_relay.protocol.stats import Stats
 
 from .batchio import recv_many, send_all
 
 _MSG = b"MSG "
-_NUL = b"\0"
-_BANG = b"!"
+_NUL = 0
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
 _WRITE = 2
@@ -77,9 +84,11 @@ _REMOVE = b"interest/remove"
 _READY = b"interest/ready"
 _DISCONNECT = b"disconnect"
 _QUEUE = Action.QUEUE
+_WAIT_EMPTY = Action.QUEUE_AND_WAIT_EMPTY
+_WAIT_BELOW = Action.QUEUE_AND_WAIT_BELOW
 _DISCONNECT_ACTION = Action.DISCONNECT
-_BLOCKING = flood.BLOCKING
-_decide = flood.decide
+_DROP_REPLY = Action.DROP_HARD.value
+_ENDED = episodes.ENDED
 _monotonic = time.monotonic
 #: reasons a connection ends by itself or by the server's own shutdown: logged at info
 _ORDINARY = frozenset({"closed", "server_stopping"})
@@ -104,24 +113,21 @@ class Handler(Protocol):
 class Router:
     """Matches each published key once and offers the packet to every recipient."""
 
-    def __init__(self, index: SubscriptionIndex[Connection], stats: Stats) -> None:
+    def __init__(self, index: SubscriptionIndex, stats: Stats) -> None:
         self.index = index
         self.stats = stats
-        #: the index's key -> recipients cache, read directly (the dict lives as
-        #: long as the index; it is only ever cleared)
-        self.cache = index.cache
         #: connections that were offered packets during the current read batch
         self.dirty: list[Connection] = []
+        #: when the current read batch began: the time a packet queued during it
+        #: waits from (one clock read per batch, not per packet)
+        self.now = 0.0
 
     def publish(self, sender: Connection, packet: bytes, key: bytes) -> None:
         """Offer one ``MSG`` packet to everyone whose patterns match ``key``."""
-        if _BANG in key and not valid_key(key):
+        if BANG in key and not valid_key(key):
             self.stats.drops["reserved_key"] += 1
             return
-        recipients = self.cache.get(key)
-        if recipients is None:
-            recipients = self.index.match(key)
-        for conn in recipients:
+        for conn in self.index.match(key):
             if conn is not sender or conn.echo:
                 conn.offer(packet, sender)
 
@@ -149,6 +155,7 @@ class Connection:
         "_stash",
         "_tick",
         "_write_watcher",
+        "_writing",
         "account",
         "alive",
         "batch",
@@ -245,6 +252,7 @@ class Connection:
         self._loop = gevent.get_hub().loop
         self._read_watcher: Any = None
         self._write_watcher: Any = None
+        self._writing = False  # the write watcher is started
         self.sock: socket.socket | None = None
         self.fd = -1
         if sock is not None:
@@ -292,6 +300,7 @@ class Connection:
             if watcher is not None:
                 watcher.close()
         self._read_watcher = self._write_watcher = None
+        self._writing = False
         sock, self.sock = self.sock, None
         self.fd = -1
         if sock is not None:
@@ -304,7 +313,7 @@ class Connection:
         if self.sock is None:
             return  # closed since this callback was scheduled
         router = self.router
-        publish = router.publish
+        router.now = _monotonic()
         msgs = nbytes = done = 0
         try:
             packets, self._stash = self._stash, None
@@ -321,11 +330,11 @@ class Connection:
                     return
                 nbytes += len(packet)
                 if packet.startswith(_MSG):
-                    nul = packet.find(_NUL, 4)
+                    nul = find_byte(packet, _NUL, 4)
                     if nul < 0:
                         raise PeerError("protocol_error", "MSG without NUL")
                     msgs += 1
-                    publish(self, packet, packet[4:nul])
+                    router.publish(self, packet, cut(packet, 4, nul))
                 else:
                     router.flush(self)  # what was routed before it goes first
                     self.handler.handle(self, packet)
@@ -430,7 +439,7 @@ class Connection:
                 self._requeue(pending)
             return
         try:
-            sent = send_all(self.sock, self.fd, pending)  # type: ignore[arg-type]
+            sent = send_all(self.sock, self.fd, pending)
         except OSError as e:
             self.pending = pending  # counted as lost with the queue, or kept by the link
             self.fail("io_error", str(e))
@@ -438,7 +447,7 @@ class Connection:
         total = len(pending)
         if sent:
             self.msgs_out += sent
-            self.bytes_out += sum(map(len, pending if sent == total else pending[:sent]))
+            self.bytes_out += size_of(pending, sent)
         for i in range(sent, total):
             self.deliver(pending[i], sender)
 
@@ -453,13 +462,13 @@ class Connection:
         if not self.alive:
             return
         q = self.queue
-        action = _decide(q)
+        action = decide(q)
         if action is _QUEUE:  # the common case: a stalled consumer's queue fills here
-            q.push(packet, _monotonic())
+            q.push(packet, self.router.now)
             if self.open:
                 self._want_write()
-        elif action in _BLOCKING:
-            q.push(packet, _monotonic())
+        elif action is _WAIT_EMPTY or action is _WAIT_BELOW:
+            q.push(packet, self.router.now)
             self._want_write()
             # the upstream link is never paused: one slow local client must
             # not stop what comes down for everyone else
@@ -467,7 +476,10 @@ class Connection:
                 waiters = self.waiters
                 if waiters is None:
                     waiters = self.waiters = []
-                if not any(p is sender and a is action for p, a in waiters):
+                for publisher, why in waiters:
+                    if publisher is sender and why is action:
+                        break
+                else:
                     waiters.append((sender, action))
                     sender.pause()
         elif action is _DISCONNECT_ACTION:
@@ -491,11 +503,11 @@ class Connection:
             except OSError as e:
                 self.fail("io_error", str(e))
                 return
-        if flood.decide_reply(self.queue) is _QUEUE:
+        if decide_reply(self.queue) is _QUEUE:
             self.queue.push(packet, _monotonic())
             self._want_write()
         else:
-            self.drop(Action.DROP_HARD.value)
+            self.drop(_DROP_REPLY)
 
     def notify(self, pattern: bytes, present: bool) -> None:
         """A notice about ``pattern``; coalesced with any pending one for it."""
@@ -518,13 +530,13 @@ class Connection:
         self._want_write()
 
     def _want_write(self) -> None:
-        if not self.open:
-            return  # written once the socket is there (and, the link, ready)
+        if self._writing or not self.open:
+            return  # already waiting; or written once the socket is there (and ready)
         watcher = self._write_watcher
         if watcher is None:
             watcher = self._write_watcher = self._loop.io(self.fd, _WRITE)
-        if not watcher.active:
-            watcher.start(self._on_writable)
+        watcher.start(self._on_writable)
+        self._writing = True
 
     def opened(self) -> None:
         """The link is ready: packets may go straight to the socket, and what waits goes."""
@@ -538,26 +550,9 @@ class Connection:
             if self.notices is not None and not self._send_notices():
                 return
             q = self.queue
-            stats = self.router.stats
-            send = self.sock.send  # type: ignore[union-attr]
-            sent = nbytes = 0
-            try:
-                for _ in range(WRITE_BATCH):
-                    if not q.count:
-                        break
-                    packet, t = q.peek()
-                    try:
-                        send(packet)
-                    except BlockingIOError:
-                        break
-                    q.pop()
-                    sent += 1
-                    nbytes += len(packet)
-                    stats.observe_queue_wait(_monotonic() - t)
-            finally:
-                self.msgs_out += sent
-                self.bytes_out += nbytes
-            if self.shed is not None and flood.shedding_ends(self.shed, q):
+            if q.count:
+                self._send_queued(q)
+            if self.shed is not None and shedding_ends(self.shed, q):
                 self.shed = None
                 if self._dropping is not None:
                     self._dropping.held = False
@@ -565,8 +560,27 @@ class Connection:
                 self._wake_waiters()
             if not q.count and self.notices is None and self._write_watcher is not None:
                 self._write_watcher.stop()
+                self._writing = False
         except OSError as e:
             self.fail("io_error", str(e))
+
+    def _send_queued(self, q: OutboundQueue) -> None:
+        """Send a batch of the queue in one call; what the socket refuses goes back."""
+        packets, times = q.take(WRITE_BATCH)
+        try:
+            sent = send_all(self.sock, self.fd, packets)
+        except OSError:
+            q.put_back(packets, times)
+            raise
+        if sent < len(packets):
+            q.put_back(packets[sent:], times[sent:])
+        if sent:
+            self.msgs_out += sent
+            self.bytes_out += size_of(packets, sent)
+            stats = self.router.stats
+            now = _monotonic()
+            for i in range(sent):
+                stats.observe_queue_wait(now - times[i])
 
     def _notice(self, pattern: bytes, present: bool) -> bytes:
         if self.upward:
@@ -603,12 +617,12 @@ class Connection:
         waiters = self.waiters
         assert waiters is not None
         q = self.queue
-        keep = [(p, a) for p, a in waiters if p.alive and flood.still_blocked(a, q)]
+        keep = [(p, a) for p, a in waiters if p.alive and still_blocked(a, q)]
         if len(keep) == len(waiters):
             return
         self.waiters = keep or None
         for publisher, action in waiters:
-            if publisher.alive and not flood.still_blocked(action, q):
+            if publisher.alive and not still_blocked(action, q):
                 publisher.resume()
 
     # --- drops and warnings: one episode mechanism -------------------------------------
@@ -659,27 +673,27 @@ class Connection:
             self.router.stats.log_lines_suppressed += 1
 
     def _open_episodes(self) -> Episodes:
-        episodes = self._episodes
-        if episodes is None:
-            episodes = self._episodes = Episodes()
+        eps = self._episodes
+        if eps is None:
+            eps = self._episodes = Episodes()
         if self._tick is None:
             self._tick = self._loop.timer(EPISODE_QUIET, EPISODE_QUIET)
             self._tick.start(self._on_tick)
-        return episodes
+        return eps
 
     def _on_tick(self) -> None:
         """Every ``EPISODE_QUIET`` seconds while an episode is open."""
-        episodes = self._episodes
-        assert episodes is not None
-        self._report(episodes.tick(_monotonic()))
-        if not episodes and self._tick is not None:
+        eps = self._episodes
+        assert eps is not None
+        self._report(eps.tick(_monotonic()))
+        if not eps and self._tick is not None:
             self._tick.close()
             self._tick = None
 
     def _report(self, reports: list[tuple[str, Episode]]) -> None:
         now = _monotonic()
         for what, episode in reports:
-            if episode is self._dropping and what is ENDED:
+            if episode is self._dropping and what is _ENDED:
                 self._dropping = None
             self.log.warning(
                 episode.event + "." + what,

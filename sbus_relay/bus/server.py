@@ -85,7 +85,7 @@ class Server:
         self.stats = stats if stats is not None else Stats()
         self.log = log if log is not None else structlog.get_logger("sbus_relay")
         self.clients: dict[int, Connection] = {}
-        self.index: SubscriptionIndex[Connection] = SubscriptionIndex(
+        self.index: SubscriptionIndex = SubscriptionIndex(
             on_first=self._first_subscriber, on_last=self._last_subscriber
         )
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sbus_relay.accel import load_compiled
-
 from .errors import PeerError, UsageError
 from .limits import MAX_PACKET
 
@@ -110,6 +108,3 @@ def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
 def _check_field(value: bytes) -> None:
     if NUL in value:
         raise UsageError("routing keys and patterns cannot contain NUL")
-
-
-load_compiled(globals(), "sbus_relay.protocol._c_codec")

@@ -29,25 +29,31 @@ Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing key
   to what its own clients want, not to what the upstream wants).
 * ``match`` answers from a bounded key -> recipients cache, cleared whole on
   any change of the recipient sets, so a publish costs a dict lookup and the
-  fan-out, whatever the number of patterns.
+  fan-out, whatever the number of patterns.  Keys that never repeat (an id
+  in every key) would only churn it: a cache that filled up without paying
+  for itself stores one miss in ``MATCH_CACHE_SAMPLE`` until keys repeat again.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from sbus_relay.accel import load_compiled
 
 from .keys import CRED, is_secret
-from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_SIZE
+from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_PAYS, MATCH_CACHE_SAMPLE, MATCH_CACHE_SIZE
+from .scan import cut, find_byte
 
-C = TypeVar("C", bound=Hashable)
+#: A subscriber: any hashable object (the bus stores its connections).
+C = Any
 #: The clients holding one pattern (each once); ``Any`` because trie nodes are
 #: shared by every index, whatever its client type.
 Holders = tuple[Any, ...]
 _EMPTY: Holders = ()
+_SLASH = 0x2F  # '/'
+_STAR = 0x2A  # '*': as numbers, ``in`` is a plain scan (see ``keys.BANG``)
 _STARS = re.compile(rb"\*{2,}")
 
 
@@ -84,7 +90,7 @@ def _split(pattern: bytes) -> tuple[list[bytes], bool] | None:
     return segs, tail
 
 
-class SubscriptionIndex(Generic[C]):
+class SubscriptionIndex:
     """Patterns per client, with counted duplicates, matched through a trie.
 
     ``on_first(pattern)`` runs when the first client subscribes to a pattern and
@@ -114,6 +120,10 @@ class SubscriptionIndex(Generic[C]):
         #: key -> recipients; bounded, cleared on every change of a recipient set
         self.cache: dict[bytes, Holders] = {}
         self.cache_size = cache_size
+        #: whether every miss is stored, or (keys that do not repeat) one in
+        #: MATCH_CACHE_SAMPLE, enough to notice when they start repeating
+        self._keeping = True
+        self._hits = self._misses = 0
         #: longest prefix pattern and deepest wildcard pattern ever stored: how
         #: far a match looks into a key (high-water marks: bounds, not rules)
         self._prefix_longest = 0
@@ -138,6 +148,7 @@ class SubscriptionIndex(Generic[C]):
         cache = self.cache
         hit = cache.get(key)
         if hit is not None:
+            self._hits += 1
             return hit
         secret = key.startswith(CRED)
         parts: list[Holders] = []
@@ -147,13 +158,13 @@ class SubscriptionIndex(Generic[C]):
         prefixes = self._prefix
         if prefixes:
             longest = self._prefix_longest
-            slash = key.find(b"/")
+            slash = find_byte(key, _SLASH, 0)
             while 0 <= slash < longest:
-                head = key[: slash + 1]
+                head = cut(key, 0, slash + 1)
                 hit = prefixes.get(head)
                 if hit and (not secret or head.startswith(CRED)):
                     parts.append(hit)
-                slash = key.find(b"/", slash + 1)
+                slash = find_byte(key, _SLASH, slash + 1)
         if secret:
             if self._secret.children is not None:
                 _walk(self._secret, key.split(b"/", self._depth), 0, parts)
@@ -172,9 +183,15 @@ class SubscriptionIndex(Generic[C]):
                 merged.update(dict.fromkeys(part))
             result = tuple(merged)
         if len(key) <= MATCH_CACHE_KEY_MAX:
-            if len(cache) >= self.cache_size:
-                cache.clear()  # never a scan: whole, then it refills with what is hot
-            cache[key] = result
+            self._misses += 1
+            if self._keeping or not self._misses % MATCH_CACHE_SAMPLE:
+                if len(cache) >= self.cache_size:
+                    # never a scan: whole, then it refills with what is hot; and
+                    # filled in full again only if it paid (keys that repeat)
+                    self._keeping = self._hits * MATCH_CACHE_PAYS >= len(cache)
+                    self._hits = 0
+                    cache.clear()
+                cache[key] = result
         return result
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
@@ -310,7 +327,7 @@ class SubscriptionIndex(Generic[C]):
         with kind "everything", "exact", "prefix" (no '*') or "dead" (never matches)."""
         if pattern == b"":
             return None, "everything"
-        if b"*" not in pattern:
+        if _STAR not in pattern:
             return None, "prefix" if pattern.endswith(b"/") else "exact"
         split = _split(pattern)
         if split is None:
@@ -372,9 +389,9 @@ class SubscriptionIndex(Generic[C]):
         if pattern == b"":
             self._everything = self._without(self._everything, client)
             return self._everything
-        split = None if b"*" not in pattern else _split(pattern)
+        split = None if _STAR not in pattern else _split(pattern)
         if split is None:
-            kind = "dead" if b"*" in pattern else "prefix" if pattern.endswith(b"/") else "exact"
+            kind = "dead" if _STAR in pattern else "prefix" if pattern.endswith(b"/") else "exact"
             flat = self._flat(kind)
             left = self._without(flat.get(pattern, _EMPTY), client)
             if left:

@@ -29,7 +29,7 @@ READY = b"interest/ready"
 class InterestTracker(Generic[C]):
     """Tracks what each interest listener is entitled to know."""
 
-    def __init__(self, index: SubscriptionIndex[C]) -> None:
+    def __init__(self, index: SubscriptionIndex) -> None:
         self._index = index
         self.listeners: dict[C, None] = {}  # ordered set
 

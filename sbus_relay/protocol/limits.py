@@ -35,6 +35,11 @@ MAX_PATTERN_SEGMENTS = 128
 #: Entries in the key -> recipients cache; cleared whole when full or on any
 #: subscription change, so it bounds memory, not correctness.
 MATCH_CACHE_SIZE = 4096
+#: A full match cache is filled again with every miss only if it was hit at
+#: least once per this many entries since it was last cleared...
+MATCH_CACHE_PAYS = 8
+#: ... else one miss in this many is stored: enough to notice keys repeating.
+MATCH_CACHE_SAMPLE = 16
 #: Longest key the match cache keeps: a long key is matched afresh rather than
 #: pinning its bytes in the cache.
 MATCH_CACHE_KEY_MAX = 256

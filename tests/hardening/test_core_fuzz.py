@@ -39,7 +39,7 @@ class ServerCore(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.index: SubscriptionIndex[int] = SubscriptionIndex(cache_size=8)
+        self.index: SubscriptionIndex = SubscriptionIndex(cache_size=8)
         self.creds: list[Credentials] = []
         self.prefix = b""
         self.published: list[bytes] = []
