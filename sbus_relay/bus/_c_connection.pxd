@@ -28,6 +28,10 @@ cdef class Router:
     cdef public object stats
     cdef public list dirty
     cdef public double now
+    cdef public object log
+    cdef public Py_ssize_t queue_bytes
+    cdef public Py_ssize_t queue_messages
+    cdef public object loop
 
     @cython.locals(conn=Connection)
     cpdef publish(self, Connection sender, bytes packet, bytes key)
@@ -36,11 +40,9 @@ cdef class Router:
 
 cdef class Connection:
     cdef object __weakref__
-    cdef object _base_log
     cdef CEpisode _dropping
     cdef CEpisodes _episodes
     cdef object _log
-    cdef object _loop
     cdef object _read_watcher
     cdef bint _retry
     cdef list _stash
@@ -53,7 +55,9 @@ cdef class Connection:
     cdef public long long bytes_in
     cdef public long long bytes_out
     cdef public long long cid
-    cdef public object creds
+    cdef public int gid
+    cdef public int uid
+    cdef public int pid
     cdef public long long dropped
     cdef public bint echo
     cdef public str ended
@@ -90,5 +94,6 @@ cdef class Connection:
     cpdef pause(self)
     cpdef resume(self)
     cdef _want_write(self)
+    cdef CQueue _queue(self)
     @cython.locals(sent=Py_ssize_t, i=Py_ssize_t, now=double)
     cdef _send_queued(self, CQueue q)

@@ -52,6 +52,8 @@ from sbus_relay.protocol import codec, episodes
 from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import (
+    DEFAULT_HARD,
+    DEFAULT_SOFT,
     Action,
     OutboundQueue,
     decide,
@@ -60,7 +62,7 @@ from sbus_relay.protocol.flood import (
     still_blocked,
 )
 from sbus_relay.protocol.index import SubscriptionIndex
-from sbus_relay.protocol.keys import BANG, valid_key
+from sbus_relay.protocol.keys import BANG, Credentials, valid_key
 from sbus_relay.protocol.limits import (
     EPISODE_QUIET,
     MAX_PACKET,
@@ -113,9 +115,23 @@ class Handler(Protocol):
 class Router:
     """Matches each published key once and offers the packet to every recipient."""
 
-    def __init__(self, index: SubscriptionIndex, stats: Stats) -> None:
+    def __init__(
+        self,
+        index: SubscriptionIndex,
+        stats: Stats,
+        log: Any,
+        queue_bytes: int,
+        queue_messages: int,
+    ) -> None:
         self.index = index
         self.stats = stats
+        #: the log each connection binds its own fields to, when it first has
+        #: something to say
+        self.log = log
+        #: the hard limits of a client's queue, made when it first needs one
+        self.queue_bytes = queue_bytes
+        self.queue_messages = queue_messages
+        self.loop = gevent.get_hub().loop
         #: connections that were offered packets during the current read batch
         self.dirty: list[Connection] = []
         #: when the current read batch began: the time a packet queued during it
@@ -145,11 +161,9 @@ class Connection:
 
     __slots__ = (
         "__weakref__",
-        "_base_log",
         "_dropping",
         "_episodes",
         "_log",
-        "_loop",
         "_read_watcher",
         "_retry",
         "_stash",
@@ -162,11 +176,11 @@ class Connection:
         "bytes_in",
         "bytes_out",
         "cid",
-        "creds",
         "dropped",
         "echo",
         "ended",
         "fd",
+        "gid",
         "handler",
         "interest",
         "label",
@@ -177,6 +191,7 @@ class Connection:
         "pattern_bytes",
         "pauses",
         "pending",
+        "pid",
         "queue",
         "ready_owed",
         "relay",
@@ -184,6 +199,7 @@ class Connection:
         "shed",
         "since",
         "sock",
+        "uid",
         "upward",
         "waiters",
     )
@@ -194,17 +210,21 @@ class Connection:
         handler: Handler,
         sock: socket.socket | None,
         cid: int,
-        creds: Any,
-        queue: OutboundQueue,
+        creds: Credentials,
         account: Account,
-        log: Any,
         *,
+        queue: OutboundQueue | None = None,
+        log: Any = None,
         upward: bool = False,
     ) -> None:
         self.router = router
         self.handler = handler
         self.cid = cid
-        self.creds = creds
+        #: its peer's credentials (SO_PEERCRED at accept), kept as plain numbers
+        self.gid = creds.gid
+        self.uid = creds.uid
+        self.pid = creds.pid
+        #: its queue, made when first needed (``_queue``): an idle client has none
         self.queue = queue
         self.account = account
         #: the link to the upstream bus: never paused by a block mode, its
@@ -247,9 +267,8 @@ class Connection:
         self._episodes: Episodes | None = None
         self._dropping: Episode | None = None  # the open drop episode, if any
         self._tick: Any = None  # the episodes' timer while any is open
-        self._base_log = log
-        self._log: Any = log if upward else None
-        self._loop = gevent.get_hub().loop
+        #: its bound logger, made on first use (``log``); given for the link
+        self._log: Any = log
         self._read_watcher: Any = None
         self._write_watcher: Any = None
         self._writing = False  # the write watcher is started
@@ -263,9 +282,56 @@ class Connection:
     def log(self) -> Any:
         """This connection's logger (bound on first use: an idle client never pays for it)."""
         if self._log is None:
-            c = self.creds
-            self._log = self._base_log.bind(client=self.cid, pid=c.pid, uid=c.uid, gid=c.gid)
+            self._log = self.router.log.bind(**self.who())
         return self._log
+
+    def who(self) -> dict[str, int]:
+        """Who it is, as its log lines say."""
+        return {"client": self.cid, "pid": self.pid, "uid": self.uid, "gid": self.gid}
+
+    @property
+    def creds(self) -> Credentials:
+        """Its peer's credentials."""
+        return Credentials(self.gid, self.uid, self.pid)
+
+    # --- its queue and flood-control modes (``protocol.flood``) ----------------------
+
+    def _queue(self) -> OutboundQueue:
+        """Its queue, made now if it had none."""
+        q = self.queue
+        if q is None:
+            router = self.router
+            q = self.queue = OutboundQueue(router.queue_bytes, router.queue_messages, self.account)
+        return q
+
+    def set_flood(self, what: str, value: str) -> None:
+        """``CMSG blocking/soft|hard/...`` or ``order/...`` (``flood.parse_flood_control``)."""
+        q = self._queue()
+        self.shed = None  # decided afresh on the next message
+        if what == "soft":
+            q.soft = value
+        elif what == "hard":
+            q.hard = value
+        else:
+            q.set_order(value)
+        # soft/block pauses the publisher at the very packet refused: never batched
+        self.batch = q.soft != "block"
+
+    @property
+    def queued(self) -> tuple[int, int]:
+        """Messages and bytes waiting in its queue."""
+        q = self.queue
+        if q is None:
+            return 0, 0
+        return q.count, q.nbytes
+
+    @property
+    def modes(self) -> tuple[str, str]:
+        """Its soft and hard flood-control modes."""
+        q = self.queue
+        if q is None:
+            return DEFAULT_SOFT, DEFAULT_HARD
+        return q.soft, q.hard
 
     @property
     def dropping(self) -> bool:
@@ -278,9 +344,9 @@ class Connection:
         """Serve ``sock`` (non-blocking): read it from now on."""
         self.sock = sock
         self.fd = sock.fileno()
-        self._read_watcher = self._loop.io(self.fd, _READ)
+        self._read_watcher = self.router.loop.io(self.fd, _READ)
         if not self.pauses:
-            self._read_watcher.start(self._on_readable)
+            self._read_watcher.start(self)
 
     def detach(self) -> None:
         """Close the socket but keep everything else: what is pending and queued
@@ -289,7 +355,7 @@ class Connection:
         pending, self.pending = self.pending, None
         now = _monotonic()
         for packet in pending or ():
-            self.queue.push(packet, now)
+            self._queue().push(packet, now)
         self.notices = None
         self.ready_owed = False
         self._stash = None
@@ -307,6 +373,11 @@ class Connection:
             sock.close()
 
     # --- reading -------------------------------------------------------------
+
+    def __call__(self) -> None:
+        """The read watcher's callback is the connection itself (no bound
+        method to keep per connection): its socket has packets."""
+        self._on_readable()
 
     def _on_readable(self) -> None:
         """The hub's callback: read a batch of packets and hand them over."""
@@ -391,9 +462,9 @@ class Connection:
         """Release one pause; read again once none is left."""
         self.pauses -= 1
         if self.pauses == 0 and self._read_watcher is not None:
-            self._read_watcher.start(self._on_readable)
+            self._read_watcher.start(self)
             if self._stash:
-                self._loop.run_callback(self._on_readable)  # what was read before the pause
+                self.router.loop.run_callback(self)  # what was read before the pause
 
     def hold(self) -> None:
         """The packet being handled must wait: stop reading, and handle it again on resume."""
@@ -408,7 +479,8 @@ class Connection:
         if shed is not None:
             self.drop(shed)
             return
-        if self.open and not self.queue.count:
+        q = self.queue
+        if self.open and (q is None or not q.count):
             if self.batch:
                 pending = self.pending
                 if pending is None:
@@ -452,16 +524,17 @@ class Connection:
             self.deliver(pending[i], sender)
 
     def _requeue(self, packets: list[bytes]) -> None:
+        q = self._queue()
         now = _monotonic()
         for packet in packets:
-            self.queue.push(packet, now)
+            q.push(packet, now)
 
     def deliver(self, packet: bytes, sender: Connection) -> None:
         """The slow path: the socket is full, closed for now, or a backlog waits.
         ``protocol.flood`` decides and this method carries it out."""
         if not self.alive:
             return
-        q = self.queue
+        q = self._queue()
         action = decide(q)
         if action is _QUEUE:  # the common case: a stalled consumer's queue fills here
             q.push(packet, self.router.now)
@@ -494,7 +567,8 @@ class Connection:
         """Send a server-made reply (whoami, drops/count): never a reason to disconnect."""
         if not self.alive:
             return
-        if self.open and not self.queue.count:
+        q = self._queue()
+        if self.open and not q.count:
             try:
                 self.sock.send(packet)  # type: ignore[union-attr]
                 return
@@ -503,8 +577,8 @@ class Connection:
             except OSError as e:
                 self.fail("io_error", str(e))
                 return
-        if decide_reply(self.queue) is _QUEUE:
-            self.queue.push(packet, _monotonic())
+        if decide_reply(q) is _QUEUE:
+            q.push(packet, _monotonic())
             self._want_write()
         else:
             self.drop(_DROP_REPLY)
@@ -534,14 +608,14 @@ class Connection:
             return  # already waiting; or written once the socket is there (and ready)
         watcher = self._write_watcher
         if watcher is None:
-            watcher = self._write_watcher = self._loop.io(self.fd, _WRITE)
+            watcher = self._write_watcher = self.router.loop.io(self.fd, _WRITE)
         watcher.start(self._on_writable)
         self._writing = True
 
     def opened(self) -> None:
         """The link is ready: packets may go straight to the socket, and what waits goes."""
         self.open = True
-        if self.queue.count or self.notices is not None:
+        if self.queued[0] or self.notices is not None:
             self._want_write()
 
     def _on_writable(self) -> None:
@@ -549,7 +623,7 @@ class Connection:
         try:
             if self.notices is not None and not self._send_notices():
                 return
-            q = self.queue
+            q = self._queue()
             if q.count:
                 self._send_queued(q)
             if self.shed is not None and shedding_ends(self.shed, q):
@@ -616,7 +690,7 @@ class Connection:
         """Resume the publishers this connection no longer holds back."""
         waiters = self.waiters
         assert waiters is not None
-        q = self.queue
+        q = self._queue()
         keep = [(p, a) for p, a in waiters if p.alive and still_blocked(a, q)]
         if len(keep) == len(waiters):
             return
@@ -645,7 +719,7 @@ class Connection:
         episode = self._open_episodes().begin(DROPPING, _monotonic(), tell_end=True)
         assert episode is not None
         self._dropping = episode
-        q = self.queue
+        q = self._queue()
         self.log.warning(
             DROPPING,
             reason=reason,
@@ -677,7 +751,7 @@ class Connection:
         if eps is None:
             eps = self._episodes = Episodes()
         if self._tick is None:
-            self._tick = self._loop.timer(EPISODE_QUIET, EPISODE_QUIET)
+            self._tick = self.router.loop.timer(EPISODE_QUIET, EPISODE_QUIET)
             self._tick.start(self._on_tick)
         return eps
 
@@ -716,7 +790,7 @@ class Connection:
         self.ended = reason
         stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
-        lost = self.queue.clear() + len(self.pending or ())
+        lost = (self.queue.clear() if self.queue is not None else 0) + len(self.pending or ())
         self.pending = None
         if lost:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"

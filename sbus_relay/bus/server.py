@@ -35,7 +35,7 @@ from sbus_relay import accel
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import OutboundQueue, parse_flood_control
+from sbus_relay.protocol.flood import parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
 from sbus_relay.protocol.interest import ADD, InterestTracker
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
@@ -89,7 +89,13 @@ class Server:
             on_first=self._first_subscriber, on_last=self._last_subscriber
         )
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)
-        self.router = Router(self.index, self.stats)
+        self.router = Router(
+            self.index,
+            self.stats,
+            self.log,
+            config.hard_limit_bytes,
+            config.hard_limit_messages,
+        )
         #: traffic of the clients that have gone (``_traffic``), for the totals
         self._gone = [0, 0, 0, 0]
         self.client_limits = config.client_limits()
@@ -212,23 +218,15 @@ class Server:
         self.accounts[uid] = account
         account.connections += 1
         self._next_cid += 1
-        queue = OutboundQueue(
-            self.config.hard_limit_bytes, self.config.hard_limit_messages, account
-        )
         conn = Connection(
-            self.router,
-            self,
-            sock,
-            self._next_cid,
-            Credentials(gid, uid, pid),
-            queue,
-            account,
-            self.log,
+            self.router, self, sock, self._next_cid, Credentials(gid, uid, pid), account
         )
         self.clients[conn.cid] = conn
         self._ever_connected = True
         self.stats.connections_accepted += 1
-        conn.log.info("client.connected")
+        # said with the fields at hand: a bound logger is made only for a
+        # client that has something more to say
+        self.log.info("client.connected", **conn.who())
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """A client failed (it closed, misbehaved, or its socket did): close it."""
@@ -394,17 +392,7 @@ class Server:
             setting = parse_flood_control(key)
             if setting is None:
                 return  # unknown control messages are ignored
-            what, value = setting
-            conn.shed = None  # decide afresh on the next message
-            q = conn.queue
-            if what == "soft":
-                q.soft = value
-            elif what == "hard":
-                q.hard = value
-            else:
-                q.set_order(value)
-            # soft/block pauses the publisher at the very packet refused: never batched
-            conn.batch = q.soft != "block"
+            conn.set_flood(*setting)
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""
@@ -495,13 +483,14 @@ class Server:
             for i, n in enumerate(_traffic(conn)):
                 traffic[i] += n
             dropping += conn.dropping
-            q = conn.queue
-            queued += q.count
-            qbytes += q.nbytes
-            big = max(big, q.count)
-            bigbytes = max(bigbytes, q.nbytes)
-            soft[q.soft] = soft.get(q.soft, 0) + 1
-            hard[q.hard] = hard.get(q.hard, 0) + 1
+            count, nbytes = conn.queued
+            queued += count
+            qbytes += nbytes
+            big = max(big, count)
+            bigbytes = max(bigbytes, nbytes)
+            soft_mode, hard_mode = conn.modes
+            soft[soft_mode] = soft.get(soft_mode, 0) + 1
+            hard[hard_mode] = hard.get(hard_mode, 0) + 1
             blocked += conn.pauses > 0
         up = self.upstream
         link = up.conn if up is not None else None
@@ -525,7 +514,7 @@ class Server:
             is_relay=up is not None,
             upstream_connected=up is not None and up.connected,
             upstream_interest_patterns=up.interest_count if up is not None else 0,
-            upstream_queue_messages=link.queue.count if link is not None else 0,
+            upstream_queue_messages=link.queued[0] if link is not None else 0,
             forwarded_up=link.msgs_out if link is not None else 0,
             forwarded_down=link.msgs_in if link is not None else 0,
         )
@@ -537,7 +526,7 @@ class Server:
         by_user: dict[str, tuple[list[int], list[int]]] = {}
         for conn in self.clients.values():
             counts = _counters(conn)
-            q = conn.queue
+            count, nbytes = conn.queued
             for rows, key in ((by_relay, conn.label), (by_user, str(conn.creds.uid))):
                 row = rows.get(key)
                 if row is None:
@@ -545,8 +534,8 @@ class Server:
                 total, gauges = row
                 for i, v in enumerate(counts):
                     total[i] += v
-                gauges[0] += q.count
-                gauges[1] += q.nbytes
+                gauges[0] += count
+                gauges[1] += nbytes
                 gauges[2] += 1
         now = time.monotonic()
         return {
@@ -560,7 +549,9 @@ class Server:
         prefix = (self.prefix or b"").decode("utf-8", "replace")
         rows = []
         for conn in self.clients.values():
-            c, q = conn.creds, conn.queue
+            c = conn.creds
+            count, nbytes = conn.queued
+            soft_mode, hard_mode = conn.modes
             rows.append(
                 {
                     "cid": conn.cid,
@@ -571,16 +562,16 @@ class Server:
                     "relay": conn.label,
                     "is_relay": conn.relay,
                     "patterns": self.index.distinct_of(conn),
-                    "queued_messages": q.count,
-                    "queued_bytes": q.nbytes,
+                    "queued_messages": count,
+                    "queued_bytes": nbytes,
                     "msgs_in": conn.msgs_in,
                     "bytes_in": conn.bytes_in,
                     "msgs_out": conn.msgs_out,
                     "bytes_out": conn.bytes_out,
                     "dropped": conn.dropped,
                     "age": round(now - conn.since, 3),
-                    "soft": q.soft,
-                    "hard": q.hard,
+                    "soft": soft_mode,
+                    "hard": hard_mode,
                     "paused": conn.pauses > 0,
                     "dropping": conn.dropping,
                 }

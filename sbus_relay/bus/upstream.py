@@ -47,7 +47,7 @@ from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import AddressError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.interest import ADD, READY, REMOVE
-from sbus_relay.protocol.keys import CRED, WHOAMI
+from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials
 from sbus_relay.protocol.limits import SEND_BUFFER, WHOAMI_TIMEOUT
 from sbus_relay.protocol.quota import unlimited
 
@@ -98,7 +98,15 @@ class UpstreamLink:
             config.upstream_queue_bytes, config.upstream_queue_messages, upward=True
         )
         self.conn = Connection(
-            host.router, self, None, 0, None, queue, unlimited(), self.log, upward=True
+            host.router,
+            self,
+            None,
+            0,
+            Credentials(os.getegid(), os.geteuid(), os.getpid()),
+            unlimited(),
+            queue=queue,
+            log=self.log,
+            upward=True,
         )
         self.connected = False  # socket up, hello sent
         self.ready = False  # whoami answered: patterns synced, publishes flow
@@ -175,9 +183,7 @@ class UpstreamLink:
         self._cancel_whoami()
         self._forget_interest()
         if was:
-            self.log.warning(
-                "upstream.lost", reason=reason, detail=detail, waiting=conn.queue.count
-            )
+            self.log.warning("upstream.lost", reason=reason, detail=detail, waiting=conn.queued[0])
         self._down.set()
 
     def forget(self, conn: Connection) -> None:
@@ -254,7 +260,7 @@ class UpstreamLink:
         self.connected = True
         self._whoami_timer = gevent.get_hub().loop.timer(WHOAMI_TIMEOUT)
         self._whoami_timer.start(self._whoami_late)
-        self.log.info("upstream.connected", waiting=self.conn.queue.count)
+        self.log.info("upstream.connected", waiting=self.conn.queued[0])
 
     def _cancel_whoami(self) -> None:
         if self._whoami_timer is not None:

@@ -49,6 +49,9 @@ from .scan import size_of
 SOFT_MODES = ("queue", "discard", "block", "error")
 HARD_MODES = ("discard", "block", "error")
 ORDERS = ("queue", "stack", "random")
+#: The modes of a client that never asked for others (docs/protocol.md).
+DEFAULT_SOFT = "queue"
+DEFAULT_HARD = "discard"
 
 #: Packets a queue's sent head may reach before it is cut off (when no shorter
 #: than what still waits): one memmove per that many packets sent.
@@ -133,8 +136,8 @@ class OutboundQueue:
         self.account = account if account is not None else unlimited()
         #: a relay's queue of messages for its upstream (past its bound: DROP_UPWARD)
         self.upward = upward
-        self.soft = "queue"
-        self.hard = "discard"
+        self.soft = DEFAULT_SOFT
+        self.hard = DEFAULT_HARD
         self.order = "queue"
         self.count = 0
         self.nbytes = 0
