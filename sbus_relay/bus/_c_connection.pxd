@@ -9,10 +9,12 @@ from sbus_relay.protocol._c_flood cimport OutboundQueue as CQueue
 from sbus_relay.protocol._c_flood cimport decide, decide_reply, shedding_ends, still_blocked
 from sbus_relay.protocol._c_episodes cimport Episode as CEpisode, Episodes as CEpisodes
 
-from sbus_relay.protocol._c_scan cimport cut, find_byte, size_of
+from sbus_relay.protocol._c_scan cimport cut, find_byte, read_u32, size_of
 
 cdef bytes _MSG
 cdef int _NUL
+cdef bytes _BATCH
+cdef object send_packed
 cdef int BANG
 cdef object _QUEUE
 cdef object _WAIT_EMPTY
@@ -69,6 +71,7 @@ cdef class Connection:
     cdef public long long msgs_out
     cdef public dict notices
     cdef public bint open
+    cdef public bint packs
     cdef public long long pattern_bytes
     cdef public int pauses
     cdef public list pending
@@ -85,6 +88,10 @@ cdef class Connection:
     @cython.locals(msgs=Py_ssize_t, nbytes=Py_ssize_t, done=Py_ssize_t, nul=Py_ssize_t,
                    packets=list, router=Router, packet=bytes)
     cpdef _on_readable(self)
+    @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
+                   nul=Py_ssize_t, packet=bytes, router=Router)
+    cdef Py_ssize_t _unpack(self, bytes frame) except -1
+    cdef Py_ssize_t _send_list(self, list packets) except -1
     cpdef offer(self, bytes packet, Connection sender)
     @cython.locals(sent=Py_ssize_t, total=Py_ssize_t, i=Py_ssize_t)
     cpdef flush(self, Connection sender)

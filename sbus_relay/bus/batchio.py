@@ -7,7 +7,10 @@ recipient what a batch routed to it in one call:
   an over-long one, b"" for an empty packet or the end of stream (nothing is
   read after either);
 * ``send_all(sock, fd, packets)``: send in order until the socket would
-  block; how many it took.
+  block; how many it took;
+* ``send_packed(sock, fd, packets, head)``: the same in packed batches
+  (``codec.encode_batch``; the compiled helper gathers them from the packets
+  without copying); how many packets went, in whole batches.
   The compiled helper
 (``_batchio``, built from ``_batchio.c`` when the package is installed with a
 C compiler) does that with one system call per batch; without it, or with
@@ -23,9 +26,11 @@ import socket
 from types import ModuleType
 
 from sbus_relay.accel import pure_python_requested
-from sbus_relay.protocol.limits import MAX_PACKET
+from sbus_relay.protocol.codec import BATCH_HEAD, MSG, encode_batch
+from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET
 
 _TRUNC = socket.MSG_TRUNC
+_MSG = MSG
 
 _compiled: ModuleType | None = None
 if not pure_python_requested():
@@ -78,9 +83,40 @@ def _send_all_py(sock: socket.socket, fd: int, packets: list[bytes]) -> int:
     return sent
 
 
+def _send_packed_py(sock: socket.socket, fd: int, packets: list[bytes], head: bytes) -> int:
+    """``packets`` in packed batches until the socket would block; how many
+    went.  A packet that is not a MSG goes alone, as it is."""
+    del head  # always codec.BATCH_HEAD (encode_batch)
+    frames: list[bytes] = []
+    counts: list[int] = []
+    start = 0
+    while start < len(packets):
+        if not packets[start].startswith(_MSG):
+            frames.append(packets[start])
+            counts.append(1)
+            start += 1
+            continue
+        size = len(BATCH_HEAD)
+        end = start
+        while end < len(packets) and end - start < BATCH_MESSAGES:
+            if not packets[end].startswith(_MSG):
+                break
+            size += 4 + len(packets[end])
+            if end > start and size > MAX_PACKET:
+                break
+            end += 1
+        frames.append(encode_batch(packets[start:end]))
+        counts.append(end - start)
+        start = end
+    went = _send_all_py(sock, fd, frames)
+    return sum(counts[:went])
+
+
 if _compiled is not None:
     recv_many = _compiled.recv_many
     send_all = _compiled.send_all
+    send_packed = _compiled.send_packed
 else:
     recv_many = _recv_many_py
     send_all = _send_all_py
+    send_packed = _send_packed_py

@@ -64,6 +64,7 @@ from sbus_relay.protocol.flood import (
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import BANG, Credentials, valid_key
 from sbus_relay.protocol.limits import (
+    BATCH_MESSAGES,
     EPISODE_QUIET,
     MAX_PACKET,
     NOTICE_BATCH,
@@ -71,13 +72,14 @@ from sbus_relay.protocol.limits import (
     WRITE_BATCH,
 )
 from sbus_relay.protocol.quota import Account
-from sbus_relay.protocol.scan import cut, find_byte, size_of
+from sbus_relay.protocol.scan import cut, find_byte, read_u32, size_of
 from sbus_relay.protocol.stats import Stats
 
-from .batchio import recv_many, send_all
+from .batchio import recv_many, send_all, send_packed
 
 _MSG = b"MSG "
 _NUL = 0
+_BATCH = codec.BATCH_HEAD
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
 _WRITE = 2
@@ -188,6 +190,7 @@ class Connection:
         "msgs_out",
         "notices",
         "open",
+        "packs",
         "pattern_bytes",
         "pauses",
         "pending",
@@ -242,6 +245,9 @@ class Connection:
         #: ``pending`` and go out in one call at the end of the batch
         self.batch = True
         self.pending: list[bytes] | None = None
+        #: its peer reads packed batches (``CMSG batch/on``): what goes out
+        #: together goes as a few frames, not one packet per message
+        self.packs = False
         #: the drop reason while new messages are shed without a send attempt
         #: (a stalled consumer then costs the others a counter increment)
         self.shed: str | None = None
@@ -352,6 +358,7 @@ class Connection:
         """Close the socket but keep everything else: what is pending and queued
         waits for the next ``attach`` (the upstream link across reconnects)."""
         self.open = False
+        self.packs = False  # the next peer says again whether it reads them
         pending, self.pending = self.pending, None
         now = _monotonic()
         for packet in pending or ():
@@ -406,6 +413,8 @@ class Connection:
                         raise PeerError("protocol_error", "MSG without NUL")
                     msgs += 1
                     router.publish(self, packet, cut(packet, 4, nul))
+                elif packet.startswith(_BATCH):
+                    msgs += self._unpack(packet)
                 else:
                     router.flush(self)  # what was routed before it goes first
                     self.handler.handle(self, packet)
@@ -431,6 +440,36 @@ class Connection:
             router.flush(self)
             self.msgs_in += msgs
             self.bytes_in += nbytes
+
+    def _unpack(self, frame: bytes) -> int:
+        """A packed batch: each MSG in it, in order, as if it had come alone;
+        how many there were."""
+        router = self.router
+        offset = len(_BATCH)
+        end = len(frame)
+        count = 0
+        while offset < end:
+            if end - offset < 4 or count == BATCH_MESSAGES:
+                raise PeerError("protocol_error", "malformed packed batch")
+            size = read_u32(frame, offset)
+            offset += 4
+            if size > end - offset:
+                raise PeerError("protocol_error", "malformed packed batch")
+            packet = cut(frame, offset, offset + size)
+            offset += size
+            nul = find_byte(packet, _NUL, 4)
+            if nul < 0 or not packet.startswith(_MSG):
+                raise PeerError("protocol_error", "a packed batch holds only MSG packets")
+            count += 1
+            router.publish(self, packet, cut(packet, 4, nul))
+        return count
+
+    def _send_list(self, packets: list[bytes]) -> int:
+        """Send ``packets`` in order, in one call where compiled (packed if its
+        peer reads packed batches); how many the socket took."""
+        if self.packs and len(packets) > 1:
+            return send_packed(self.sock, self.fd, packets, _BATCH)
+        return send_all(self.sock, self.fd, packets)
 
     def _zero_length(self) -> None:
         """recv returned 0: the peer closed, or it sent an empty packet."""
@@ -511,7 +550,7 @@ class Connection:
                 self._requeue(pending)
             return
         try:
-            sent = send_all(self.sock, self.fd, pending)
+            sent = self._send_list(pending)
         except OSError as e:
             self.pending = pending  # counted as lost with the queue, or kept by the link
             self.fail("io_error", str(e))
@@ -642,7 +681,7 @@ class Connection:
         """Send a batch of the queue in one call; what the socket refuses goes back."""
         packets, times = q.take(WRITE_BATCH)
         try:
-            sent = send_all(self.sock, self.fd, packets)
+            sent = self._send_list(packets)
         except OSError:
             q.put_back(packets, times)
             raise

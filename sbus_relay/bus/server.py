@@ -386,6 +386,10 @@ class Server:
                 del self.interest.listeners[conn]
         elif key == _RELAY_NAME:
             self._name_relay(conn, packet)
+        elif key == codec.BATCH_ON:
+            # our packed batches extension: say yes, then pack what goes to it
+            conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
+            conn.packs = True
         elif key == _DROPS_COUNT:
             conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
         else:

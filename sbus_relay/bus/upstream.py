@@ -13,7 +13,9 @@ its own bus only through ``UpstreamHost``.
 * One greenlet connects (with capped exponential back-off) whenever the link
   is down; the connection's reading and writing are callbacks of the hub.
 * On connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
-  ``CMSG interest/on`` and its name (``CMSG relay/name``); once whoami is
+  ``CMSG interest/on``, ``CMSG batch/on`` and its name (``CMSG relay/name``);
+  an upstream that answers ``batch/on`` is sent packed batches, and sends
+  them (docs/protocol.md, "Packed batches"); once whoami is
   answered (our identity is known, and so are the right secret patterns) it
   subscribes every local pattern, and the connection opens: what waits in
   its queue goes up, then whatever is published.
@@ -57,6 +59,7 @@ _HELLO = (
     codec.encode_cmsg(b"echo/off"),
     codec.encode_cmsg(WHOAMI),
     codec.encode_cmsg(b"interest/on"),
+    codec.encode_cmsg(codec.BATCH_ON),
 )
 #: What the link holds while the upstream's interest is unknown: every public
 #: key ("") and every secret one (the prefix pattern "!/cred/").
@@ -171,6 +174,8 @@ class UpstreamLink:
                 for pattern in EVERYTHING:
                     self.host.upstream_interest(pattern, False)
             self.log.info("upstream.interest_ready", patterns=self.interest_count)
+        elif key == codec.BATCH_ON:
+            conn.packs = True  # the upstream reads packed batches: send them
         elif key == b"disconnect":
             self.log.warning("upstream.disconnected_us", reason=payload.decode("utf-8", "replace"))
 

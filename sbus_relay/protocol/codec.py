@@ -7,6 +7,8 @@ One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
     MSG <key>\\0<payload>            Publish (forwarded byte for byte)
     CMSG <key>[\\0<payload>]         Control (never forwarded)
 
+    CMSG batch\\0(<length><MSG>)...   Packed batch (our extension)
+
 Anything else raises ``PeerError`` -- the only error bad input can raise.
 The server's read loop picks the key out of a ``MSG`` itself (allocating
 only the key); ``decode`` builds an event object and serves everything else.
@@ -19,6 +21,11 @@ from dataclasses import dataclass
 from .errors import PeerError, UsageError
 from .limits import MAX_PACKET
 
+#: The head of a packed batch: then, per MSG packet, its length in 4 bytes
+#: (big-endian) and the packet (docs/protocol.md, "Packed batches").
+BATCH_HEAD = b"CMSG batch\0"
+#: What a peer sends to be sent packed batches, and the answer that says it will be.
+BATCH_ON = b"batch/on"
 SUB = b"SUB "
 UNSUB = b"UNSUB "
 MSG = b"MSG "
@@ -103,6 +110,16 @@ def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     """``CMSG <key>[\\0<payload>]``; servers always pass a payload (docs/protocol.md, "Packets")."""
     _check_field(key)
     return CMSG + key if payload is None else CMSG + key + NUL + payload
+
+
+def encode_batch(packets: list[bytes]) -> bytes:
+    """One packed batch of MSG packets (at most ``BATCH_MESSAGES``, and a frame
+    within ``MAX_PACKET``: the caller splits)."""
+    parts = [BATCH_HEAD]
+    for packet in packets:
+        parts.append(len(packet).to_bytes(4, "big"))
+        parts.append(packet)
+    return b"".join(parts)
 
 
 def _check_field(value: bytes) -> None:

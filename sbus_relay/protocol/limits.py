@@ -10,6 +10,11 @@ from __future__ import annotations
 #: packets are detected with MSG_TRUNC and treated as a misbehaving client.
 MAX_PACKET = 409_600
 
+#: Messages in one packed batch (docs/protocol.md, "Packed batches"): a
+#: frame with more is a protocol error, so one packet read never costs more
+#: than this many deliveries (the C helper packs with the same bound).
+BATCH_MESSAGES = 256
+
 # --- per-client outbound queues (docs/protocol.md, "Flood control") ------------
 #: (config) Hard limit on bytes queued for one client before its hard mode applies.
 HARD_LIMIT_BYTES = 16 * 1024 * 1024

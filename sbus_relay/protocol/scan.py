@@ -37,6 +37,20 @@ def cut(data: bytes, start: int, end: int) -> bytes:
     return data[start:end]
 
 
+def read_u32(data: bytes, offset: int) -> int:
+    """The 4 bytes at ``offset`` as a big-endian number (the caller checked
+    they are there)."""
+    if cython.compiled:
+        chars = cython.cast(cython.p_uchar, data)
+        return (
+            (chars[offset] << 24)
+            | (chars[offset + 1] << 16)
+            | (chars[offset + 2] << 8)
+            | chars[offset + 3]
+        )
+    return int.from_bytes(data[offset : offset + 4], "big")
+
+
 def size_of(packets: list[bytes], n: int) -> int:
     """The bytes of ``packets[:n]``."""
     if cython.compiled:
