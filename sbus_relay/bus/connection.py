@@ -467,9 +467,12 @@ class Connection:
     def _send_list(self, packets: list[bytes]) -> int:
         """Send ``packets`` in order, in one call where compiled (packed if its
         peer reads packed batches); how many the socket took."""
+        sent: int
         if self.packs and len(packets) > 1:
-            return send_packed(self.sock, self.fd, packets, _BATCH)
-        return send_all(self.sock, self.fd, packets)
+            sent = send_packed(self.sock, self.fd, packets, _BATCH)
+        else:
+            sent = send_all(self.sock, self.fd, packets)
+        return sent
 
     def _zero_length(self) -> None:
         """recv returned 0: the peer closed, or it sent an empty packet."""

@@ -42,12 +42,13 @@ def read_u32(data: bytes, offset: int) -> int:
     they are there)."""
     if cython.compiled:
         chars = cython.cast(cython.p_uchar, data)
-        return (
+        value: int = (
             (chars[offset] << 24)
             | (chars[offset + 1] << 16)
             | (chars[offset + 2] << 8)
             | chars[offset + 3]
         )
+        return value
     return int.from_bytes(data[offset : offset + 4], "big")
 
 

@@ -18,7 +18,6 @@ import pytest
 from sbus_relay.bus import batchio
 from sbus_relay.protocol.codec import BATCH_HEAD, encode_batch
 from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET
-from tests.server.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +58,7 @@ def test_runs_of_msg_packets_go_packed_and_anything_else_alone(
     a, b = pair
     msgs = [b"MSG k/%d\0" % i + b"x" * (i % 7) for i in range(BATCH_MESSAGES + 10)]
     reply = b"CMSG !/cred/whoami\0!/cred/1/2/3"
-    packets = msgs[:5] + [reply] + msgs[5:]
+    packets = [*msgs[:5], reply, *msgs[5:]]
     assert send_packed(a, a.fileno(), packets, BATCH_HEAD) == len(packets)
     assert (
         frames_of(b)
