@@ -54,9 +54,10 @@ MODE_OTHER = 0o007
 SD_LISTEN_FDS_START = 3
 #: Random bytes in a generated abstract name, written as hex after "sbus-".
 _RANDOM_NAME_BYTES = 8
-#: Suffix of the lock file kept beside a socket path: with -r, checking the old
+#: Suffix of the lock file beside a socket path: with -r, checking the old
 #: file, removing it and binding happen under an flock on it, so that two
-#: servers started at once on one stale path can never both bind.
+#: servers started at once on one stale path can never both bind.  The holder
+#: removes it once bound (``_locked``), so none is left behind.
 LOCK_SUFFIX = ".lock"
 
 Kind = Literal["path", "abstract", "fd"]
@@ -147,7 +148,7 @@ def listen(
     or a file of any other kind (``warn`` is told), is removed first, as the
     reference ``sbusd -r`` does; a live server's socket is never taken over.
     With ``remove_stale`` the check, the removal and the bind hold an flock on
-    ``<path>.lock``, which is left in place for the next start.
+    ``<path>.lock``, which is removed again once the socket is bound.
     The printable address of a path is absolute, so it can still be removed
     after the daemon has changed directory to ``/``.
     """
@@ -187,16 +188,41 @@ def _bind_path(given: str, path: str, mode: int) -> socket.socket:
 
 @contextlib.contextmanager
 def _locked(lock_path: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` (created if missing, never removed)."""
+    """Hold an exclusive flock on ``lock_path``; remove the file when done.
+
+    Removing a lock file is safe only because every taker checks, once it
+    holds the lock, that the file it locked is still the one at the path (a
+    taker that waited on a file its holder has since removed tries again).
+    """
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise AddressError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock_path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed or replaced while we waited: lock the current one
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise AddressError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)  # still under the lock: nobody holds this file
         os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open at ``fd``."""
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
 
 
 def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:

@@ -350,7 +350,7 @@ def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(tmp_path: P
             assert proc.wait(10) == 0
     finally:
         os.close(lock_fd)
-    assert os.path.exists(path + ".lock")  # kept for the next start
+    assert not os.path.exists(path + ".lock")  # removed by the server once bound
 
 
 def test_two_servers_started_with_r_on_one_stale_path_never_both_bind(tmp_path: Path) -> None:
