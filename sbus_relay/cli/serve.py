@@ -31,7 +31,14 @@ from sbus_relay.ops.addresses import (
     systemd_listeners,
 )
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
-from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
+from sbus_relay.ops.daemon import (
+    DaemonError,
+    check_pidfile,
+    close_stdin_stdout,
+    daemonize,
+    remove_pidfile,
+    stderr_is_a_file,
+)
 from sbus_relay.protocol.errors import AddressError, ConfigError
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
@@ -167,6 +174,8 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    if not config.foreground:
+        check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line, nothing bound
     # Bound first, before the bus socket and before daemonising: a busy port
     # is one line on the terminal, never a bus that listens for a moment and
     # dies, nor a daemon that dies out of sight.
@@ -180,10 +189,10 @@ def run_server(config: ServerConfig) -> int:
             ready = None
         else:
             pidfile = os.path.abspath(config.pidfile)
-            on_terminal = os.isatty(2)
-            ready = daemonize(pidfile, keep_stderr=config.log_file is None)
-            if config.log_file is None and on_terminal:
-                # The terminal is no longer ours: the system log takes over.
+            keep_stderr = config.log_file is None and stderr_is_a_file()
+            ready = daemonize(pidfile, keep_stderr=keep_stderr)
+            if config.log_file is None and not keep_stderr:
+                # The caller's terminal or pipe is not ours: the system log takes over.
                 _configure_logging(config, logsetup.SYSLOG)
         _serve(config, sock, printable, log, ready, web_sock)
     except KeyboardInterrupt:
