@@ -219,7 +219,7 @@ def _configure_logging(config: ServerConfig, target: str | None) -> None:
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:
-    from sbus_relay.ops.metrics import bind_metrics
+    from sbus_relay.ops.metrics_server import bind_metrics
 
     assert config.metrics is not None
     try:
@@ -265,13 +265,12 @@ def _serve(
         gevent.signal_handler(signum, stop, signum)
     web = None
     if web_sock is not None:
-        from sbus_relay.ops import (
-            metrics,  # only when asked: prometheus_client is not free to import
-        )
+        # Only when asked: prometheus_client is not free to import.
+        from sbus_relay.ops.metrics_server import serve_from_config
 
-        # cast: metrics declares its config protocol with settable attributes,
+        # cast: the server declares the config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = metrics.serve_from_config(cast(Any, config), server, listener=web_sock)
+        web = serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
     if ready is not None:
         ready()

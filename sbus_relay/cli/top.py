@@ -186,7 +186,7 @@ class Watch:
     """One bus: where its metrics server is, and its last snapshot (for rates)."""
 
     def __init__(self, name: str, address: str) -> None:
-        from sbus_relay.ops.metrics import parse_host_port
+        from sbus_relay.ops.config import parse_host_port
 
         self.name = name
         self.address = address

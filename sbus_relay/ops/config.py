@@ -278,10 +278,18 @@ def _host_port(source: str, key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         raise ConfigError(source, key, f"expected HOST:PORT, got {_show(value)}")
-    match = _HOST_PORT_RE.match(value)
-    if not match or int(match.group(2)) > MAX_PORT:
-        raise ConfigError(source, key, f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    parse_host_port(value, source, key)
     return value
+
+
+def parse_host_port(text: str, source: str = "metrics", key: str = "metrics") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too) into a host without brackets and a port;
+    raises ``ConfigError`` naming ``source`` and ``key``."""
+    match = _HOST_PORT_RE.match(text)
+    if not match or int(match.group(2)) > MAX_PORT:
+        raise ConfigError(source, key, f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    host = match.group(1)
+    return host.removeprefix("[").removesuffix("]"), int(match.group(2))
 
 
 _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {

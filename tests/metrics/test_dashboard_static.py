@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sbus_relay.ops.metrics import build_registry
+from sbus_relay.ops.collector import build_registry
 from sbus_relay.protocol.accounting import COUNTERS, GAUGES
 from sbus_relay.protocol.stats import Gauges, Stats
 from tests.metrics.dashboard_queries import (
