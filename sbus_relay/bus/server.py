@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +36,7 @@ import gevent
 import structlog
 from gevent.event import Event
 
+from sbus_relay.ops.addresses import peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError
@@ -57,7 +57,6 @@ from .batchio import send_all
 from .connection import Connection
 from .upstream import UpstreamLink
 
-_CRED_FMT = "3i"  # struct ucred: pid, uid, gid
 _DROPS_COUNT = b"drops/count"
 _RELAY_NAME = b"relay/name"
 #: closed-connection totals kept beyond two per live client before the
@@ -190,9 +189,7 @@ class Server:
             self._accept_watcher.start(self._on_acceptable)
 
     def _admit(self, sock: socket.socket) -> None:
-        pid, uid, gid = struct.unpack(
-            _CRED_FMT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        )
+        pid, uid, gid = peer_ucred(sock)
         account = self.accounts.get(uid)
         if account is None:
             account = quota.Account(self._quotas.get(uid, self._default_quota))

@@ -27,6 +27,7 @@ import os
 import secrets
 import socket
 import stat
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -59,6 +60,9 @@ _RANDOM_NAME_BYTES = 8
 #: servers started at once on one stale path can never both bind.  The holder
 #: removes it once bound (``_locked``), so none is left behind.
 LOCK_SUFFIX = ".lock"
+
+#: struct ucred, as SO_PEERCRED returns it: pid, uid, gid.
+_UCRED = struct.Struct("3i")
 
 Kind = Literal["path", "abstract", "fd"]
 
@@ -369,3 +373,14 @@ def printable_name(sock: socket.socket) -> str:
             return format_abstract(name)
         return os.fsdecode(name)
     return str(name)
+
+
+def peer_ucred(sock: socket.socket) -> tuple[int, int, int]:
+    """The peer's (pid, uid, gid) as the kernel saw them at connect (SO_PEERCRED).
+
+    The one reader of SO_PEERCRED: the server's admission, the relay's
+    self-connection check and the supervisor's "is it my child listening"."""
+    pid, uid, gid = _UCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    )
+    return int(pid), int(uid), int(gid)
