@@ -3,14 +3,13 @@
 Every child is registered in a ``ProcessSet`` that terminates, then kills, all
 of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
 ``KeyboardInterrupt`` by the runner).  As a second line of defence each child
-gets ``PR_SET_PDEATHSIG``: if the runner itself is killed, its children die too
-(loadgen sets it itself; every other child gets it before exec).
+is started by ``ops.children.spawn``, which ties it to the runner's life: if
+the runner itself is killed, its children die too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import queue
@@ -24,24 +23,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from sbus_relay.ops import children
+
 #: Seconds a server gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE = 3.0
 #: Seconds a server may take from exec to accepting connections.
 SERVER_START_TIMEOUT = 20.0
 #: Lines of a failed server's stderr quoted in the error.
 STDERR_TAIL_LINES = 15
-_PR_SET_PDEATHSIG = 1
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:  # pragma: no cover - not on Linux
-    _libc = None
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the runner dies (libc loaded before fork)."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class BenchProcessError(RuntimeError):
@@ -127,15 +116,7 @@ class Child:
         if self.popen.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.popen.stdin.close()
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(sig)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    self.popen.kill()
-                self.popen.wait()
+        children.stop(self.popen, grace, sig=sig)
         if self.popen.stdout is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.popen.stdout.close()
@@ -154,16 +135,15 @@ class ProcessSet:
         """Start ``argv``; stdout is captured, stderr goes to a log file in ``log_dir``."""
         self._serial += 1
         stderr_path = self.log_dir / f"{self._serial:03d}-{name}.stderr"
-        with open(stderr_path, "wb") as err:
-            popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=self.env,
-                preexec_fn=_die_with_parent,  # only a prctl; libc was loaded before fork
-            )
+        popen = children.spawn(
+            argv,
+            log=stderr_path,
+            append=False,
+            stdin_pipe=stdin,
+            stdout="pipe",
+            env=self.env,
+            text=True,
+        )
         child = Child(name, popen, stderr_path)
         self._children.append(child)
         return child
