@@ -30,7 +30,7 @@ from sbus_relay.ops.addresses import (
     printable_name,
     systemd_listeners,
 )
-from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
+from sbus_relay.ops.config import ServerConfig, load_config
 from sbus_relay.ops.daemon import (
     DaemonError,
     check_pidfile,
@@ -39,14 +39,22 @@ from sbus_relay.ops.daemon import (
     remove_pidfile,
     stderr_is_a_file,
 )
-from sbus_relay.protocol.errors import AddressError, ConfigError
+from sbus_relay.protocol.errors import AddressError
+
+from .options import (
+    add_address_argument,
+    add_config_argument,
+    add_logging_arguments,
+    add_metrics_argument,
+    configure_logging,
+)
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
+#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help);
+#: the address, metrics and logging flags are the shared ones (``options``).
 _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "address": (("-a", "--address"), "ADDRESS", "path, /dev/unix/abstract[/HEX] or /dev/fd/N"),
     "pidfile": (("-p", "--pidfile"), "PIDFILE", "pid file when daemonised (/dev/null: none)"),
     "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
@@ -56,16 +64,12 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
     "reconnect_max": (("--reconnect-max",), "SECONDS", "largest upstream reconnect delay"),
-    "metrics": (("--metrics",), "HOST:PORT", "serve Prometheus /metrics and /healthz here"),
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "accounting_top": (
         ("--accounting-top",),
         "N",
         "relays and users named in the per-who series (the rest: other)",
     ),
-    "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
-    "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
-    "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),
     "max_patterns_per_client": (
         ("--max-patterns-per-client",),
         "N",
@@ -101,9 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     ``-c`` means "exit when the last client leaves", as it does for ``sbusd``.
     """
-    parser.add_argument(
-        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
-    )
+    add_config_argument(parser)
+    add_address_argument(parser, listen=True)
+    add_metrics_argument(parser)
+    add_logging_arguments(parser)
     for name, (flags, metavar, text) in _VALUE_FLAGS.items():
         parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
     for name, (flags, text) in _BOOL_FLAGS.items():
@@ -166,7 +171,7 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
 
 def run_server(config: ServerConfig) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    _configure_logging(config, config.log_file)
+    configure_logging(config.log_level, config.log_format, config.log_file)
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
@@ -193,7 +198,7 @@ def run_server(config: ServerConfig) -> int:
             ready = daemonize(pidfile, keep_stderr=keep_stderr)
             if config.log_file is None and not keep_stderr:
                 # The caller's terminal or pipe is not ours: the system log takes over.
-                _configure_logging(config, logsetup.SYSLOG)
+                configure_logging(config.log_level, config.log_format, logsetup.SYSLOG)
         _serve(config, sock, printable, log, ready, web_sock)
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
@@ -207,15 +212,6 @@ def run_server(config: ServerConfig) -> int:
             remove_pidfile(pidfile, os.getpid())
     log.info("exited", address=printable, status=status)
     return status
-
-
-def _configure_logging(config: ServerConfig, target: str | None) -> None:
-    try:
-        logsetup.configure(config.log_level, config.log_format, target=target)
-    except OSError as exc:
-        raise ConfigError(
-            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
-        ) from None
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:

@@ -41,6 +41,8 @@ from sbus_relay.protocol.limits import (
     SUN_PATH_SIZE,
 )
 
+#: The reference sbusd's default address (docs/protocol.md, Addresses).
+DEFAULT_ADDRESS = "/run/sbus.socket"
 #: Prefix of abstract addresses; alone it means "pick a random name".
 ABSTRACT_PREFIX = "/dev/unix/abstract"
 #: Prefix of inherited-descriptor addresses.

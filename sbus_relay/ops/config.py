@@ -24,6 +24,8 @@ from sbus_relay.protocol.accounting import TOP_MAX, TOP_MIN
 from sbus_relay.protocol.errors import ConfigError, UsageError
 from sbus_relay.protocol.quota import ClientLimits, Quota
 
+from .addresses import DEFAULT_ADDRESS
+
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
 #: Log levels accepted (structlog's names).
@@ -47,7 +49,7 @@ def _hostname() -> str:
 class ServerConfig:
     """Everything a server needs; the field list is docs/design.md's."""
 
-    address: str = "/run/sbus.socket"
+    address: str = DEFAULT_ADDRESS
     foreground: bool = False
     pidfile: str = "/run/sbus.pid"
     users: tuple[int, ...] = ()
