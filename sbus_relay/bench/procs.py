@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -71,38 +71,31 @@ class Child:
         status = "running" if rc is None else f"exit status {rc}"
         return BenchProcessError(f"{self.name}: {what} ({status})" + (f"\n{tail}" if tail else ""))
 
-    def expect(self, word: str, timeout: float) -> None:
-        """Wait until the child prints the line ``word``."""
+    def _await_line(self, wanted: Callable[[str], bool], what: str, timeout: float) -> str:
+        """The first line the child prints that is ``wanted``; ``what`` names it in errors."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._fail(f"no {word!r} within {timeout:.0f} s")
+                raise self._fail(f"no {what} within {timeout:.0f} s")
             try:
                 line = self._lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:
-                raise self._fail(f"exited before printing {word!r}")
-            if line == word:
-                return
+                raise self._fail(f"exited before printing {what}")
+            if wanted(line):
+                return line
+
+    def expect(self, word: str, timeout: float) -> None:
+        """Wait until the child prints the line ``word``."""
+        self._await_line(lambda line: line == word, repr(word), timeout)
 
     def result(self, timeout: float) -> dict[str, Any]:
         """Wait for the child to print its JSON line (loadgen's last output)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no result within {timeout:.0f} s")
-            try:
-                line = self._lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise self._fail("exited without a result")
-            if line.startswith("{"):
-                value: dict[str, Any] = json.loads(line)
-                return value
+        line = self._await_line(lambda line: line.startswith("{"), "result", timeout)
+        value: dict[str, Any] = json.loads(line)
+        return value
 
     def tell(self, line: str) -> None:
         """Write one line to the child's stdin (loadgen's "go")."""

@@ -350,18 +350,25 @@ def on_key(state: ViewState, key: str) -> ViewState | None:
 # --- formatting --------------------------------------------------------------------
 
 
+def _scaled(value: float, base: float, units: Sequence[str], tenths_below: float) -> str:
+    """``value`` in the first of ``units`` (each ``base`` times the one before)
+    that keeps it under ``base``: one decimal below ``tenths_below``, else none;
+    past the last unit, one decimal in it."""
+    for unit in units[:-1]:
+        if abs(value) < tenths_below - 0.05:
+            return f"{value:.1f}{unit}"
+        if abs(value) < base - 0.5:
+            return f"{value:.0f}{unit}"
+        value /= base
+    return f"{value:.1f}{units[-1]}"
+
+
 def human_bytes(count: float) -> str:
     """``512B``, ``1.5KiB``, ``12MiB``: binary units, at most three significant digits."""
     value = float(count)
     if abs(value) < 1024:
         return f"{value:.0f}B"
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if abs(value) < 9.95:
-            return f"{value:.1f}{unit}"
-        if abs(value) < 1023.5:
-            return f"{value:.0f}{unit}"
-    return f"{value / 1024:.1f}TiB"
+    return _scaled(value / 1024, 1024, ("KiB", "MiB", "GiB", "TiB"), 10)
 
 
 def human_rate(rate: float | None) -> str:
@@ -370,13 +377,7 @@ def human_rate(rate: float | None) -> str:
         return "-"
     if rate == 0:
         return "0"
-    for divisor, suffix in ((1.0, ""), (1e3, "k"), (1e6, "M")):
-        value = rate / divisor
-        if value < 99.95:
-            return f"{value:.1f}{suffix}"
-        if value < 999.5:
-            return f"{value:.0f}{suffix}"
-    return f"{rate / 1e9:.1f}G"
+    return _scaled(rate, 1000, ("", "k", "M", "G"), 100)
 
 
 def human_byte_rate(rate: float | None) -> str:

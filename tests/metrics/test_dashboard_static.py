@@ -30,7 +30,7 @@ from tests.metrics.dashboard_queries import (
 
 pytestmark = pytest.mark.timeout(30)
 
-#: Metric names a PromQL expression may mention, from sbus_relay.metrics.
+#: Metric names a PromQL expression may mention, from sbus_relay.ops.collector.
 METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
 
 
