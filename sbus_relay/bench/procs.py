@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +22,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from sbus_relay.ops import children
+from sbus_relay.ops.addresses import answers
 
 #: Seconds a server gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE = 3.0
@@ -163,15 +162,9 @@ def wait_accepting(address: str, child: Child, timeout: float = SERVER_START_TIM
     while True:
         if child.popen.poll() is not None:
             raise child._fail("exited while starting")
-        if os.path.exists(address):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                sock.connect(address)
+        with contextlib.suppress(OSError):
+            if answers(address):
                 return
-            except OSError:
-                pass
-            finally:
-                sock.close()
         if time.monotonic() > deadline:
             raise child._fail(f"not accepting on {address} within {timeout:.0f} s")
         time.sleep(0.02)
