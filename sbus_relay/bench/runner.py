@@ -106,6 +106,7 @@ class BenchOptions:
     profile_path: Path | None = None
     sbusd: tuple[str, ...] | None = None
     reference: Path | None = None
+    reference_src: Path | None = None
     no_reference: bool = False
     cache_dir: Path | None = None
     keep: bool = False
@@ -385,7 +386,9 @@ def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, run every scenario, write the JSON if asked; return the results."""
     programs = build_programs(options.cache_dir)
-    reference = resolve_reference(options.reference, options.no_reference, options.cache_dir)
+    reference = resolve_reference(
+        options.reference, options.no_reference, options.cache_dir, options.reference_src
+    )
     if reference.path is None:
         say(f"reference sbusd: {reference.reason}; its column is left out")
     else:

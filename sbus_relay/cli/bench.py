@@ -13,6 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from sbus_relay.bench.reference import SOURCE_ENV, UPSTREAM
 from sbus_relay.bench.runner import SCENARIO_NAMES as SCENARIOS
 
 
@@ -48,8 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="the reference C sbusd binary to measure beside ours (default: built with gcc "
-        "from the reference sources, found via $SBUS_REFERENCE_SRC or a reference-sbus "
-        "directory near the checkout)",
+        "from the reference sources, see --reference-src)",
+    )
+    which.add_argument(
+        "--reference-src",
+        type=Path,
+        metavar="DIR",
+        help=f"build the reference from this source tree, a clone of {UPSTREAM} (default: "
+        f"${SOURCE_ENV}, else an 'sbus' or 'reference-sbus' directory near the checkout)",
     )
     which.add_argument(
         "--no-reference",
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         profile_path=args.profile,
         sbusd=tuple(shlex.split(args.sbusd)) if args.sbusd else None,
         reference=args.reference,
+        reference_src=args.reference_src,
         no_reference=args.no_reference,
         cache_dir=args.cache_dir,
         keep=args.keep,
