@@ -21,6 +21,7 @@ bus already uses them -- except under CI, where it must run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -243,6 +244,17 @@ def _first_run(session: Session, readme: str) -> None:
     status, out, err = session.run(f".venv/bin/python - <<'EOF'\n{example}\nEOF", "python")
     assert status == 0 and "Message(" in out, err
 
+    # 3b. The README's /clients example, against the one bus running: `make run`'s.
+    curl_line = re.search(r"`(curl '([^`']*/clients[^`']*)')`", readme)
+    assert curl_line is not None, "the README has no /clients curl example"
+    if shutil.which("curl"):
+        status, out, err = session.run(f"{curl_line.group(1)} --silent --show-error", "curl")
+        assert status == 0, f"{curl_line.group(1)}: {err}"
+    else:  # the same request without curl
+        with urllib.request.urlopen(curl_line.group(2), timeout=WAIT) as response:
+            out = response.read().decode()
+    assert json.loads(out)["server"]["role"] == "master", out
+
     # 4. record, then analyze, as the README shows (record runs for a few seconds).
     pipeline = readme_block(readme, "## Traffic pipeline")
     record_line = line_starting(pipeline, ".venv/bin/sbus-relay record").split("#")[0].strip()
@@ -282,3 +294,7 @@ def _first_run(session: Session, readme: str) -> None:
     assert session.interrupt(up) == 0, up_err.read_text()
     session.interrupt(bus)  # make reports the interrupt; the bus must clean up
     wait_for(lambda: not os.path.exists("/tmp/sbus.socket"), "the bus to remove its socket")
+    # ... and leaves nothing behind: no lock files beside the sockets either.
+    leftovers = [p for p in ("/tmp/sbus.socket.lock",) if os.path.exists(p)]
+    leftovers += [str(p) for p in Path("/tmp/sbus-dev").glob("*.lock")]
+    assert leftovers == []
