@@ -269,4 +269,4 @@ def test_the_readme_says_make_test_runs_the_slow_tests_and_how_long() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert 'pytest -m "slow and spark"' in makefile  # make test runs them: say so
     top = (ROOT / "README.md").read_text().split("## ")[0]
-    assert re.search(r"slow", top) and re.search(r"\d+ minutes", top), top
+    assert re.search(r"slow", top) and re.search(r"\d+\s+minutes", top), top
