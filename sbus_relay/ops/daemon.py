@@ -219,9 +219,9 @@ def write_pidfile(path: str, pid: int) -> None:
     try:
         try:
             os.link(temporary, path)
-        except FileExistsError:
+        except OSError:  # a file is there (or links are not supported there)
             check_pidfile(path)
-            os.replace(temporary, path)  # stale: ours now
+            os.replace(temporary, path)  # stale, or none: ours now
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
