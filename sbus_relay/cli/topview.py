@@ -72,11 +72,27 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One line of a table: a client, or a group of them (``cid`` None).
+class Traffic:
+    """Rates over the last interval (per second, None while unknown), and now."""
 
-    Rates are per second over the last interval, None while unknown.
-    """
+    msgs_in: float | None
+    msgs_out: float | None
+    bytes_in: float | None
+    bytes_out: float | None
+    drops: float | None
+    dropped: int
+    queued_messages: int
+    queued_bytes: int
+
+
+@dataclass(frozen=True)
+class Totals(Traffic):
+    """A server's own totals."""
+
+
+@dataclass(frozen=True)
+class Row(Traffic):
+    """One line of a table: a client, or a group of them (``cid`` None), and its traffic."""
 
     label: str  # the cid as text, or the group's relay label or uid
     cid: int | None
@@ -85,29 +101,7 @@ class Row:
     pid: int | None
     conns: int
     patterns: int
-    msgs_in: float | None
-    msgs_out: float | None
-    bytes_in: float | None
-    bytes_out: float | None
-    drops: float | None
-    dropped: int
-    queued_messages: int
-    queued_bytes: int
     age: float  # a group's: its oldest connection's
-
-
-@dataclass(frozen=True)
-class Totals:
-    """A server's own totals: rates over the last interval (None: unknown), and now."""
-
-    msgs_in: float | None
-    msgs_out: float | None
-    bytes_in: float | None
-    bytes_out: float | None
-    drops: float | None
-    dropped: int
-    queued_messages: int
-    queued_bytes: int
 
 
 @dataclass(frozen=True)
