@@ -157,9 +157,11 @@ def test_the_bench_builds_the_reference_from_a_clone_of_its_project(tmp_path: Pa
         if os.environ.get("CI"):
             pytest.fail(f"CI must measure the reference: {reason}")
         pytest.skip(reason)
-    # The sbus project's repository as a user would clone it: every file of it.
+    # The sbus project's repository as a user would clone it: every source file of
+    # the tree found (itself a clone, or a copy), as a repository of its own.
     upstream = tmp_path / "upstream"
-    shutil.copytree(sources, upstream, ignore=shutil.ignore_patterns("*.o", "*.a", "sbusd", "test"))
+    built = ("*.o", "*.a", "*.so", "sbusd", "test")
+    shutil.copytree(sources, upstream, ignore=shutil.ignore_patterns(".git", *built))
     _git("init", "-q", cwd=upstream)
     _git("add", "-A", cwd=upstream)
     _git("commit", "-q", "-m", "sbus", cwd=upstream)

@@ -82,6 +82,12 @@ def in_use() -> list[str]:
     return busy
 
 
+def _as_on_a_terminal() -> None:
+    """In the child: Ctrl-C does what it does for a command typed at a terminal,
+    even when this suite was started with SIGINT ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Session:
     """A shell-like session in the clone: runs README lines, keeps every output."""
 
@@ -105,6 +111,7 @@ class Session:
             done = subprocess.run(
                 ["bash", "-c", line], cwd=self.clone, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=o, stderr=e, timeout=timeout, check=False,
+                preexec_fn=_as_on_a_terminal,
             )  # fmt: skip
         return done.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
 
@@ -115,7 +122,7 @@ class Session:
             proc = subprocess.Popen(
                 ["bash", "-c", f"exec {line}" if not line.startswith("make") else line],
                 cwd=self.clone, env=self.env, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_as_on_a_terminal,
             )  # fmt: skip
         self.background.append(proc)
         return proc, out, err
