@@ -42,7 +42,7 @@ test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, ~2 min
+	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, a few minutes
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana

@@ -61,12 +61,12 @@ WIDE_FANOUT_DIVISOR = 20
 IDLE_CLIENTS = 100
 IDLE_PATTERNS = 100
 #: The crowd: connected clients, of which publishers + subscribers are active
-#: (one publisher to one subscriber each), at a fixed total rate, for seconds.
+#: (one publisher to one subscriber each), at a fixed total rate, for seconds
+#: (--quick too: a shorter run's p99 is mostly its start, not comparable).
 CROWD_CLIENTS = 1_000
 CROWD_PAIRS = 50
 CROWD_RATE = 10_000.0
 CROWD_SECONDS = 5.0
-QUICK_CROWD_SECONDS = 2.0
 #: Memory: idle clients (per-client cost), then clients x patterns (per-pattern cost).
 MEMORY_CLIENTS = 1_000
 MEMORY_PATTERN_CLIENTS = 100
@@ -106,10 +106,12 @@ class BenchOptions:
     profile_path: Path | None = None
     sbusd: tuple[str, ...] | None = None
     reference: Path | None = None
+    reference_src: Path | None = None
     no_reference: bool = False
     cache_dir: Path | None = None
     keep: bool = False
     only: tuple[str, ...] = ()
+    check: bool = False
 
     @property
     def n_messages(self) -> int:
@@ -153,11 +155,10 @@ class _Context:
         return QUICK_SUB_IDLE_SECONDS if self.options.quick else SUB_IDLE_SECONDS
 
 
-def scenarios(messages: int, quick: bool = False) -> list[Scenario]:
+def scenarios(messages: int) -> list[Scenario]:
     """The throughput scenarios, in the order they are run."""
-    crowd_s = QUICK_CROWD_SECONDS if quick else CROWD_SECONDS
     crowd = Load(
-        int(CROWD_RATE * crowd_s),
+        int(CROWD_RATE * CROWD_SECONDS),
         pub_conns=CROWD_PAIRS,
         sub_conns=CROWD_PAIRS,
         each=True,
@@ -371,6 +372,8 @@ def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "quick": options.quick,
+        "check": options.check,
+        "only": list(options.only) or None,
         "messages": options.n_messages,
         "payload_bytes": 64,
         "repeat": options.n_repeat,
@@ -379,13 +382,16 @@ def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str
         "reference": str(reference.path) if reference.path else None,
         "reference_source": reference.source or None,
         "reference_left_out": reference.reason or None,
+        "load_before": round(os.getloadavg()[0], 2),
     }
 
 
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, run every scenario, write the JSON if asked; return the results."""
     programs = build_programs(options.cache_dir)
-    reference = resolve_reference(options.reference, options.no_reference, options.cache_dir)
+    reference = resolve_reference(
+        options.reference, options.no_reference, options.cache_dir, options.reference_src
+    )
     if reference.path is None:
         say(f"reference sbusd: {reference.reason}; its column is left out")
     else:
@@ -398,7 +404,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
     try:
         with _signals_as_interrupt(), ProcessSet(workdir / "logs", child_env()) as procs:
             ctx = _Context(tools, procs, workdir, options, say)
-            for sc in scenarios(options.n_messages, options.quick):
+            for sc in scenarios(options.n_messages):
                 if options.only and sc.name not in options.only:
                     continue
                 say(f"{sc.name}: {sc.title}")
@@ -420,6 +426,9 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
                 if results["profile"]["status"] != "ok":
                     say(f"profile: {results['profile']['reason']}")
         ok = all(s["status"] == "ok" for s in results["scenarios"].values())
+        results["meta"]["load_after"] = round(os.getloadavg()[0], 2)
+        results["targets"] = report.all_verdicts(results)
+        results["summary"] = report.summarize(results["targets"])
     finally:
         keep = options.keep or not ok
         if keep:

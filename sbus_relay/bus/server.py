@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +31,7 @@ import structlog
 from gevent.event import Event
 
 from sbus_relay import accel
+from sbus_relay.ops.addresses import peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError
@@ -50,7 +50,6 @@ from sbus_relay.protocol.stats import Gauges, Stats
 from .connection import Connection, Router
 from .upstream import UpstreamLink
 
-_CRED_FMT = "3i"  # struct ucred: pid, uid, gid
 _DROPS_COUNT = b"drops/count"
 _RELAY_NAME = b"relay/name"
 #: closed-connection totals kept beyond two per live client before the
@@ -191,9 +190,7 @@ class Server:
             self._accept_watcher.start(self._on_acceptable)
 
     def _admit(self, sock: socket.socket) -> None:
-        pid, uid, gid = struct.unpack(
-            _CRED_FMT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        )
+        pid, uid, gid = peer_ucred(sock)
         account = self.accounts.get(uid)
         if account is None:
             account = quota.Account(self._quotas.get(uid, self._default_quota))

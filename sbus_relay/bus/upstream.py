@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 import gevent
 from gevent.event import Event
 
-from sbus_relay.ops.addresses import connect
+from sbus_relay.ops.addresses import connect, peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import AddressError
@@ -248,9 +247,7 @@ class UpstreamLink:
 
     def _is_self(self, sock: socket.socket) -> bool:
         """SO_PEERCRED tells whether we connected to our own listening socket."""
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        pid: int = struct.unpack("3i", creds)[0]
-        return pid == os.getpid()
+        return peer_ucred(sock)[0] == os.getpid()
 
     def _open(self, sock: socket.socket) -> None:
         """Start a connection: the hello goes out; patterns follow the whoami reply."""

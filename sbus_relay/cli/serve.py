@@ -30,16 +30,31 @@ from sbus_relay.ops.addresses import (
     printable_name,
     systemd_listeners,
 )
-from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
-from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
-from sbus_relay.protocol.errors import AddressError, ConfigError
+from sbus_relay.ops.config import ServerConfig, load_config
+from sbus_relay.ops.daemon import (
+    DaemonError,
+    check_pidfile,
+    close_stdin_stdout,
+    daemonize,
+    remove_pidfile,
+    stderr_is_a_file,
+)
+from sbus_relay.protocol.errors import AddressError
+
+from .options import (
+    add_address_argument,
+    add_config_argument,
+    add_logging_arguments,
+    add_metrics_argument,
+    configure_logging,
+)
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
+#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help);
+#: the address, metrics and logging flags are the shared ones (``options``).
 _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "address": (("-a", "--address"), "ADDRESS", "path, /dev/unix/abstract[/HEX] or /dev/fd/N"),
     "pidfile": (("-p", "--pidfile"), "PIDFILE", "pid file when daemonised (/dev/null: none)"),
     "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
@@ -49,16 +64,12 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
     "reconnect_max": (("--reconnect-max",), "SECONDS", "largest upstream reconnect delay"),
-    "metrics": (("--metrics",), "HOST:PORT", "serve Prometheus /metrics and /healthz here"),
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "accounting_top": (
         ("--accounting-top",),
         "N",
         "relays and users named in the per-who series (the rest: other)",
     ),
-    "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
-    "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
-    "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),
     "max_patterns_per_client": (
         ("--max-patterns-per-client",),
         "N",
@@ -94,9 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     ``-c`` means "exit when the last client leaves", as it does for ``sbusd``.
     """
-    parser.add_argument(
-        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
-    )
+    add_config_argument(parser)
+    add_address_argument(parser, listen=True)
+    add_metrics_argument(parser)
+    add_logging_arguments(parser)
     for name, (flags, metavar, text) in _VALUE_FLAGS.items():
         parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
     for name, (flags, text) in _BOOL_FLAGS.items():
@@ -159,7 +171,7 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
 
 def run_server(config: ServerConfig) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    _configure_logging(config, config.log_file)
+    configure_logging(config.log_level, config.log_format, config.log_file)
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
@@ -167,6 +179,8 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    if not config.foreground:
+        check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line, nothing bound
     # Bound first, before the bus socket and before daemonising: a busy port
     # is one line on the terminal, never a bus that listens for a moment and
     # dies, nor a daemon that dies out of sight.
@@ -180,11 +194,11 @@ def run_server(config: ServerConfig) -> int:
             ready = None
         else:
             pidfile = os.path.abspath(config.pidfile)
-            on_terminal = os.isatty(2)
-            ready = daemonize(pidfile, keep_stderr=config.log_file is None)
-            if config.log_file is None and on_terminal:
-                # The terminal is no longer ours: the system log takes over.
-                _configure_logging(config, logsetup.SYSLOG)
+            keep_stderr = config.log_file is None and stderr_is_a_file()
+            ready = daemonize(pidfile, keep_stderr=keep_stderr)
+            if config.log_file is None and not keep_stderr:
+                # The caller's terminal or pipe is not ours: the system log takes over.
+                configure_logging(config.log_level, config.log_format, logsetup.SYSLOG)
         _serve(config, sock, printable, log, ready, web_sock)
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
@@ -200,17 +214,8 @@ def run_server(config: ServerConfig) -> int:
     return status
 
 
-def _configure_logging(config: ServerConfig, target: str | None) -> None:
-    try:
-        logsetup.configure(config.log_level, config.log_format, target=target)
-    except OSError as exc:
-        raise ConfigError(
-            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
-        ) from None
-
-
 def _metrics_listener(config: ServerConfig) -> socket.socket:
-    from sbus_relay.ops.metrics import bind_metrics
+    from sbus_relay.ops.metrics_server import bind_metrics
 
     assert config.metrics is not None
     try:
@@ -256,13 +261,12 @@ def _serve(
         gevent.signal_handler(signum, stop, signum)
     web = None
     if web_sock is not None:
-        from sbus_relay.ops import (
-            metrics,  # only when asked: prometheus_client is not free to import
-        )
+        # Only when asked: prometheus_client is not free to import.
+        from sbus_relay.ops.metrics_server import serve_from_config
 
-        # cast: metrics declares its config protocol with settable attributes,
+        # cast: the server declares the config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = metrics.serve_from_config(cast(Any, config), server, listener=web_sock)
+        web = serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
     if ready is not None:
         ready()

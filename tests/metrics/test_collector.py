@@ -1,4 +1,4 @@
-"""Unit tests of ``sbus_relay.metrics``: no bus server, a fresh registry per test.
+"""Unit tests of ``ops.collector`` and ``ops.metrics_server``: no bus, a fresh registry each.
 
 Each counter is checked by diffing the whole exposition before and after one
 bump: exactly one sample may change, by exactly the bump.  That catches a
@@ -23,13 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from sbus_relay import __version__
-from sbus_relay.ops.metrics import (
-    MetricsCollector,
-    build_registry,
-    parse_host_port,
-    serve,
-    serve_from_config,
-)
+from sbus_relay.ops.collector import MetricsCollector, build_registry
+from sbus_relay.ops.config import parse_host_port
+from sbus_relay.ops.metrics_server import serve, serve_from_config
 from sbus_relay.protocol.errors import ConfigError
 from sbus_relay.protocol.stats import (
     DISCONNECT_REASONS,
