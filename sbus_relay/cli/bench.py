@@ -97,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default ~/.cache/sbus_relay/bench)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
+    parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="run our servers on the pure-Python path (SBUS_PURE_PYTHON=1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         only=tuple(args.only),
         check=args.check,
+        pure=args.pure,
     )
     try:
         results = run_bench(options, say=lambda line: print(line, file=sys.stderr, flush=True))

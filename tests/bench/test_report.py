@@ -57,14 +57,14 @@ def test_a_stalled_subscriber_that_speeds_the_others_up_is_noise_not_a_negative_
 
 
 def test_a_real_cost_is_judged() -> None:
-    assert stalled_entry(ours=90_000, clean=100_000)["targets"][0]["verdict"] == MET
+    assert stalled_entry(ours=97_000, clean=100_000)["targets"][0]["verdict"] == MET
     missed = stalled_entry(ours=50_000, clean=100_000)["targets"][0]
     assert (missed["verdict"], missed["met"]) == (MISSED, False)
     assert missed["value"] == pytest.approx(0.5)
 
 
 def test_memory_that_shrank_is_noise() -> None:
-    ours = {"per_client_bytes": 1100.0, "per_pattern_bytes": -3.0}
+    ours = {"per_client_bytes": 430.0, "per_pattern_bytes": -3.0}
     entry = {"title": "memory", "status": "ok", "sides": {"ours": ours}}
     report.evaluate("memory", entry)
     verdicts = {v["label"]: v["verdict"] for v in entry["targets"]}
@@ -72,7 +72,7 @@ def test_memory_that_shrank_is_noise() -> None:
 
 
 def test_every_target_of_the_scenarios_run_has_a_verdict() -> None:
-    entry = stalled_entry(ours=90_000, clean=100_000)
+    entry = stalled_entry(ours=97_000, clean=100_000)
     failed = {"title": "1to1", "status": "failed", "reason": "boom"}
     results = results_of(stalled=entry, **{"1to1": failed})
     assert [v["label"] for v in results["targets"]] == [
@@ -84,7 +84,7 @@ def test_every_target_of_the_scenarios_run_has_a_verdict() -> None:
 
 
 def test_exit_status_fails_on_a_missed_target_only_with_check() -> None:
-    met = results_of(stalled=stalled_entry(ours=90_000, clean=100_000))
+    met = results_of(stalled=stalled_entry(ours=97_000, clean=100_000))
     missed = results_of(stalled=stalled_entry(ours=50_000, clean=100_000))
     noisy = results_of(stalled=stalled_entry(ours=300_000, clean=100_000))
     assert exit_status(met, check=True) == (0, "")
