@@ -379,6 +379,116 @@ class Connection:
         if sock is not None:
             sock.close()
 
+    # --- a live upgrade: its whole state, handed to the next process --------------
+
+    def freeze(self) -> None:
+        """Stop every watcher and timer: nothing more is read or written here
+        until ``thaw`` (the hand-over failed) or the process ends (it went)."""
+        for watcher in (self._read_watcher, self._write_watcher, self._tick):
+            if watcher is not None:
+                watcher.stop()
+
+    def thaw(self) -> None:
+        """Undo ``freeze``: the hand-over failed and this process serves on."""
+        if self._read_watcher is not None and not self.pauses:
+            self._read_watcher.start(self)
+        if self._writing and self._write_watcher is not None:
+            self._write_watcher.start(self._on_writable)
+        if self._tick is not None:
+            self._tick.start(self._on_tick)
+
+    def let_go(self) -> None:
+        """The connection lives on in a newer process: close this process's copy
+        of its socket, and nothing else (its peer notices nothing)."""
+        self.alive = False
+        self.open = False
+        if self._tick is not None:
+            self._tick.close()
+            self._tick = None
+        self._close_socket()
+
+    def export(self) -> dict[str, Any]:
+        """Everything about this connection but its socket, as plain data: who it
+        is, its modes and flags, its counters, and every packet it holds, in
+        the order it would have sent or handled them (``adopt`` takes it)."""
+        queued: list[bytes] = list(self.pending or ())
+        times: list[float] = [self.router.now] * len(queued)
+        q = self.queue
+        modes = None
+        if q is not None:
+            packets, waited = q.take(q.count)
+            q.put_back(packets, waited)
+            queued += packets
+            times += waited
+            modes = (q.soft, q.hard, q.order)
+        return {
+            "cid": self.cid,
+            "creds": (self.gid, self.uid, self.pid),
+            "flags": {
+                "echo": self.echo,
+                "interest": self.interest,
+                "relay": self.relay,
+                "packs": self.packs,
+                "batch": self.batch,
+                "open": self.open,
+                "ready_owed": self.ready_owed,
+                "retry": self._retry,
+            },
+            "label": self.label,
+            "since": self.since,
+            "counters": (
+                self.msgs_in,
+                self.bytes_in,
+                self.msgs_out,
+                self.bytes_out,
+                self.dropped,
+                self.pattern_bytes,
+            ),
+            "modes": modes,
+            "queued": (queued, times),
+            "shed": self.shed,
+            "notices": None if self.notices is None else dict(self.notices),
+            "stash": None if self._stash is None else list(self._stash),
+        }
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Take up where an earlier process left this connection (``export``).
+        Its socket is attached already; pauses are restored by whoever held them."""
+        flags = state["flags"]
+        self.echo = flags["echo"]
+        self.interest = flags["interest"]
+        self.relay = flags["relay"]
+        self.packs = flags["packs"]
+        self.batch = flags["batch"]
+        self.open = flags["open"]
+        self.ready_owed = flags["ready_owed"]
+        self._retry = flags["retry"]
+        self.label = state["label"]
+        self.since = state["since"]
+        (
+            self.msgs_in,
+            self.bytes_in,
+            self.msgs_out,
+            self.bytes_out,
+            self.dropped,
+            self.pattern_bytes,
+        ) = state["counters"]
+        if state["modes"] is not None:
+            q = self._queue()
+            q.soft, q.hard = state["modes"][0], state["modes"][1]
+            q.set_order(state["modes"][2])
+        packets, times = state["queued"]  # in sending order
+        if packets:
+            q = self._queue()
+            order = range(len(packets) - 1, -1, -1) if q.order == "stack" else range(len(packets))
+            for i in order:
+                q.push(packets[i], times[i])
+        self.shed = state["shed"]
+        self.notices = state["notices"]
+        self._stash = state["stash"]
+        if self.queued[0] or self.notices is not None:
+            self._want_write()
+
     # --- reading -------------------------------------------------------------
 
     def __call__(self) -> None:

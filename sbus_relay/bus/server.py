@@ -20,6 +20,7 @@ feed it SUB/UNSUB, its connection is one more recipient in the index
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -30,12 +31,13 @@ import gevent
 import structlog
 from gevent.event import Event
 
-from sbus_relay import accel
+from sbus_relay import __version__, accel
+from sbus_relay.ops import handover
 from sbus_relay.ops.addresses import peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
-from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import parse_flood_control
+from sbus_relay.protocol.errors import PeerError, UpgradeError
+from sbus_relay.protocol.flood import Action, parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
 from sbus_relay.protocol.interest import ADD, InterestTracker
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
@@ -43,6 +45,7 @@ from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
     ACCEPT_BATCH,
+    LISTEN_BACKLOG,
     SEND_BUFFER,
 )
 from sbus_relay.protocol.stats import Gauges, Stats
@@ -113,6 +116,15 @@ class Server:
         #: connections holding a packet until the prefix is known
         self._awaiting_prefix: list[Connection] = []
         self.stopped = Event()
+        #: set once a newer process has taken the bus over (``hand_over``): this
+        #: one leaves its socket file and pid file to it
+        self.handed_over = False
+        #: the metrics listening socket, handed over with the bus (set by the CLI)
+        self.web_listener: socket.socket | None = None
+        #: the socket file this bus owns (removed when it stops), handed over too
+        self.socket_file: str | None = None
+        #: where it listens, as said in its log (set by the CLI), handed over too
+        self.address = config.address
         self._next_cid = 0
         self._ever_connected = False
         self._allowed = frozenset(config.users) | {os.geteuid()} if config.users else None
@@ -387,6 +399,8 @@ class Server:
             # our packed batches extension: say yes, then pack what goes to it
             conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
             conn.packs = True
+        elif packet == handover.TAKE_OVER or packet.startswith(handover.TAKE_OVER + b"\0"):
+            self._take_over_asked(conn)
         elif key == _DROPS_COUNT:
             conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
         else:
@@ -466,6 +480,183 @@ class Server:
         assert link is not None
         if present or self.index.count_of(link, pattern):
             self._change(link, pattern, add=present)
+
+    # --- a live upgrade: the whole bus handed to a newer process ----------------------
+
+    def _take_over_asked(self, conn: Connection) -> None:
+        """``CMSG upgrade/take-over`` (``ops.handover``): hand everything to the
+        process behind ``conn`` if it runs as our own user, then end quietly."""
+        if not handover.allowed(conn.uid):
+            conn.warn("upgrade.refused", reason="not the bus's own user")
+            conn.reply(codec.encode_cmsg(b"upgrade/refused", b"not the bus's own user"))
+            return
+        others = len(self.clients) - 1
+        self.log.info("upgrade.handing_over", to_pid=conn.pid, clients=others)
+        started = time.monotonic()
+        self._freeze()
+        state, fds = self.export(skip=conn)
+        assert conn.sock is not None
+        try:
+            handover.send_state(conn.sock, state, fds)
+            handover.wait_done(conn.sock)
+        except (OSError, UpgradeError) as exc:
+            self._thaw()
+            self.log.warning("upgrade.failed", to_pid=conn.pid, reason=str(exc))
+            conn.close("upgrade_failed", str(exc))
+            return
+        self.handed_over = True
+        self.log.info(
+            "upgrade.handed_over",
+            to_pid=conn.pid,
+            clients=others,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        self._let_go()
+
+    def _freeze(self) -> None:
+        """Stop accepting and stop every connection (the link too): nothing is
+        read or written until the state is handed over or ``_thaw``."""
+        if self._accept_watcher is not None:
+            self._accept_watcher.stop()
+        for conn in self.clients.values():
+            conn.freeze()
+        if self.upstream is not None:
+            self.upstream.freeze()
+
+    def _thaw(self) -> None:
+        if self._accept_watcher is not None and not self.stopped.is_set():
+            self._accept_watcher.start(self._on_acceptable)
+        for conn in self.clients.values():
+            conn.thaw()
+        if self.upstream is not None:
+            self.upstream.thaw()
+
+    def _let_go(self) -> None:
+        """The bus lives on in the new process: close our copies of its sockets,
+        telling no one, and stop."""
+        for watcher in (self._accept_watcher, self._accept_timer):
+            if watcher is not None:
+                watcher.close()
+        for conn in list(self.clients.values()):
+            conn.let_go()
+        if self.upstream is not None:
+            self.upstream.let_go()
+        self.listener.close()  # (the metrics socket: the CLI's metrics server closes it)
+        self.stopped.set()
+
+    def export(self, skip: Connection | None = None) -> tuple[dict[str, Any], list[int]]:
+        """The whole bus as plain data, and the descriptors it refers to by position:
+        the listener first, then the metrics socket (if any), the clients', the link's."""
+        fds = [self.listener.fileno()]
+        web = None
+        if self.web_listener is not None:
+            web = len(fds)
+            fds.append(self.web_listener.fileno())
+        clients = []
+        for conn in self.clients.values():
+            if conn is skip:
+                continue
+            state = conn.export()
+            state["fd"] = len(fds)
+            fds.append(conn.fd)
+            state["patterns"] = self.index.patterns_of(conn)
+            state["waiters"] = [(p.cid, a.name) for p, a in conn.waiters or ()]
+            state["held"] = conn in self._awaiting_prefix
+            clients.append(state)
+        link = None
+        if self.upstream is not None:
+            link = self.upstream.export()
+            link["patterns"] = self.index.patterns_of(self.upstream.conn)
+            if self.upstream.conn.sock is not None:
+                link["fd"] = len(fds)
+                fds.append(self.upstream.conn.fd)
+        state = {
+            "version": __version__,
+            "socket_file": self.socket_file,
+            "address": self.address,
+            "web": web,
+            "stats": dataclasses.asdict(self.stats),
+            "gone": list(self._gone),
+            "next_cid": self._next_cid,
+            "started": self.started,
+            "prefix": self.prefix,
+            "ever_connected": self._ever_connected,
+            "by_relay": self.by_relay.export(),
+            "by_user": self.by_user.export(),
+            "clients": clients,
+            "upstream": link,
+        }
+        return state, fds
+
+    @classmethod
+    def adopt(
+        cls, config: ServerConfig, state: dict[str, Any], fds: list[int], log: Any = None
+    ) -> Server:
+        """The bus an earlier process handed over (``export``), on this config."""
+        listener = socket.socket(fileno=fds[0])
+        # listening again makes this process the one its clients' SO_PEERCRED names
+        listener.listen(LISTEN_BACKLOG)
+        server = cls(config, listener, log=log)
+        if state["web"] is not None:
+            server.web_listener = socket.socket(fileno=fds[state["web"]])
+        stats = server.stats
+        for name, value in state["stats"].items():
+            setattr(stats, name, value)
+        server._gone = list(state["gone"])
+        server._next_cid = state["next_cid"]
+        server.started = state["started"]
+        server.prefix = state["prefix"]
+        server._ever_connected = state["ever_connected"]
+        server.by_relay.restore(state["by_relay"])
+        server.by_user.restore(state["by_user"])
+        index = server.index
+        # the upstream and our relays know every pattern already: no SUB, no notice
+        index.on_first = index.on_last = None
+        byid: dict[int, Connection] = {}
+        for cstate in state["clients"]:
+            conn = server._adopt_client(cstate, socket.socket(fileno=fds[cstate["fd"]]))
+            byid[conn.cid] = conn
+        for cstate in state["clients"]:
+            conn = byid[cstate["cid"]]
+            for cid, action in cstate["waiters"]:
+                publisher = byid[cid]
+                if conn.waiters is None:
+                    conn.waiters = []
+                conn.waiters.append((publisher, Action[action]))
+                publisher.pause()
+            if cstate["held"]:
+                conn.pause()
+                server._awaiting_prefix.append(conn)
+        link = state["upstream"]
+        if link is not None and server.upstream is not None:
+            sock = socket.socket(fileno=fds[link["fd"]]) if "fd" in link else None
+            server.upstream.adopt(link, sock)
+            for pattern, count in link["patterns"].items():
+                for _ in range(count):
+                    index.add(server.upstream.conn, pattern)
+        index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
+        return server
+
+    def _adopt_client(self, state: dict[str, Any], sock: socket.socket) -> Connection:
+        gid, uid, pid = state["creds"]
+        account = self.accounts.get(uid)
+        if account is None:
+            account = self.accounts[uid] = quota.Account(self._quotas.get(uid, self._default_quota))
+        account.connections += 1
+        sock.setblocking(False)
+        conn = Connection(
+            self.router, self, sock, state["cid"], Credentials(gid, uid, pid), account
+        )
+        conn.adopt(state)
+        self.clients[conn.cid] = conn
+        for pattern, count in state["patterns"].items():
+            for _ in range(count):
+                self.index.add(conn, pattern)
+        account.patterns += len(state["patterns"])
+        account.pattern_bytes += conn.pattern_bytes
+        if conn.interest:
+            self.interest.listeners[conn] = None
+        return conn
 
     # --- observability ---------------------------------------------------
 

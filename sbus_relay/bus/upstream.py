@@ -123,13 +123,63 @@ class UpstreamLink:
         self._worked = False  # the link that was lost had got as far as ready
         self._stopping = False
         self._connections = 0
+        self._adopted = False  # taken over from an earlier process (``adopt``)
 
     # --- what the server sees --------------------------------------------------
 
     def start(self) -> None:
-        """Hold everything for now, and connect (and keep reconnecting) in the background."""
-        self._hold_everything()
+        """Connect (and keep reconnecting) in the background; until the upstream's
+        interest is known, hold everything (not when adopted: that is known)."""
+        if not self._adopted:
+            self._hold_everything()
         self._runner = gevent.spawn(self._run)
+
+    # --- a live upgrade -------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """Nothing more goes up or comes down until ``thaw`` or ``let_go``."""
+        self.conn.freeze()
+        if self._whoami_timer is not None:
+            self._whoami_timer.stop()
+
+    def thaw(self) -> None:
+        self.conn.thaw()
+        if self._whoami_timer is not None:
+            self._whoami_timer.start(self._whoami_late)
+
+    def let_go(self) -> None:
+        """The link lives on in a newer process: close our copy, quietly."""
+        self._stopping = True
+        if self._runner is not None:
+            self._runner.kill(block=False)
+        self._cancel_whoami()
+        self.conn.let_go()
+
+    def export(self) -> dict[str, Any]:
+        """The link's state (its connection's included), as plain data."""
+        return {
+            "conn": self.conn.export(),
+            "connected": self.connected,
+            "ready": self.ready,
+            "identity_known": self._identity_known,
+            "interest_count": self.interest_count,
+            "interest_complete": self.interest_complete,
+            "connections": self._connections,
+        }
+
+    def adopt(self, state: dict[str, Any], sock: socket.socket | None) -> None:
+        """Take up the link an earlier process handed over (before ``start``)."""
+        self._adopted = True
+        if sock is not None:
+            sock.setblocking(False)
+            self.conn.attach(sock)
+        self.conn.adopt(state["conn"])
+        self.connected = state["connected"] and sock is not None
+        self.ready = state["ready"] and self.connected
+        self._identity_known = state["identity_known"]
+        self.interest_count = state["interest_count"]
+        self.interest_complete = state["interest_complete"]
+        self._connections = state["connections"]
 
     def stop(self) -> None:
         """Drop the link for good."""
@@ -215,6 +265,15 @@ class UpstreamLink:
         delay = self._min
         failures = 0
         while not self._stopping:
+            if self.connected:  # up (an adopted link starts so): wait until it is lost
+                self._down.wait()
+                if self._stopping:
+                    return
+                if self._worked:
+                    delay = self._min  # it worked for a while: start the back-off afresh
+                gevent.sleep(delay)
+                delay = min(delay * 2, self._max)
+                continue
             try:
                 sock = connect(self.address)
             except (OSError, AddressError) as e:
@@ -237,13 +296,7 @@ class UpstreamLink:
                 self._open(sock)
             except OSError as e:
                 self.lost(self.conn, "io_error", str(e))
-            self._down.wait()
-            if self._stopping:
-                return
-            if self._worked:
-                delay = self._min  # it worked for a while: start the back-off afresh
-            gevent.sleep(delay)
-            delay = min(delay * 2, self._max)
+                gevent.sleep(delay)
 
     def _is_self(self, sock: socket.socket) -> bool:
         """SO_PEERCRED tells whether we connected to our own listening socket."""

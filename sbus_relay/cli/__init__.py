@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from sbus_relay import __version__
-from sbus_relay.protocol.errors import AddressError, ConfigError, UsageError
+from sbus_relay.protocol.errors import AddressError, ConfigError, UpgradeError, UsageError
 
 #: name -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 #: One entry per line: other commands are added here by their authors.
@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "record": "sbus_relay.cli.record",
     "analyze": "sbus_relay.cli.analyze",
     "top": "sbus_relay.cli.top",
+    "upgrade": "sbus_relay.cli.upgrade",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).
@@ -70,6 +71,10 @@ HELP: dict[str, tuple[str, str]] = {
     "analyze": (
         "Compute traffic statistics and a report with charts from recordings (PySpark).",
         "sbus-relay analyze captures --out report",
+    ),
+    "upgrade": (
+        "Upgrade running buses in place: nobody is disconnected, nothing is lost.",
+        "sbus-relay upgrade -a /run/sbus.socket",
     ),
     "top": (
         "Watch buses live: their clients, rates, drops and queues, per client or per relay.",
@@ -122,6 +127,9 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
         # One line, no traceback: the user can fix this.
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except UpgradeError as exc:
+        print(f"{prog}: upgrade: {exc}", file=sys.stderr)
+        return 1
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]
         if top not in SPARK_EXTRA:

@@ -4,7 +4,14 @@ The order matters (docs/protocol.md, Addresses): resolve the listener and bind i
 daemonising, so an address in use is reported on the terminal with a non-zero
 status; print a random abstract address before stdout is closed; fork before
 anything starts gevent's hub; and remove the socket file and pid file however
-the server stops.
+the server stops -- unless a newer process took the bus over.
+
+A live upgrade (docs/deploy.md, "Upgrade"): on SIGUSR2 a bus starts the
+installed version of itself, the same command line with ``$SBUS_TAKE_OVER``
+set; that process, fully initialised, takes the running bus over
+(``ops.handover``: every socket and connection's state) instead of binding,
+tells systemd its pid, and serves on.  A bus run by ``sbus-relay up`` leaves
+upgrades to ``up`` (``$SBUS_SUPERVISED``), which starts the new process itself.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, cast
@@ -36,10 +44,14 @@ from sbus_relay.ops.daemon import (
     check_pidfile,
     close_stdin_stdout,
     daemonize,
+    notify,
     remove_pidfile,
     stderr_is_a_file,
+    write_pidfile,
 )
+from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV
 from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.limits import UPGRADE_WAIT
 
 from .options import (
     add_address_argument,
@@ -51,6 +63,8 @@ from .options import (
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signal that upgrades a running bus in place (as nginx's binary upgrade).
+UPGRADE_SIGNAL = signal.SIGUSR2
 
 #: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help);
 #: the address, metrics and logging flags are the shared ones (``options``).
@@ -179,6 +193,8 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    if os.environ.get(TAKE_OVER_ENV):
+        return _take_over(config, log)
     if not config.foreground:
         check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line, nothing bound
     # Bound first, before the bus socket and before daemonising: a busy port
@@ -188,6 +204,7 @@ def run_server(config: ServerConfig) -> int:
     sock, printable, socket_file = _listener(config, log)
     pidfile = None
     status = 0
+    handed_over = False
     try:
         if config.foreground:
             close_stdin_stdout()
@@ -199,19 +216,50 @@ def run_server(config: ServerConfig) -> int:
             if config.log_file is None and not keep_stderr:
                 # The caller's terminal or pipe is not ours: the system log takes over.
                 configure_logging(config.log_level, config.log_format, logsetup.SYSLOG)
-        _serve(config, sock, printable, log, ready, web_sock)
+        handed_over = _serve(
+            config, log, ready, socket_file, printable, listener=sock, web_sock=web_sock
+        )
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
     except DaemonError:
         status = 1  # the parent that is still on the terminal reports why
     finally:
-        if socket_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(socket_file)
-        if pidfile is not None:
-            remove_pidfile(pidfile, os.getpid())
-    log.info("exited", address=printable, status=status)
+        if not handed_over:
+            _clean_up(socket_file, pidfile)
+    log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
+
+
+def _clean_up(socket_file: str | None, pidfile: str | None) -> None:
+    """Remove the socket file and pid file this bus owns (not if it handed them over)."""
+    if socket_file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_file)
+    if pidfile is not None:
+        remove_pidfile(pidfile, os.getpid())
+
+
+def _take_over(config: ServerConfig, log: Any) -> int:
+    """Be the bus on ``config.address``: take it over from the process serving it."""
+    from sbus_relay.ops.handover import take_over
+
+    state, fds, channel = take_over(config.address)  # UpgradeError: one line, exit 1
+    socket_file = state["socket_file"]
+    pidfile = None
+    if not config.foreground:
+        pidfile = os.path.abspath(config.pidfile)
+        write_pidfile(pidfile, os.getpid(), successor_of=state["from_pid"])
+    adopted = (state, fds, channel)
+    handed_over = False
+    try:
+        handed_over = _serve(config, log, None, socket_file, state["address"], adopted=adopted)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if not handed_over:
+            _clean_up(socket_file, pidfile)
+    log.info("exited", address=state["address"], status=0, handed_over=handed_over)
+    return 0
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:
@@ -240,18 +288,29 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 def _serve(
     config: ServerConfig,
-    sock: socket.socket,
-    printable: str,
     log: Any,
     ready: Callable[[], None] | None,
-    web_sock: socket.socket | None,
-) -> None:
+    socket_file: str | None,
+    printable: str,
+    *,
+    listener: socket.socket | None = None,
+    web_sock: socket.socket | None = None,
+    adopted: tuple[dict[str, Any], list[int], socket.socket] | None = None,
+) -> bool:
+    """Serve until stopped; True if a newer process took the bus over."""
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
 
     from sbus_relay.bus.server import Server
 
-    server = Server(config, sock, log=log)
+    if adopted is not None:
+        server = Server.adopt(config, adopted[0], adopted[1], log=log)
+        web_sock = server.web_listener
+    else:
+        assert listener is not None
+        server = Server(config, listener, log=log)
+        server.web_listener = web_sock
+    server.socket_file = socket_file
 
     def stop(signum: int) -> None:
         log.info("signal", signal=signal.Signals(signum).name)
@@ -259,6 +318,7 @@ def _serve(
 
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
+    gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log)
     web = None
     if web_sock is not None:
         # Only when asked: prometheus_client is not free to import.
@@ -268,11 +328,78 @@ def _serve(
         # which a frozen dataclass (rightly) does not satisfy for mypy.
         web = serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
-    if ready is not None:
-        ready()
+    if adopted is not None:
+        from sbus_relay.ops.handover import confirm
+
+        confirm(adopted[2])
+        notify(MAINPID=os.getpid(), READY=1)
+        log.info(
+            "upgrade.took_over",
+            from_pid=adopted[0]["from_pid"],
+            clients=len(server.clients),
+            version=adopted[0]["version"],
+        )
+    else:
+        if ready is not None:
+            ready()
+        notify(READY=1)
+    server.address = printable
     log.info("listening", address=printable, pid=os.getpid(), relay=bool(config.upstream))
     try:
         server.serve_forever()
     finally:
         if web is not None:
             web.stop()
+    return server.handed_over
+
+
+def _upgrade(server: Any, log: Any) -> None:
+    """SIGUSR2: start the installed version of this bus, to take it over."""
+    if os.environ.get(SUPERVISED_ENV):
+        log.warning(
+            "upgrade.supervised",
+            hint="this bus is run by `sbus-relay up`: upgrade the tree with `sbus-relay upgrade`",
+        )
+        return
+    import subprocess
+
+    import gevent
+
+    env = {**os.environ, TAKE_OVER_ENV: "1"}
+    try:
+        child = subprocess.Popen(
+            sys.orig_argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except OSError as exc:
+        log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
+        return
+    log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv))
+    gevent.spawn(_watch_successor, server, child, log)
+
+
+def _watch_successor(server: Any, child: Any, log: Any) -> None:
+    """Say why, in one line, if the new process ends before it took the bus over."""
+    import gevent
+
+    deadline = time.monotonic() + UPGRADE_WAIT
+    while not server.handed_over and time.monotonic() < deadline:
+        status = child.poll()
+        if status is not None:
+            log.warning(
+                "upgrade.failed",
+                reason=f"the new process (pid {child.pid}) exited with status {status} "
+                "before taking the bus over; this one serves on (its own log says why)",
+            )
+            return
+        gevent.sleep(0.1)
+    if not server.handed_over:
+        child.kill()
+        log.warning(
+            "upgrade.failed",
+            reason=f"the new process (pid {child.pid}) did not take the bus over within "
+            f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
+        )

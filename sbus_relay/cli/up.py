@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
+    # SIGUSR2 (``sbus-relay upgrade``): every bus handed to the installed version
+    signal.signal(signal.SIGUSR2, lambda _signum, _frame: supervisor.request_upgrade())
     try:
         supervisor.start()
         supervisor.run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 import stat
 import sys
 import time
@@ -160,8 +161,9 @@ def close_stdin_stdout() -> None:
         os.close(null)
 
 
-def check_pidfile(path: str) -> None:
-    """Refuse (``UsageError``) a pid file that names another running bus.
+def check_pidfile(path: str, successor_of: int = 0) -> None:
+    """Refuse (``UsageError``) a pid file that names another running bus (not
+    ``successor_of``: the bus this process takes over in a live upgrade).
 
     Called before anything is bound, so that a second daemon started without
     ``-p`` says so in one line instead of overwriting the first one's file.
@@ -169,7 +171,7 @@ def check_pidfile(path: str) -> None:
     if path == NO_PIDFILE:
         return
     holder = running_holder(path)
-    if holder is not None and holder != os.getpid():
+    if holder is not None and holder not in (os.getpid(), successor_of):
         raise UsageError(
             f"pid file {path} belongs to a running bus (pid {holder}); "
             "give this one its own with -p PIDFILE (or -p /dev/null for none)"
@@ -204,11 +206,12 @@ def running_holder(path: str) -> int | None:
     return pid if b"sbus" in command else None
 
 
-def write_pidfile(path: str, pid: int) -> None:
+def write_pidfile(path: str, pid: int, successor_of: int = 0) -> None:
     """Write ``pid`` to ``path`` atomically (``/dev/null`` means no pid file).
 
-    Never over a file that names another running bus (``UsageError``): the
-    file is linked into place only if none is there, or replaces a stale one.
+    Never over a file that names another running bus (``UsageError``), unless
+    it is ``successor_of`` (the bus a live upgrade takes over): the file is
+    linked into place only if none is there, or replaces a stale one.
     """
     if path == NO_PIDFILE:
         return
@@ -220,7 +223,7 @@ def write_pidfile(path: str, pid: int) -> None:
         try:
             os.link(temporary, path)
         except OSError:  # a file is there (or links are not supported there)
-            check_pidfile(path)
+            check_pidfile(path, successor_of)
             os.replace(temporary, path)  # stale, or none: ours now
     finally:
         with contextlib.suppress(OSError):
@@ -239,3 +242,20 @@ def remove_pidfile(path: str, pid: int) -> None:
     if content == str(pid):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def notify(**fields: object) -> bool:
+    """Tell systemd (``sd_notify``): e.g. ``READY=1``, or ``MAINPID=`` when a newer
+    process takes a bus over.  False when not run by systemd (no $NOTIFY_SOCKET)."""
+    target = os.environ.get("NOTIFY_SOCKET", "")
+    if not target:
+        return False
+    if target.startswith("@"):  # an abstract socket
+        target = "\0" + target[1:]
+    message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message, target)
+        except OSError:
+            return False
+    return True

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from sbus_relay.protocol.errors import AddressError, ConfigError, SbusError
+from sbus_relay.protocol.limits import UPGRADE_WAIT
 
 from . import children
 from .addresses import connect, parse_address, peer_ucred
 from .config import config_from_mapping, read_yaml
+from .handover import SUPERVISED_ENV, TAKE_OVER_ENV
 
 #: Keys of the hierarchy file and of each bus entry.
 TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max")
@@ -255,6 +257,7 @@ class Supervisor:
         self.err = err or _printer(sys.stderr)
         self.children = [Child(spec) for spec in hierarchy.buses]
         self._stopping = False
+        self._upgrade_asked = False
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -288,6 +291,9 @@ class Supervisor:
         Raises ``SupervisorError`` once every bus has been given up on.
         """
         while not self._stopping:
+            if self._upgrade_asked:
+                self._upgrade_asked = False
+                self.upgrade()
             now = time.monotonic()
             for child in self.children:
                 if self._stopping:
@@ -315,6 +321,61 @@ class Supervisor:
         """Ask ``run`` to return (safe to call from a signal handler)."""
         self._stopping = True
 
+    def request_upgrade(self) -> None:
+        """Ask ``run`` to upgrade every bus (safe to call from a signal handler)."""
+        self._upgrade_asked = True
+
+    # --- a live upgrade of the tree (docs/deploy.md, "Upgrade") ------------------------
+
+    def upgrade(self) -> int:
+        """Hand each running bus, the master first, to a new process of the installed
+        version; how many were not upgraded (each says why in one line)."""
+        failed = 0
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None and not self._stopping:
+                failed += not self._upgrade(child)
+        done = sum(1 for c in self.children if c.proc is not None) - failed
+        self.out(f"sbus-relay up: upgraded {done} bus(es)" + (f", {failed} not" if failed else ""))
+        return failed
+
+    def _upgrade(self, child: Child) -> bool:
+        old = child.proc
+        assert old is not None
+        spec = child.spec
+        env = {**os.environ, SUPERVISED_ENV: "1", TAKE_OVER_ENV: "1"}
+        try:
+            new = children.spawn(
+                self.argv(spec), log=self._log_path(spec), new_session=True, env=env
+            )
+        except OSError as exc:
+            self.err(f"sbus-relay up: {spec.name} not upgraded: {exc.strerror or exc}")
+            return False
+        address = parse_address(spec.address)
+        deadline = time.monotonic() + UPGRADE_WAIT
+        while True:
+            status = new.poll()
+            if status is not None:
+                why = self._why(child, None)
+                self.err(
+                    f"sbus-relay up: {spec.name} not upgraded: the new process exited with"
+                    f" status {status}{why}; pid {old.pid} serves on"
+                )
+                return False
+            if old.poll() is not None and listener_pid(address) == new.pid:
+                break
+            if time.monotonic() > deadline:
+                self._terminate_quietly_proc(new)
+                self.err(
+                    f"sbus-relay up: {spec.name} not upgraded within {UPGRADE_WAIT:g}s;"
+                    f" pid {old.pid} serves on"
+                )
+                return False
+            time.sleep(LISTEN_POLL)
+        child.proc = new
+        child.started_at = time.monotonic()
+        self.out(f"{spec.name} upgraded: pid {old.pid} -> pid {new.pid}")
+        return True
+
     def stop(self) -> None:
         """Stop every child: deepest relays first, the master last."""
         self._stopping = True
@@ -329,7 +390,7 @@ class Supervisor:
         """
         taken = []
         for spec in self.hierarchy.buses:
-            pid = _listener_pid(parse_address(spec.address))
+            pid = listener_pid(parse_address(spec.address))
             if pid is not None:
                 taken.append((spec, pid))
         return taken
@@ -354,7 +415,12 @@ class Supervisor:
         log_path = self._log_path(spec)
         try:
             # Its own session: Ctrl-C is for us; we stop the children in order.
-            child.proc = children.spawn(self.argv(spec), log=log_path, new_session=True)
+            child.proc = children.spawn(
+                self.argv(spec),
+                log=log_path,
+                new_session=True,
+                env={**os.environ, SUPERVISED_ENV: "1"},  # upgrades are ours to start
+            )
         except OSError as exc:  # the log, the interpreter moved or vanished, fds exhausted ...
             if log_path is not None and exc.filename == log_path:
                 raise SupervisorError(
@@ -389,7 +455,7 @@ class Supervisor:
                     f"bus {child.spec.name} exited with status {status} before listening"
                     + self._why(child, other)
                 )
-            listener = _listener_pid(address)
+            listener = listener_pid(address)
             if listener == child.proc.pid:
                 return
             if listener is not None:
@@ -457,8 +523,12 @@ class Supervisor:
 
     def _terminate_quietly(self, child: Child) -> None:
         """Stop a child that failed to start (it may still be running)."""
-        proc = child.proc
-        if proc is not None and proc.poll() is None:
+        if child.proc is not None:
+            self._terminate_quietly_proc(child.proc)
+
+    @staticmethod
+    def _terminate_quietly_proc(proc: subprocess.Popen[Any]) -> None:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -474,7 +544,7 @@ class Supervisor:
         self.out(f"{child.spec.name} stopped")
 
 
-def _listener_pid(address: Any) -> int | None:
+def listener_pid(address: Any) -> int | None:
     """The pid of the process listening at ``address``, or None if none answers."""
     try:
         sock = connect(address)

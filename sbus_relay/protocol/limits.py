@@ -98,6 +98,18 @@ NOTICE_BATCH = 512
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
 
+# --- live upgrade (``ops.handover``, docs/deploy.md "Upgrade") -------------------
+#: Seconds each step of a hand-over may take (a packet sent, the new process's
+#: answer) before the old process gives up on it and serves on.
+UPGRADE_TIMEOUT = 10.0
+#: Bytes of state in one packet of the hand-over (well within SEND_BUFFER).
+UPGRADE_CHUNK = 64 * 1024
+#: Descriptors passed in one packet (SCM_MAX_FD is 253).
+FDS_PER_PACKET = 250
+#: Seconds a signalled bus gives the process it started to take over, and
+#: ``sbus-relay upgrade`` waits for a new process to answer on the address.
+UPGRADE_WAIT = 30.0
+
 # --- logging (``protocol.episodes``) -----------------------------------------
 #: Seconds without an occurrence after which an episode (a slow consumer's
 #: drops, a client's repeated misbehaviour) is over and logged as ended.
