@@ -71,6 +71,7 @@ cdef class Connection:
     cdef public long long msgs_out
     cdef public dict notices
     cdef public bint open
+    cdef public bint holding
     cdef public bint packs
     cdef public long long pattern_bytes
     cdef public int pauses

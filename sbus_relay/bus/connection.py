@@ -183,6 +183,7 @@ class Connection:
         "ended",
         "fd",
         "gid",
+        "holding",
         "handler",
         "interest",
         "label",
@@ -248,6 +249,8 @@ class Connection:
         #: its peer reads packed batches (``CMSG batch/on``): what goes out
         #: together goes as a few frames, not one packet per message
         self.packs = False
+        #: what waits in its queue is held back for now (``opened``)
+        self.holding = False
         #: the drop reason while new messages are shed without a send attempt
         #: (a stalled consumer then costs the others a counter increment)
         self.shed: str | None = None
@@ -358,6 +361,7 @@ class Connection:
         """Close the socket but keep everything else: what is pending and queued
         waits for the next ``attach`` (the upstream link across reconnects)."""
         self.open = False
+        self.holding = False
         self.packs = False  # the next peer says again whether it reads them
         pending, self.pending = self.pending, None
         now = _monotonic()
@@ -431,6 +435,7 @@ class Connection:
                 "packs": self.packs,
                 "batch": self.batch,
                 "open": self.open,
+                "holding": self.holding,
                 "ready_owed": self.ready_owed,
                 "retry": self._retry,
             },
@@ -461,6 +466,7 @@ class Connection:
         self.packs = flags["packs"]
         self.batch = flags["batch"]
         self.open = flags["open"]
+        self.holding = flags["holding"]
         self.ready_owed = flags["ready_owed"]
         self._retry = flags["retry"]
         self.label = state["label"]
@@ -764,10 +770,19 @@ class Connection:
         watcher.start(self._on_writable)
         self._writing = True
 
-    def opened(self) -> None:
-        """The link is ready: packets may go straight to the socket, and what waits goes."""
+    def opened(self, hold: bool = False) -> None:
+        """The link is ready: packets may go straight to the socket, notices go at
+        once, and what waits in the queue too -- or with ``hold``, not until
+        ``release`` (the link after an outage: other relays subscribe first)."""
         self.open = True
+        self.holding = hold
         if self.queued[0] or self.notices is not None:
+            self._want_write()
+
+    def release(self) -> None:
+        """What waits in the queue may go now (``opened(hold=True)``)."""
+        self.holding = False
+        if self.queued[0]:
             self._want_write()
 
     def _on_writable(self) -> None:
@@ -776,7 +791,7 @@ class Connection:
             if self.notices is not None and not self._send_notices():
                 return
             q = self._queue()
-            if q.count:
+            if q.count and not self.holding:
                 self._send_queued(q)
             if self.shed is not None and shedding_ends(self.shed, q):
                 self.shed = None
@@ -784,7 +799,8 @@ class Connection:
                     self._dropping.held = False
             if self.waiters:
                 self._wake_waiters()
-            if not q.count and self.notices is None and self._write_watcher is not None:
+            idle = not q.count or self.holding
+            if idle and self.notices is None and self._write_watcher is not None:
                 self._write_watcher.stop()
                 self._writing = False
         except OSError as e:

@@ -11,14 +11,17 @@ it connects, speaks the handshake and the interest extension, and reaches
 its own bus only through ``UpstreamHost``.
 
 * One greenlet connects (with capped exponential back-off) whenever the link
-  is down; the connection's reading and writing are callbacks of the hub.
+  is down, and watches the upstream's socket file meanwhile: a restarted
+  upstream is reached as soon as it binds again, not after the back-off; the
+  connection's reading and writing are callbacks of the hub.
 * On connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
   ``CMSG interest/on``, ``CMSG batch/on`` and its name (``CMSG relay/name``);
   an upstream that answers ``batch/on`` is sent packed batches, and sends
   them (docs/protocol.md, "Packed batches"); once whoami is
   answered (our identity is known, and so are the right secret patterns) it
   subscribes every local pattern, and the connection opens: what waits in
-  its queue goes up, then whatever is published.
+  its queue goes up ``RESUBSCRIBE_GRACE`` later (a restarted upstream's other
+  relays subscribe again meanwhile), whatever is published behind it.
 * After that, pattern changes (the index's first/last callbacks) wait in the
   connection as the net change per pattern until they can be sent: a burst
   of SUB/UNSUB churn costs memory per distinct pattern, never per packet.
@@ -42,14 +45,19 @@ from typing import Any, Protocol
 import gevent
 from gevent.event import Event
 
-from sbus_relay.ops.addresses import connect, peer_ucred
+from sbus_relay.ops.addresses import connect, parse_address, peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import AddressError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.interest import ADD, READY, REMOVE
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials
-from sbus_relay.protocol.limits import SEND_BUFFER, WHOAMI_TIMEOUT
+from sbus_relay.protocol.limits import (
+    RESUBSCRIBE_GRACE,
+    SEND_BUFFER,
+    UPSTREAM_WATCH,
+    WHOAMI_TIMEOUT,
+)
 from sbus_relay.protocol.quota import unlimited
 
 from .connection import Connection, Router
@@ -118,12 +126,16 @@ class UpstreamLink:
         self.interest_count = 0
         self.interest_complete = False
         self._whoami_timer: Any = None
+        self._release_timer: Any = None
         self._runner: gevent.Greenlet | None = None
         self._down = Event()  # set when the link is lost: the runner reconnects
         self._worked = False  # the link that was lost had got as far as ready
         self._stopping = False
         self._connections = 0
         self._adopted = False  # taken over from an earlier process (``adopt``)
+        address = parse_address(config.upstream)
+        #: the upstream's socket file, watched while it is away (None: not a path)
+        self._watched_path = address.path if address.kind == "path" else None
 
     # --- what the server sees --------------------------------------------------
 
@@ -282,8 +294,10 @@ class UpstreamLink:
                 failures += 1
                 say = self.log.warning if failures == 1 else self.log.info
                 say("upstream.connect_failed", error=str(e), retry_in=round(delay, 3))
-                gevent.sleep(delay)
-                delay = min(delay * 2, self._max)
+                if self._wait_for_upstream(delay):
+                    delay = self._min  # its socket changed: it is coming back, try at once
+                else:
+                    delay = min(delay * 2, self._max)
                 continue
             if self._is_self(sock):
                 sock.close()
@@ -297,6 +311,22 @@ class UpstreamLink:
             except OSError as e:
                 self.lost(self.conn, "io_error", str(e))
                 gevent.sleep(delay)
+
+    def _wait_for_upstream(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds, or less if the upstream's socket file changes
+        (it is being bound again: a restarted upstream is reached within
+        ``UPSTREAM_WATCH`` of listening, not after the back-off); True then."""
+        path = self._watched_path
+        if path is None:
+            gevent.sleep(delay)
+            return False
+        changed = Event()
+        watcher = gevent.get_hub().loop.stat(path, UPSTREAM_WATCH)
+        watcher.start(changed.set)
+        try:
+            return changed.wait(delay)
+        finally:
+            watcher.close()
 
     def _is_self(self, sock: socket.socket) -> bool:
         """SO_PEERCRED tells whether we connected to our own listening socket."""
@@ -318,9 +348,10 @@ class UpstreamLink:
         self.log.info("upstream.connected", waiting=self.conn.queued[0])
 
     def _cancel_whoami(self) -> None:
-        if self._whoami_timer is not None:
-            self._whoami_timer.close()
-            self._whoami_timer = None
+        for timer in (self._whoami_timer, self._release_timer):
+            if timer is not None:
+                timer.close()
+        self._whoami_timer = self._release_timer = None
 
     def _whoami_late(self) -> None:
         if self.connected and not self.ready:
@@ -354,7 +385,14 @@ class UpstreamLink:
         for pattern in patterns:
             self.conn.notify(pattern, True)
         self.ready = True
-        self.conn.opened()
+        # What was published while the upstream was away waits a moment more:
+        # the other relays of a restarted upstream reconnect within milliseconds
+        # and subscribe again, and then it reaches them too.
+        held = self.conn.queued[0] > 0
+        self.conn.opened(hold=held)
+        if held:
+            self._release_timer = gevent.get_hub().loop.timer(RESUBSCRIBE_GRACE)
+            self._release_timer.start(self.conn.release)
         self.log.info(
             "upstream.ready",
             identity=reply.decode("ascii", "replace"),

@@ -94,6 +94,13 @@ WHOAMI_TIMEOUT = 5.0
 #: Interest notices or upstream SUB/UNSUBs sent per wake-up: a snapshot of a
 #: large pattern set goes out in batches, between other work.
 NOTICE_BATCH = 512
+#: Seconds between looks at a relay's upstream socket file while it is away,
+#: where the kernel cannot tell us at once (libev uses inotify where it can).
+UPSTREAM_WATCH = 0.02
+#: Seconds a relay holds what it queued during an outage once its upstream is
+#: back: the upstream's other relays reconnect (watching its socket file) and
+#: subscribe again within milliseconds, and then the held messages reach them.
+RESUBSCRIBE_GRACE = 0.1
 #: (config) Reconnect back-off: first delay and cap, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
