@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials
 from sbus_relay.protocol.limits import (
     RESUBSCRIBE_GRACE,
     SEND_BUFFER,
+    UPSTREAM_STARTING,
     UPSTREAM_WATCH,
     WHOAMI_TIMEOUT,
 )
@@ -276,6 +278,7 @@ class UpstreamLink:
     def _run(self) -> None:
         delay = self._min
         failures = 0
+        changed = -UPSTREAM_STARTING  # when its socket file last changed
         while not self._stopping:
             if self.connected:  # up (an adopted link starts so): wait until it is lost
                 self._down.wait()
@@ -283,19 +286,24 @@ class UpstreamLink:
                     return
                 if self._worked:
                     delay = self._min  # it worked for a while: start the back-off afresh
-                gevent.sleep(delay)
+                if self._wait_for_upstream(delay):
+                    changed = time.monotonic()
                 delay = min(delay * 2, self._max)
                 continue
             try:
                 sock = connect(self.address)
             except (OSError, AddressError) as e:
+                if time.monotonic() - changed < UPSTREAM_STARTING:
+                    # its socket file was just bound: it listens in a moment
+                    gevent.sleep(UPSTREAM_WATCH)
+                    continue
                 # The first failure of a streak is news (a relay started before its
                 # upstream says so at warning); the retries that follow are not.
                 failures += 1
                 say = self.log.warning if failures == 1 else self.log.info
                 say("upstream.connect_failed", error=str(e), retry_in=round(delay, 3))
                 if self._wait_for_upstream(delay):
-                    delay = self._min  # its socket changed: it is coming back, try at once
+                    changed = time.monotonic()  # it is coming back: try at once
                 else:
                     delay = min(delay * 2, self._max)
                 continue
@@ -324,7 +332,7 @@ class UpstreamLink:
         watcher = gevent.get_hub().loop.stat(path, UPSTREAM_WATCH)
         watcher.start(changed.set)
         try:
-            return changed.wait(delay)
+            return bool(changed.wait(delay))
         finally:
             watcher.close()
 

@@ -97,6 +97,10 @@ NOTICE_BATCH = 512
 #: Seconds between looks at a relay's upstream socket file while it is away,
 #: where the kernel cannot tell us at once (libev uses inotify where it can).
 UPSTREAM_WATCH = 0.02
+#: Seconds after its upstream's socket file changed during which a relay
+#: retries every UPSTREAM_WATCH seconds, whatever its back-off: the upstream
+#: binds its file a moment before it listens.
+UPSTREAM_STARTING = 1.0
 #: Seconds a relay holds what it queued during an outage once its upstream is
 #: back: the upstream's other relays reconnect (watching its socket file) and
 #: subscribe again within milliseconds, and then the held messages reach them.
