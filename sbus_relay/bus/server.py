@@ -142,6 +142,10 @@ class Server:
 
     def start(self) -> None:
         """Start accepting clients (and connecting upstream, on a relay)."""
+        # Listening again makes this process the one its clients' SO_PEERCRED
+        # names (not the parent that bound it before daemonising, nor the
+        # process it took the bus over from): `sbus-relay upgrade` signals it.
+        self.listener.listen(LISTEN_BACKLOG)
         self.listener.setblocking(False)
         self._accept_watcher = self._loop.io(self.listener.fileno(), 1)
         self._accept_watcher.start(self._on_acceptable)
@@ -594,8 +598,6 @@ class Server:
     ) -> Server:
         """The bus an earlier process handed over (``export``), on this config."""
         listener = socket.socket(fileno=fds[0])
-        # listening again makes this process the one its clients' SO_PEERCRED names
-        listener.listen(LISTEN_BACKLOG)
         server = cls(config, listener, log=log)
         if state["web"] is not None:
             server.web_listener = socket.socket(fileno=fds[state["web"]])

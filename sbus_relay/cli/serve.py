@@ -193,6 +193,10 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    # ... and an upgrade asked that early is not yet one this process can do
+    # (caught and let pass: its default action would end it, and an ignored
+    # signal would stay ignored by the loop that handles it later)
+    signal.signal(UPGRADE_SIGNAL, _too_early)
     if os.environ.get(TAKE_OVER_ENV):
         return _take_over(config, log)
     if not config.foreground:
@@ -284,6 +288,10 @@ def _metrics_listener(config: ServerConfig) -> socket.socket:
 
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _too_early(_signum: int, _frame: object) -> None:
+    """SIGUSR2 before the bus serves: nothing to hand over yet."""
 
 
 def _serve(
