@@ -87,8 +87,10 @@ def test_a_build_without_a_compiler_goes_on_and_says_so_in_one_line(tmp_path: Pa
     env = {**os.environ, "CC": "false", "LDSHARED": "false"}
     env.pop(accel.PURE_PYTHON_ENV, None)
     result = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib")]
-        + ["--build-temp", str(tmp_path / "temp")],
+        [
+            *(sys.executable, "setup.py", "-q", "build_ext"),
+            *("--build-lib", str(tmp_path / "lib"), "--build-temp", str(tmp_path / "temp")),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
