@@ -183,7 +183,7 @@ def test_every_stats_field_reaches_the_exposition() -> None:
     stats = Stats()
     covered = {a for a, _ in SCALAR_COUNTERS} | {a for a, _ in UPSTREAM_COUNTERS}
     covered |= {"packets_in", "drops", "disconnects", "queue_wait_counts", "queue_wait_sum"}
-    covered |= {"refusals"}
+    covered |= {"refusals", "reloads", "last_reload_ok"}
     assert set(vars(stats)) == covered
 
 
