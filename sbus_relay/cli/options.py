@@ -67,7 +67,10 @@ def bus_address(args: argparse.Namespace) -> str:
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     """``-C CONFIG``: a server's YAML file (``dest`` ``config``)."""
     parser.add_argument(
-        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
+        "-C",
+        "--config",
+        metavar="CONFIG.yaml",
+        help="YAML config file (flags override it); SIGHUP makes the bus read it again",
     )
 
 

@@ -40,7 +40,7 @@ OWNED_BY_THE_FILE = {
     "foreground": "up runs every bus in the foreground",
     "pidfile": "up runs every bus in the foreground, without a pid file",
     "remove_stale": "up restarts a bus over the socket a crash left",
-    "check": "up runs every bus (`up --check` checks the file)",
+    "check": "up runs every bus; `up --check` checks the file",
 }
 
 
@@ -92,7 +92,8 @@ def _check_own_args(source: str, name: str, args: tuple[str, ...]) -> None:
             raise ConfigError(
                 source,
                 f"buses[{name}].args",
-                f"{'/'.join(flags)} is not for args: {owner} sets it",
+                f"{'/'.join(flags)} is not for args: "
+                + (f"{owner} sets it" if owner.startswith("its ") else owner),
             )
 
 

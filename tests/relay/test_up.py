@@ -192,6 +192,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         ('["--metrics", "127.0.0.1:0"]', "--metrics is not for args: its 'metrics' key sets it"),
         ('["--instance", "b"]', "--instance is not for args: its 'name' key sets it"),
         ('["--no-foreground"]', "up runs every bus in the foreground"),
+        ('["--check"]', "--check is not for args: up runs every bus; `up --check` checks"),
     ],
     ids=[
         "bad value",
@@ -202,6 +203,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         "metrics",
         "instance",
         "daemon",
+        "check",
     ],
 )
 def test_up_check_refuses_serve_flags_serve_would_refuse(
