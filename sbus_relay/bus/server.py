@@ -175,17 +175,17 @@ class Server:
         """
         plan = plan_reload(self.config, loaded)
         new = self.config = plan.config
+        self.client_limits = new.client_limits()
+        self._quotas = dict(new.user_quotas)
+        self._default_quota = new.user_quota()
+        for uid, account in self.accounts.items():  # before the queues: they read it
+            account.quota = self._quotas.get(uid, self._default_quota)
+            account.max_bytes = account.quota.queued_bytes
         router = self.router
         router.queue_bytes = new.hard_limit_bytes
         router.queue_messages = new.hard_limit_messages
         for conn in self.clients.values():
             conn.set_limits(new.hard_limit_bytes, new.hard_limit_messages)
-        self.client_limits = new.client_limits()
-        self._quotas = dict(new.user_quotas)
-        self._default_quota = new.user_quota()
-        for uid, account in self.accounts.items():
-            account.quota = self._quotas.get(uid, self._default_quota)
-            account.max_bytes = account.quota.queued_bytes
         self.by_relay.set_top(new.accounting_top)
         self.by_user.set_top(new.accounting_top)
         self._allowed = frozenset(new.users) | {os.geteuid()} if new.users else None

@@ -440,3 +440,30 @@ def test_check_validates_the_config_without_serving(tmp_path: Path) -> None:
     assert done.stderr.decode().splitlines() == [
         f"sbus-relay serve: {bad}: hard_limit_messages: expected an integer, got 'lots' (str)"
     ]
+
+
+def test_a_higher_limit_releases_a_publisher_held_by_a_full_block_mode_subscriber(
+    tmp_path: Path, bus_dir: str
+) -> None:
+    config = write_config(tmp_path / "bus.yaml", hard_limit_messages=100)
+    bus = Bus(tmp_path, os.path.join(bus_dir, "bus"), "-C", str(config))
+    try:
+        stalled = Peer(bus.address)
+        stalled.send(b"CMSG blocking/hard/block")  # over its limit, publishers wait
+        stalled.sub(b"k/")
+        publisher = Peer(bus.address)
+        publisher.sock.settimeout(0.05)
+        with pytest.raises(TimeoutError):  # the bus stops reading it: its sends block
+            for i in range(100_000):
+                publisher.pub(b"k/%d" % i, b"x" * 32)
+        bus.wait_metric("sbus_blocked_publishers", 1)
+        bus.wait_metric(LARGEST, 100)
+
+        write_config(config, hard_limit_messages=1000)
+        reload(bus)
+        # released at once: the bus reads what waits in its socket, past the old limit
+        wait_until(lambda: bus.metric(LARGEST) > 100, "the queue past the old limit")
+        stalled.close()
+        publisher.close()
+    finally:
+        bus.stop()
