@@ -444,10 +444,16 @@ def queues_and_slow_clients(d: dash.Dashboard) -> None:
         graph(
             20,
             "Slow clients",
-            "Clients in a non-default flood mode (soft discard/block/error, hard block/error) "
-            "and publishers currently paused by a block mode.",
+            "Clients whose messages are being dropped now (a slow consumer's drop episode, "
+            "logged as flood.drop when it begins), clients in a non-default flood mode "
+            "(soft discard/block/error, hard block/error) and publishers currently paused "
+            "by a block mode.",
             "short",
             queries(
+                (
+                    f"sum by (instance) ({sel('sbus_clients_dropping')})",
+                    "{{instance}} dropping now",
+                ),
                 (
                     f"sum by (instance, mode) ({sel('sbus_clients_soft_mode', NOT_QUEUE)})",
                     "{{instance}} soft/{{mode}}",

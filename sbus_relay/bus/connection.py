@@ -326,6 +326,22 @@ class Connection:
         # soft/block pauses the publisher at the very packet refused: never batched
         self.batch = q.soft != "block"
 
+    def set_limits(self, max_bytes: int, max_messages: int) -> None:
+        """New hard limits for its queue (a reload).  What is queued stays; under
+        a lower limit the next message meets its hard mode, and a publisher or a
+        shedding that a higher limit releases goes on at once."""
+        q = self.queue
+        if q is None:
+            return  # made with the router's limits when first needed
+        q.max_bytes = max_bytes
+        q.max_messages = max_messages
+        if self.shed is not None and shedding_ends(self.shed, q):
+            self.shed = None
+            if self._dropping is not None:
+                self._dropping.held = False
+        if self.waiters:
+            self._wake_waiters()
+
     @property
     def queued(self) -> tuple[int, int]:
         """Messages and bytes waiting in its queue."""

@@ -33,8 +33,8 @@ from gevent.event import Event
 
 from sbus_relay import __version__, accel
 from sbus_relay.ops import handover
-from sbus_relay.ops.addresses import peer_ucred
-from sbus_relay.ops.config import ServerConfig
+from sbus_relay.ops.addresses import peer_ucred, socket_mode
+from sbus_relay.ops.config import Reload, ServerConfig, plan_reload
 from sbus_relay.protocol import accounting, codec, quota
 from sbus_relay.protocol.errors import PeerError, UpgradeError
 from sbus_relay.protocol.flood import Action, parse_flood_control
@@ -81,9 +81,13 @@ class Server:
         *,
         stats: Stats | None = None,
         log: Any = None,
+        socket_file: str | None = None,
     ) -> None:
         self.config = config
         self.listener = listener
+        #: the socket file this server made (None: systemd's, inherited or
+        #: abstract); its mode follows ``group_access``/``other_access`` on a reload
+        self.socket_file = socket_file
         self.stats = stats if stats is not None else Stats()
         self.log = log if log is not None else structlog.get_logger("sbus_relay")
         self.clients: dict[int, Connection] = {}
@@ -121,8 +125,6 @@ class Server:
         self.handed_over = False
         #: the metrics listening socket, handed over with the bus (set by the CLI)
         self.web_listener: socket.socket | None = None
-        #: the socket file this bus owns (removed when it stops), handed over too
-        self.socket_file: str | None = None
         #: where it listens, as said in its log (set by the CLI), handed over too
         self.address = config.address
         self._next_cid = 0
@@ -176,6 +178,58 @@ class Server:
         self.listener.close()
         self.log.info("server.stopped")
         self.stopped.set()
+
+    # --- reloading ---------------------------------------------------------
+
+    def reconfigure(self, loaded: ServerConfig) -> Reload:
+        """Take a config read afresh (a reload): every live field applies now,
+        to the connections already here too; the fixed ones keep their running
+        values (``config.FIXED_FIELDS``).  Logged in one line, with one more
+        naming what was kept.  The CLI has applied the log settings already.
+        """
+        plan = plan_reload(self.config, loaded)
+        new = self.config = plan.config
+        self.client_limits = new.client_limits()
+        self._quotas = dict(new.user_quotas)
+        self._default_quota = new.user_quota()
+        for uid, account in self.accounts.items():  # before the queues: they read it
+            account.quota = self._quotas.get(uid, self._default_quota)
+            account.max_bytes = account.quota.queued_bytes
+        router = self.router
+        router.queue_bytes = new.hard_limit_bytes
+        router.queue_messages = new.hard_limit_messages
+        for conn in self.clients.values():
+            conn.set_limits(new.hard_limit_bytes, new.hard_limit_messages)
+        self.by_relay.set_top(new.accounting_top)
+        self.by_user.set_top(new.accounting_top)
+        self._allowed = frozenset(new.users) | {os.geteuid()} if new.users else None
+        if self._allowed is not None:
+            for conn in list(self.clients.values()):
+                if conn.uid not in self._allowed:
+                    conn.close("user_not_allowed", "no longer among the allowed users")
+        if self.upstream is not None:
+            self.upstream.reconfigure(new)
+        if self.socket_file is not None and {"group_access", "other_access"} & set(plan.changed):
+            try:
+                os.chmod(self.socket_file, socket_mode(new.group_access, new.other_access))
+            except OSError as e:
+                self.log.warning("config.socket_mode_failed", path=self.socket_file, error=str(e))
+        self.stats.reloads["applied"] += 1
+        self.stats.last_reload_ok = True
+        self.log.info("config.reloaded", changed=list(plan.changed))
+        if plan.kept:
+            self.log.warning(
+                "config.kept",
+                fields=list(plan.kept),
+                detail="these take effect at the next start: " + ", ".join(plan.kept),
+            )
+        return plan
+
+    def refuse_reload(self, error: str) -> None:
+        """A reload whose config has an error: nothing changes; said in one line."""
+        self.stats.reloads["refused"] += 1
+        self.stats.last_reload_ok = False
+        self.log.error("config.refused", error=error, detail="still running on the config before")
 
     # --- accepting -------------------------------------------------------
 
@@ -598,7 +652,7 @@ class Server:
     ) -> Server:
         """The bus an earlier process handed over (``export``), on this config."""
         listener = socket.socket(fileno=fds[0])
-        server = cls(config, listener, log=log)
+        server = cls(config, listener, log=log, socket_file=state["socket_file"])
         if state["web"] is not None:
             server.web_listener = socket.socket(fileno=fds[state["web"]])
         stats = server.stats

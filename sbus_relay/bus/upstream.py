@@ -37,6 +37,7 @@ its own bus only through ``UpstreamHost``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -203,6 +204,23 @@ class UpstreamLink:
         self._cancel_whoami()
         self.connected = self.ready = False
         self.conn.close("server_stopping")
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """A reload: the back-off and the upward queue's bounds change now; a
+        new ``instance`` is told to the upstream at once (and in every hello)."""
+        self._min = config.reconnect_min
+        self._max = config.reconnect_max
+        self.conn.set_limits(config.upstream_queue_bytes, config.upstream_queue_messages)
+        name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
+        if name != self._hello[-1]:
+            self._hello = (*self._hello[:-1], name)
+            sock = self.conn.sock
+            if self.connected and sock is not None:
+                # straight to the socket, never into the queue, whose packets
+                # may go packed (a packed batch holds only MSG); a full socket
+                # leaves it to the next hello, a failed one to the reader
+                with contextlib.suppress(OSError):
+                    sock.send(name)
 
     def subscribe(self, pattern: bytes) -> None:
         """A local pattern went 0 -> 1: SUB it upstream."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from sbus_relay.ops.addresses import DEFAULT_ADDRESS
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS
@@ -65,7 +67,10 @@ def bus_address(args: argparse.Namespace) -> str:
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     """``-C CONFIG``: a server's YAML file (``dest`` ``config``)."""
     parser.add_argument(
-        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
+        "-C",
+        "--config",
+        metavar="CONFIG.yaml",
+        help="YAML config file (flags override it); SIGHUP makes the bus read it again",
     )
 
 
@@ -99,14 +104,22 @@ def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_logging(level: str, fmt: str = "auto", target: str | None = None) -> None:
-    """Set up the log (``ops.logsetup``); a log file that cannot be opened is a
-    ``ConfigError`` naming it, not a traceback."""
+def configure_logging(
+    level: str,
+    fmt: str = "auto",
+    target: str | None = None,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    source: str = "config",
+) -> None:
+    """Set up the log (``ops.logsetup``), ``fields`` on every line; a log file
+    that cannot be opened is a ``ConfigError`` naming it (in ``source``), not a
+    traceback, and the log stays as it was."""
     from sbus_relay.ops import logsetup
 
     try:
-        logsetup.configure(level, fmt, target=target)
+        logsetup.configure(level, fmt, target=target, fields=fields)
     except OSError as exc:
         raise ConfigError(
-            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
+            source, "log_file", f"cannot open {target}: {exc.strerror or exc}"
         ) from None

@@ -86,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve with the defaults (docs/design.md) overridden by the flags."""
+    """Serve with the defaults overridden by the flags.  There is no config
+    file to reload: SIGHUP stops, as it does the reference daemon."""
     from . import serve
 
-    return serve.run(args)
+    return serve.run_server(serve.config_from(args))

@@ -8,10 +8,17 @@ the server stops -- unless a newer process took the bus over.
 
 A live upgrade (docs/deploy.md, "Upgrade"): on SIGUSR2 a bus starts the
 installed version of itself, the same command line with ``$SBUS_TAKE_OVER``
-set; that process, fully initialised, takes the running bus over
+set to the address it serves; that process, fully initialised, takes the running bus over
 (``ops.handover``: every socket and connection's state) instead of binding,
 tells systemd its pid, and serves on.  A bus run by ``sbus-relay up`` leaves
 upgrades to ``up`` (``$SBUS_SUPERVISED``), which starts the new process itself.
+
+SIGINT and SIGTERM stop the server.  SIGHUP reloads ``serve``'s config
+(docs/reliability.md, "Reload"): the file is read again, the flags applied
+over it, and the result handed to ``Server.reconfigure`` -- or, with an
+error, refused in one line while the bus runs on.  A SIGHUP that finds the
+terminal a foreground bus was started from gone is a hang-up, and stops it;
+``sbusd``, which has no config file, stops on SIGHUP as the reference does.
 """
 
 from __future__ import annotations
@@ -29,28 +36,27 @@ from typing import Any, cast
 
 from sbus_relay.ops import logsetup
 from sbus_relay.ops.addresses import (
-    MODE_GROUP,
-    MODE_OTHER,
-    MODE_OWNER,
     answers,
     listen,
     parse_address,
     printable_name,
+    socket_mode,
     systemd_listeners,
 )
-from sbus_relay.ops.config import ServerConfig, load_config
+from sbus_relay.ops.config import COMMAND_LINE, ServerConfig, load_config
 from sbus_relay.ops.daemon import (
     DaemonError,
     check_pidfile,
     close_stdin_stdout,
     daemonize,
+    has_terminal,
     notify,
     remove_pidfile,
     stderr_is_a_file,
     write_pidfile,
 )
 from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV
-from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.errors import AddressError, ConfigError
 from sbus_relay.protocol.limits import UPGRADE_WAIT
 
 from .options import (
@@ -62,9 +68,13 @@ from .options import (
 )
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signal that reloads ``serve``'s config (and stops ``sbusd``).
+RELOAD_SIGNAL = signal.SIGHUP
 #: The signal that upgrades a running bus in place (as nginx's binary upgrade).
 UPGRADE_SIGNAL = signal.SIGUSR2
+#: Reads the config again, file then flags (raises ``ConfigError``).
+Loader = Callable[[], ServerConfig]
 
 #: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help);
 #: the address, metrics and logging flags are the shared ones (``options``).
@@ -133,6 +143,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-u", "--user", dest="users", action="append", metavar="USER",
         help="allow USER (name or uid) to connect; repeatable",
     )  # fmt: skip
+    parser.add_argument(
+        "--check", action="store_true", default=None,
+        help="only validate the config (file and flags) and exit: what systemctl reload"
+        " runs first",
+    )  # fmt: skip
 
 
 def config_from(args: argparse.Namespace) -> ServerConfig:
@@ -144,8 +159,13 @@ def config_from(args: argparse.Namespace) -> ServerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config (file, then flags) and run the server until it stops."""
-    return run_server(config_from(args))
+    """Load the config (file, then flags) and run the server until it stops;
+    SIGHUP loads it again.  With ``--check``, only validate it."""
+    config = config_from(args)
+    if getattr(args, "check", None):
+        print(f"{getattr(args, 'config', None) or COMMAND_LINE}: valid")
+        return 0
+    return run_server(config, lambda: config_from(args), source=args.config or COMMAND_LINE)
 
 
 def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:
@@ -165,14 +185,9 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
     if activated:
         sock = activated[0]
         return sock, printable_name(sock) or "LISTEN_FDS", None
-    mode = MODE_OWNER
-    if config.group_access:
-        mode |= MODE_GROUP
-    if config.other_access:
-        mode |= MODE_OTHER
     sock, printable = listen(
         address,
-        mode=mode,
+        mode=socket_mode(config.group_access, config.other_access),
         remove_stale=config.remove_stale,
         warn=lambda line: log.warning("address.removed", detail=line),
     )
@@ -183,33 +198,42 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
     return sock, printable, printable if address.kind == "path" else None
 
 
-def run_server(config: ServerConfig) -> int:
-    """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    configure_logging(config.log_level, config.log_format, config.log_file)
+def run_server(
+    config: ServerConfig, reload: Loader | None = None, *, source: str = COMMAND_LINE
+) -> int:
+    """Listen, (maybe) daemonise, serve until a signal or the last client leaves.
+
+    ``reload`` reads the config again on SIGHUP (``source`` names its file);
+    without one SIGHUP stops the server, as it does the reference sbusd.
+    """
+    _log_to(config, None, source)
     import structlog
 
-    log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
+    log = structlog.get_logger("sbus_relay")
     # Until gevent's handlers are installed (after imports that take a while),
-    # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _interrupt)
-    # ... and an upgrade asked that early is not yet one this process can do
-    # (caught and let pass: its default action would end it, and an ignored
-    # signal would stay ignored by the loop that handles it later)
-    signal.signal(UPGRADE_SIGNAL, _too_early)
-    if os.environ.get(TAKE_OVER_ENV):
-        return _take_over(config, log)
-    if not config.foreground:
-        check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line, nothing bound
-    # Bound first, before the bus socket and before daemonising: a busy port
-    # is one line on the terminal, never a bus that listens for a moment and
-    # dies, nor a daemon that dies out of sight.
-    web_sock = _metrics_listener(config) if config.metrics else None
-    sock, printable, socket_file = _listener(config, log)
+    # SIGINT/SIGTERM must still mean "stop cleanly", not the default death,
+    # and a SIGHUP "reload once running".
+    hangup_stops = config.foreground and has_terminal()
+    if signal.getsignal(RELOAD_SIGNAL) is signal.SIG_IGN:
+        hangup_stops = False  # started under nohup: a hang-up is not ours to act on
+    early = _EarlySignals(reload is not None)
+    serving = os.environ.get(TAKE_OVER_ENV)
+    if serving:
+        return _take_over(config, serving, log, reload, source, early)
     pidfile = None
     status = 0
+    socket_file = None
+    printable = config.address
     handed_over = False
     try:
+        if not config.foreground:
+            check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line
+        # Bound first, before the bus socket and before daemonising: a busy port
+        # is one line on the terminal, never a bus that listens for a moment and
+        # dies, nor a daemon that dies out of sight.
+        web_sock = _metrics_listener(config) if config.metrics else None
+        sock, printable, socket_file = _listener(config, log)
+        default_target = None
         if config.foreground:
             close_stdin_stdout()
             ready = None
@@ -217,12 +241,19 @@ def run_server(config: ServerConfig) -> int:
             pidfile = os.path.abspath(config.pidfile)
             keep_stderr = config.log_file is None and stderr_is_a_file()
             ready = daemonize(pidfile, keep_stderr=keep_stderr)
-            if config.log_file is None and not keep_stderr:
-                # The caller's terminal or pipe is not ours: the system log takes over.
-                configure_logging(config.log_level, config.log_format, logsetup.SYSLOG)
+            if not keep_stderr:
+                # The caller's terminal or pipe is not ours: the system log takes
+                # over, now or when a reload drops the log file.
+                default_target = logsetup.SYSLOG
+                if config.log_file is None:
+                    _log_to(config, default_target, source)
+        reloading = None
+        if reload is not None:
+            reloading = _Reloading(reload, default_target, source, log, hangup_stops)
         handed_over = _serve(
-            config, log, ready, socket_file, printable, listener=sock, web_sock=web_sock
-        )
+            config, log, ready, socket_file, printable, reloading, early,
+            listener=sock, web_sock=web_sock,
+        )  # fmt: skip
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
     except DaemonError:
@@ -243,20 +274,38 @@ def _clean_up(socket_file: str | None, pidfile: str | None) -> None:
         remove_pidfile(pidfile, os.getpid())
 
 
-def _take_over(config: ServerConfig, log: Any) -> int:
-    """Be the bus on ``config.address``: take it over from the process serving it."""
+def _take_over(
+    config: ServerConfig,
+    serving: str,
+    log: Any,
+    reload: Loader | None,
+    source: str,
+    early: _EarlySignals,
+) -> int:
+    """Be the bus on ``serving``: take it over from the process serving it."""
     from sbus_relay.ops.handover import take_over
 
-    state, fds, channel = take_over(config.address)  # UpgradeError: one line, exit 1
+    state, fds, channel = take_over(serving)  # UpgradeError: one line, exit 1
     socket_file = state["socket_file"]
     pidfile = None
+    default_target = None
     if not config.foreground:
         pidfile = os.path.abspath(config.pidfile)
         write_pidfile(pidfile, os.getpid(), successor_of=state["from_pid"])
+        if not stderr_is_a_file():
+            # a daemon's stderr is nobody's: it logs where its predecessor did
+            default_target = logsetup.SYSLOG
+            if config.log_file is None:
+                _log_to(config, default_target, source)
+    reloading = None
+    if reload is not None:  # no terminal of its own: SIGHUP only ever reloads it
+        reloading = _Reloading(reload, default_target, source, log, hangup_stops=False)
     adopted = (state, fds, channel)
     handed_over = False
     try:
-        handed_over = _serve(config, log, None, socket_file, state["address"], adopted=adopted)
+        handed_over = _serve(
+            config, log, None, socket_file, state["address"], reloading, early, adopted=adopted
+        )
     except KeyboardInterrupt:
         pass
     finally:
@@ -264,6 +313,78 @@ def _take_over(config: ServerConfig, log: Any) -> int:
             _clean_up(socket_file, pidfile)
     log.info("exited", address=state["address"], status=0, handed_over=handed_over)
     return 0
+
+
+def _log_to(config: ServerConfig, default_target: str | None, source: str) -> None:
+    """Configure the log from ``config``: its ``log_file``, else ``default_target``
+    (None: stderr; a daemon that let go of its caller's stderr: syslog)."""
+    configure_logging(
+        config.log_level,
+        config.log_format,
+        config.log_file or default_target,
+        fields={"instance": config.instance},
+        source=source,
+    )
+
+
+class _EarlySignals:
+    """Signals that arrive before gevent's handlers are installed, remembered
+    and acted on once the server runs: a stop signal (SIGHUP too without a
+    reload) stops it at once; with a reload, a SIGHUP reloads it.  (Raising
+    from the handler instead would be lost where Python swallows exceptions,
+    in the middle of an import.)"""
+
+    def __init__(self, reloads: bool) -> None:
+        self.stop_asked = False
+        self.reload_asked = False
+        stops = STOP_SIGNALS if reloads else (*STOP_SIGNALS, RELOAD_SIGNAL)
+        for signum in stops:
+            signal.signal(signum, self._stop)
+        if reloads:
+            signal.signal(RELOAD_SIGNAL, self._reload)
+        # an upgrade asked that early is not yet one this process can do (caught
+        # and let pass: its default action would end it, and an ignored signal
+        # would stay ignored by the loop that handles it later)
+        signal.signal(UPGRADE_SIGNAL, _too_early)
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stop_asked = True
+
+    def _reload(self, _signum: int, _frame: object) -> None:
+        self.reload_asked = True
+
+
+class _Reloading:
+    """What SIGHUP does to a running ``serve``: reload, or stop after a hang-up."""
+
+    def __init__(
+        self, load: Loader, default_target: str | None, source: str, log: Any, hangup_stops: bool
+    ) -> None:
+        self.load = load
+        self.default_target = default_target
+        self.source = source
+        self.log = log
+        #: a foreground bus started from a terminal: that terminal gone means stop
+        self.hangup_stops = hangup_stops
+
+    def is_hangup(self) -> bool:
+        """Whether a SIGHUP now means the terminal hung up (``daemon.has_terminal``)."""
+        return self.hangup_stops and not has_terminal()
+
+    def reload(self, server: Any) -> None:
+        """Read the config again and hand it to the server; an error is one line,
+        and the server keeps the config it has."""
+        self.log.info("signal", signal="SIGHUP", reload=self.source)
+        try:
+            loaded = self.load()
+            _log_to(loaded, self.default_target, self.source)
+        except ConfigError as e:
+            server.refuse_reload(str(e))
+            return
+        try:
+            server.reconfigure(loaded)
+        except Exception:  # a bug of ours: the bus runs on, and the line says so
+            self.log.exception("config.reload_failed")
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:
@@ -286,10 +407,6 @@ def _metrics_listener(config: ServerConfig) -> socket.socket:
         raise
 
 
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _too_early(_signum: int, _frame: object) -> None:
     """SIGUSR2 before the bus serves: nothing to hand over yet."""
 
@@ -300,6 +417,8 @@ def _serve(
     ready: Callable[[], None] | None,
     socket_file: str | None,
     printable: str,
+    reloading: _Reloading | None,
+    early: _EarlySignals,
     *,
     listener: socket.socket | None = None,
     web_sock: socket.socket | None = None,
@@ -316,16 +435,23 @@ def _serve(
         web_sock = server.web_listener
     else:
         assert listener is not None
-        server = Server(config, listener, log=log)
+        server = Server(config, listener, log=log, socket_file=socket_file)
         server.web_listener = web_sock
-    server.socket_file = socket_file
 
     def stop(signum: int) -> None:
         log.info("signal", signal=signal.Signals(signum).name)
         server.stop()
 
+    def hup() -> None:
+        if reloading is None or reloading.is_hangup():
+            log.info("signal", signal="SIGHUP", hangup=reloading is not None)
+            server.stop()
+        else:
+            reloading.reload(server)
+
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
+    gevent.signal_handler(RELOAD_SIGNAL, hup)
     gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log)
     web = None
     if web_sock is not None:
@@ -334,7 +460,7 @@ def _serve(
 
         # cast: the server declares the config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = serve_from_config(cast(Any, config), server, listener=web_sock)
+        web = serve_from_config(_Running(server), server, listener=web_sock)
     server.start()
     if adopted is not None:
         from sbus_relay.ops.handover import confirm
@@ -353,6 +479,11 @@ def _serve(
         notify(READY=1)
     server.address = printable
     log.info("listening", address=printable, pid=os.getpid(), relay=bool(config.upstream))
+    if early.stop_asked:
+        log.info("signal", signal="stop", while_starting=True)
+        server.stop()
+    elif early.reload_asked and reloading is not None:
+        reloading.reload(server)  # asked for while starting: the file may be newer
     try:
         server.serve_forever()
     finally:
@@ -373,7 +504,7 @@ def _upgrade(server: Any, log: Any) -> None:
 
     import gevent
 
-    env = {**os.environ, TAKE_OVER_ENV: "1"}
+    env = {**os.environ, TAKE_OVER_ENV: server.address}
     try:
         child = subprocess.Popen(
             sys.orig_argv,
@@ -411,3 +542,18 @@ def _watch_successor(server: Any, child: Any, log: Any) -> None:
             reason=f"the new process (pid {child.pid}) did not take the bus over within "
             f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
         )
+
+
+class _Running:
+    """The metrics server's view of the config: the server's, as a reload leaves it."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    @property
+    def metrics(self) -> str | None:
+        return cast(str | None, self._server.config.metrics)
+
+    @property
+    def instance(self) -> str:
+        return cast(str, self._server.config.instance)

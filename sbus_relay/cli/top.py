@@ -337,6 +337,7 @@ def _styles(curses: Any) -> dict[str, int]:
         "down": down,
         "columns": curses.A_REVERSE,
         "row": curses.A_NORMAL,
+        "alert": down,  # a client whose messages are being dropped now
         "note": curses.A_DIM,
     }
 

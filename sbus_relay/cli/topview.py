@@ -47,6 +47,7 @@ _METRIC_SAMPLES: dict[str, tuple[str, dict[str, str]]] = {
     "dropped": ("sbus_messages_dropped_total", {}),  # summed over reasons
     "queued_messages": ("sbus_queued_messages", {}),
     "queued_bytes": ("sbus_queued_bytes", {}),
+    "dropping": ("sbus_clients_dropping", {}),
 }
 
 
@@ -83,6 +84,8 @@ class Traffic:
     dropped: int
     queued_messages: int
     queued_bytes: int
+    #: connections whose messages are being dropped now (a drop episode is open)
+    dropping: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Row(Traffic):
     conns: int
     patterns: int
     age: float  # a group's: its oldest connection's
+    paused: int = 0  # publishers not read now, held by a block mode (a client's: 0 or 1)
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,9 @@ def client_rows(previous: Snapshot | None, current: Snapshot) -> list[Row]:
                 dropped=int(_number(client.get("dropped"))),
                 queued_messages=int(_number(client.get("queued_messages"))),
                 queued_bytes=int(_number(client.get("queued_bytes"))),
+                dropping=int(client.get("dropping") is True),
                 age=age,
+                paused=int(client.get("paused") is True),
             )
         )
     return rows
@@ -232,6 +238,7 @@ def server_totals(previous: Snapshot | None, current: Snapshot) -> Totals | None
         dropped=int(now.get("dropped", 0)),
         queued_messages=int(now.get("queued_messages", 0)),
         queued_bytes=int(now.get("queued_bytes", 0)),
+        dropping=int(now.get("dropping", 0)),
     )
 
 
@@ -281,7 +288,9 @@ def group_rows(rows: Sequence[Row], by: str) -> list[Row]:
                 dropped=sum(r.dropped for r in members),
                 queued_messages=sum(r.queued_messages for r in members),
                 queued_bytes=sum(r.queued_bytes for r in members),
+                dropping=sum(r.dropping for r in members),
                 age=max(r.age for r in members),
+                paused=sum(r.paused for r in members),
             )
         )
     return result
@@ -395,6 +404,14 @@ def _text(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def state_of(row: Row) -> str:
+    """What is wrong with a client now: ``dropping`` (its messages are being
+    dropped), ``paused`` (a publisher held by a block mode), else ``-``."""
+    if row.dropping:
+        return "dropping"
+    return "paused" if row.paused else "-"
+
+
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
@@ -427,6 +444,7 @@ CLIENT_COLUMNS = (
     Column("RELAY", 18, None, lambda r: r.relay, left=True),
     Column("UID", 6, None, lambda r: _text(r.uid)),
     Column("PID", 7, None, lambda r: _text(r.pid)),
+    Column("STATE", 8, None, state_of, left=True),
     *_NUMBERS,
     Column("AGE", 7, "age", lambda r: human_age(r.age)),
 )
@@ -437,6 +455,7 @@ def group_columns(by: str) -> tuple[Column, ...]:
     return (
         Column(by.upper(), 18, "cid", lambda r: r.label, left=True),
         Column("CONNS", 6, None, lambda r: str(r.conns)),
+        Column("DROPPING", 8, None, lambda r: str(r.dropping)),
         *_NUMBERS,
         Column("OLDEST", 7, "age", lambda r: human_age(r.age)),
     )
@@ -487,7 +506,7 @@ def bus_totals(view: BusView) -> str:
     return (
         f"  in {human_rate(t.msgs_in)} msg/s {human_byte_rate(t.bytes_in)}/s"
         f"  out {human_rate(t.msgs_out)} msg/s {human_byte_rate(t.bytes_out)}/s"
-        f"  drops {human_rate(t.drops)}/s, {t.dropped} total"
+        f"  drops {human_rate(t.drops)}/s, {t.dropped} total, {t.dropping} dropping now"
         f"  queued {t.queued_messages} msgs, {human_bytes(t.queued_bytes)}"
     )
 
@@ -501,7 +520,8 @@ def render(
 ) -> list[tuple[str, str]]:
     """Every line of the view as (text, style); ``limit`` rows per bus (else ``state.limit``).
 
-    A style is title, bus, down, columns, row or note: what kind of line it is,
+    A style is title, bus, down, columns, row, alert (a row whose messages are
+    being dropped now) or note: what kind of line it is,
     which ``cli/top.py`` shows in bold, reverse and so on.
     """
     limit = state.limit if limit is None else min(limit, state.limit or limit)
@@ -522,7 +542,10 @@ def render(
         lines.append((bus_totals(view), "row"))
         rows = shown_rows(view, state)
         lines.append((table_header(columns, state), "columns"))
-        lines.extend((table_row(columns, row), "row") for row in rows[:limit])
+        # a client whose messages are being dropped now stands out (top.py: in red)
+        lines.extend(
+            (table_row(columns, row), "alert" if row.dropping else "row") for row in rows[:limit]
+        )
         hidden = len(rows) - len(rows[:limit])
         if hidden > 0:
             what = "clients" if state.group == "none" else f"{state.group} groups"
@@ -573,6 +596,7 @@ def _totals_json(totals: Totals) -> dict[str, Any]:
         "dropped": totals.dropped,
         "queued_messages": totals.queued_messages,
         "queued_bytes": totals.queued_bytes,
+        "dropping": totals.dropping,
     }
 
 
@@ -587,6 +611,8 @@ def _row_json(row: Row, group: str) -> dict[str, Any]:
     }
     if group == "none":
         who = {"cid": row.cid, "relay": row.relay, "uid": row.uid, "pid": row.pid}
-        return {**who, **counts, "age": row.age}
+        state = {"dropping": bool(row.dropping), "paused": bool(row.paused)}
+        return {**who, **counts, **state, "age": row.age}
     label: Any = row.uid if group == "uid" and row.uid is not None else row.label
-    return {group: label, "connections": row.conns, **counts, "oldest": row.age}
+    counted = {"dropping": row.dropping, "paused": row.paused}
+    return {group: label, "connections": row.conns, **counts, **counted, "oldest": row.age}

@@ -2,13 +2,17 @@
 
 For development and demos on one machine: ``sbus-relay up
 configs/dev-hierarchy.yaml`` starts a master and its relays, restarts any that
-dies, and stops them all (relays first) on Ctrl-C or SIGTERM, exiting 0.  The
-file format is in docs/relays.md; a bad file is one error line and status 2.
+dies, and stops them all (relays first) on Ctrl-C or SIGTERM, exiting 0.
+SIGHUP (or ``sbus-relay up --reload HIERARCHY.yaml``) reloads the whole tree:
+the file is read again and every bus reloads its own config; a SIGHUP that
+finds the terminal ``up`` was started from gone is a hang-up and stops it.
+The file format is in docs/relays.md; a bad file is one error line and status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -17,10 +21,12 @@ from sbus_relay.ops.config import COMMAND_LINE
 from sbus_relay.protocol.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
-    from sbus_relay.ops.supervisor import BusSpec
+    from sbus_relay.ops.supervisor import BusSpec, Hierarchy
 
 #: Signals that stop the whole hierarchy.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The signal that reloads it.
+RELOAD_SIGNAL = signal.SIGHUP
 #: Exit status when a bus cannot be started (or the tree is already up).
 EXIT_START_FAILED = 1
 #: serve settings that the hierarchy file itself decides for each bus, and the
@@ -34,6 +40,7 @@ OWNED_BY_THE_FILE = {
     "foreground": "up runs every bus in the foreground",
     "pidfile": "up runs every bus in the foreground, without a pid file",
     "remove_stale": "up restarts a bus over the socket a crash left",
+    "check": "up runs every bus; `up --check` checks the file",
 }
 
 
@@ -44,8 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HIERARCHY.yaml",
         help="the buses to run (see configs/dev-hierarchy.yaml)",
     )
-    parser.add_argument(
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument(
         "--check", action="store_true", help="only validate the file and print the start order"
+    )
+    action.add_argument(
+        "--reload",
+        action="store_true",
+        help="reload the tree of this file that an `up` runs (as SIGHUP to that `up` does)",
     )
 
 
@@ -79,7 +92,8 @@ def _check_own_args(source: str, name: str, args: tuple[str, ...]) -> None:
             raise ConfigError(
                 source,
                 f"buses[{name}].args",
-                f"{'/'.join(flags)} is not for args: {owner} sets it",
+                f"{'/'.join(flags)} is not for args: "
+                + (f"{owner} sets it" if owner.startswith("its ") else owner),
             )
 
 
@@ -130,17 +144,49 @@ def _already_up(source: str, running: list[tuple[BusSpec, int]]) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Validate, start every bus, supervise until a stop signal."""
-    from sbus_relay.ops.supervisor import Supervisor, SupervisorError, load_hierarchy
+def load_checked(path: str) -> Hierarchy:
+    """Read and validate the hierarchy file, the ``serve`` flags of each bus
+    included (what ``up`` runs, and reloads); raises ``ConfigError``."""
+    from sbus_relay.ops.supervisor import Supervisor, load_hierarchy
 
-    hierarchy = load_hierarchy(args.hierarchy)  # ConfigError -> one line, status 2 (cli)
+    hierarchy = load_hierarchy(path)
     supervisor = Supervisor(hierarchy)
     for spec in hierarchy.buses:
-        _check_own_args(args.hierarchy, spec.name, spec.args)
+        _check_own_args(path, spec.name, spec.args)
         flags = supervisor.argv(spec)[len(supervisor.command) :]
         parent = hierarchy.bus(spec.upstream).address if spec.upstream else None
-        _check_serve_flags(args.hierarchy, spec.name, flags, parent, spec.metrics)
+        _check_serve_flags(path, spec.name, flags, parent, spec.metrics)
+    return hierarchy
+
+
+def _ask_to_reload(source: str, hierarchy: Hierarchy) -> int:
+    """``--reload``: SIGHUP to the ``up`` that runs this tree."""
+    from sbus_relay.ops.supervisor import Supervisor, supervisor_of
+
+    owners = {supervisor_of(pid) for _spec, pid in Supervisor(hierarchy).already_running()}
+    owners.discard(None)
+    if len(owners) != 1:
+        why = "none of its buses answers" if not owners else "its buses belong to several"
+        print(f"sbus-relay up: {source} is not up under one sbus-relay up ({why})", file=sys.stderr)
+        return EXIT_START_FAILED
+    (owner,) = owners
+    assert owner is not None
+    os.kill(owner, RELOAD_SIGNAL)
+    print(f"sbus-relay up: asked sbus-relay up pid {owner} to reload {source}; it says how it went")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, start every bus, supervise until a stop signal; reload on SIGHUP."""
+    from sbus_relay.ops.daemon import has_terminal
+    from sbus_relay.ops.supervisor import Supervisor, SupervisorError
+
+    hierarchy = load_checked(args.hierarchy)  # ConfigError -> one line, status 2 (cli)
+    if args.reload:
+        return _ask_to_reload(args.hierarchy, hierarchy)
+    supervisor = Supervisor(
+        hierarchy, load=lambda: load_checked(args.hierarchy), source=args.hierarchy
+    )
     if args.check:
         for spec in hierarchy.buses:
             print(" ".join(supervisor.argv(spec)))
@@ -149,14 +195,23 @@ def run(args: argparse.Namespace) -> int:
     if running:
         print(f"sbus-relay up: {_already_up(args.hierarchy, running)}", file=sys.stderr)
         return EXIT_START_FAILED
+    # a SIGHUP that finds our terminal gone is a hang-up (daemon.has_terminal)
+    hangup_stops = has_terminal() and signal.getsignal(RELOAD_SIGNAL) is not signal.SIG_IGN
 
     def stop(signum: int, _frame: object) -> None:
         supervisor.request_stop()
+
+    def hup(signum: int, _frame: object) -> None:
+        if hangup_stops and not has_terminal():
+            supervisor.request_stop()
+        else:
+            supervisor.request_reload()
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     # SIGUSR2 (``sbus-relay upgrade``): every bus handed to the installed version
     signal.signal(signal.SIGUSR2, lambda _signum, _frame: supervisor.request_upgrade())
+    signal.signal(RELOAD_SIGNAL, hup)
     try:
         supervisor.start()
         supervisor.run()

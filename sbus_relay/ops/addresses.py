@@ -53,6 +53,8 @@ MODE_OWNER = 0o700
 MODE_GROUP = 0o070
 #: Added by -o: everyone may connect.
 MODE_OTHER = 0o007
+
+
 #: First descriptor systemd passes (SD_LISTEN_FDS_START).
 SD_LISTEN_FDS_START = 3
 #: Random bytes in a generated abstract name, written as hex after "sbus-".
@@ -138,6 +140,11 @@ def _new_socket() -> socket.socket:
     # default (~208 KiB) is below MAX_PACKET.  Accepted sockets inherit it.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
     return sock
+
+
+def socket_mode(group_access: bool, other_access: bool) -> int:
+    """The socket file's mode for -g (``group_access``) and -o (``other_access``)."""
+    return MODE_OWNER | (MODE_GROUP if group_access else 0) | (MODE_OTHER if other_access else 0)
 
 
 def listen(

@@ -64,8 +64,9 @@ _QUEUE_WAIT_LE = [floatToGoString(b) for b in QUEUE_WAIT_BUCKETS] + ["+Inf"]
 class MetricsCollector(Collector):
     """A custom collector that turns ``Stats`` and ``Gauges`` into families on scrape.
 
-    ``instance`` is the server's own name (``config.instance``); it is exported
-    as the ``name`` label of ``sbus_build_info`` only.  The ``instance`` label
+    ``instance`` is the server's own name (``config.instance``), or a function
+    returning it as it is now (a reload may change it); it is exported as the
+    ``name`` label of ``sbus_build_info`` only.  The ``instance`` label
     itself belongs to Prometheus (set per target in ``configs/prometheus.yml``),
     so the exposition never carries one and nothing gets renamed to
     ``exported_instance``.
@@ -75,7 +76,7 @@ class MetricsCollector(Collector):
         self,
         stats: Stats,
         gauges_fn: Callable[[], Gauges],
-        instance: str,
+        instance: str | Callable[[], str],
         who_fn: Callable[[], Mapping[str, Sequence[WhoRow]]] | None = None,
     ) -> None:
         self._stats = stats
@@ -124,7 +125,8 @@ class MetricsCollector(Collector):
             "Always 1; labels give the version, role and the server's configured name.",
             labels=["version", "role", "name"],
         )
-        info.add_metric([__version__, role, self._instance], 1)
+        name = self._instance if isinstance(self._instance, str) else self._instance()
+        info.add_metric([__version__, role, name], 1)
         return info
 
     @staticmethod
@@ -198,6 +200,17 @@ class MetricsCollector(Collector):
             "sbus_unknown_unsubscribes_total",
             "UNSUB of a pattern the client did not hold (ignored).",
             stats.unknown_unsubscribes,
+        )
+        yield _labelled_counter(
+            "sbus_config_reloads_total",
+            "Reloads of the config file (SIGHUP), by result: applied or refused.",
+            "result",
+            stats.reloads,
+        )
+        yield _gauge(
+            "sbus_config_last_reload_successful",
+            "1 unless the last reload was refused (the server then runs on the config before).",
+            int(stats.last_reload_ok),
         )
 
     @staticmethod
@@ -345,7 +358,7 @@ def _with_defaults(names: Iterable[str], values: Mapping[str, int]) -> dict[str,
 def build_registry(
     stats: Stats,
     gauges_fn: Callable[[], Gauges],
-    instance: str,
+    instance: str | Callable[[], str],
     who_fn: Callable[[], Mapping[str, Sequence[WhoRow]]] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the sbus collector and the process collector.

@@ -128,6 +128,46 @@ class ServerConfig:
 _FLAGS = {"users": "-u"}
 
 
+# --- reloading: which fields a running server takes (docs/reliability.md, "Reload") ---
+
+#: Fields a running server cannot take, each with the reason: a reload keeps
+#: their running values and names them in one log line.
+FIXED_FIELDS = {
+    "address": "the bus socket is bound once",
+    "foreground": "the process has already daemonised or not",
+    "pidfile": "the pid file was written at start",
+    "remove_stale": "it applies only when the socket is bound",
+    "upstream": "a relay keeps its upstream link",
+    "metrics": "the metrics listener is bound once",
+}
+#: Fields a reload changes on the running server (``bus.server.Server.reconfigure``;
+#: the log's by the CLI), for the connections already there too.
+LIVE_FIELDS = frozenset(f.name for f in fields(ServerConfig)) - FIXED_FIELDS.keys()
+
+
+@dataclass(frozen=True)
+class Reload:
+    """What a reload does: ``config`` is the loaded one with the fixed fields'
+    running values; ``changed`` the live fields that change, ``kept`` the fixed
+    fields whose new value waits for a restart."""
+
+    config: ServerConfig
+    changed: tuple[str, ...]
+    kept: tuple[str, ...]
+
+
+def plan_reload(running: ServerConfig, loaded: ServerConfig) -> Reload:
+    """Compare the running config with one loaded afresh (file and flags)."""
+    changed: list[str] = []
+    kept: list[str] = []
+    for f in fields(ServerConfig):
+        if getattr(running, f.name) == getattr(loaded, f.name):
+            continue
+        (kept if f.name in FIXED_FIELDS else changed).append(f.name)
+    config = replace(loaded, **{name: getattr(running, name) for name in kept})
+    return Reload(config, tuple(changed), tuple(kept))
+
+
 # --- validators: (source, key, raw value) -> value, or raise ConfigError ------
 
 

@@ -133,6 +133,22 @@ def stderr_is_a_file() -> bool:
         return False
 
 
+def has_terminal() -> bool:
+    """Whether this process has a controlling terminal now.
+
+    A foreground bus started from a terminal has one until that terminal hangs
+    up (it was closed, the ssh session ended): the kernel then takes it away
+    before sending SIGHUP.  So a SIGHUP that finds the terminal gone is a
+    hang-up, which stops the bus, and any other SIGHUP asks for a reload.
+    """
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
 def _detach_stdio(keep_stderr: bool) -> None:
     """Point stdin, stdout and stderr at /dev/null; stderr stays when it is a
     regular file and ``keep_stderr`` (``sbusd 2>>log`` still logs)."""

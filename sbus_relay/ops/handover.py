@@ -41,7 +41,8 @@ from sbus_relay.protocol.limits import (
 
 from .addresses import connect, peer_ucred
 
-#: Set in the environment of a process that is to take a running bus over.
+#: Set in the environment of a process that is to take a running bus over: the
+#: address that bus serves (under socket activation not its config's address).
 TAKE_OVER_ENV = "SBUS_TAKE_OVER"
 #: Set by ``sbus-relay up`` in its buses' environment: their upgrades are its to start.
 SUPERVISED_ENV = "SBUS_SUPERVISED"

@@ -5,6 +5,13 @@ parse them); coloured key=value lines on a terminal, for people.  Loggers are
 bound per connection by the server; here we only choose the renderer, the
 level and where lines go: a stream (stderr by default), a file, or syslog.
 
+``configure`` may be called again while the bus runs (a reload): loggers
+bound before it follow the new level, format and destination, because what
+they hold is indirect -- the processor list is changed in place, the level is
+checked by its first processor, and each line goes to the writer current when
+it is written.  A log file is opened afresh by every call, so a reload also
+reopens a file that logrotate moved away.
+
 A log line must never cost the bus anything.  Every line is written with one
 ``write(2)`` that cannot block -- the descriptor is polled first -- and a line
 that cannot be written (a closed pipe, a full disk, a reader that stopped
@@ -20,6 +27,7 @@ import os
 import select
 import sys
 import syslog
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import structlog
@@ -31,6 +39,14 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
+}
+#: structlog's method names (aliases too) to levels, for ``_below_level``.
+_METHOD_LEVELS = {
+    **LEVELS,
+    "warn": logging.WARNING,
+    "exception": logging.ERROR,
+    "msg": logging.INFO,
+    "fatal": logging.CRITICAL,
 }
 #: The log target that means "send lines to the system log" (syslog(3)).
 SYSLOG = "syslog"
@@ -71,8 +87,8 @@ class LineWriter:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLOUT)
 
-    def write_line(self, text: str) -> None:
-        """Write ``text`` and a newline, or drop it (counted)."""
+    def write_line(self, text: str, level: str = "info") -> None:
+        """Write ``text`` and a newline, or drop it (counted); ``level`` is for syslog."""
         data = text.encode("utf-8", "backslashreplace") + b"\n"
         if len(data) > MAX_LINE:
             data = data[: MAX_LINE - len(_CUT)] + _CUT
@@ -98,7 +114,7 @@ class _StreamWriter:
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
-    def write_line(self, text: str) -> None:
+    def write_line(self, text: str, level: str = "info") -> None:
         try:
             self._stream.write(text + "\n")
             self._stream.flush()
@@ -126,33 +142,77 @@ class _SyslogWriter:
 
 
 class _Logger:
-    """What structlog's renderer output is handed to: one line per event."""
+    """What structlog's renderer output is handed to: one line per event, to
+    the writer current when it is written; the method called is the level
+    (syslog picks its priority from it)."""
 
-    def __init__(self, writer: _Writer) -> None:
-        self._writer = writer
+    def __init__(self, *_names: Any) -> None:
+        pass  # structlog passes the logger's name: every logger writes alike
 
-    def msg(self, message: str) -> None:
-        self._writer.write_line(message)
+    def debug(self, message: str) -> None:
+        _write(message, "debug")
 
-    log = debug = info = warn = warning = err = error = critical = exception = failure = msg
+    def info(self, message: str) -> None:
+        _write(message, "info")
+
+    def warning(self, message: str) -> None:
+        _write(message, "warning")
+
+    def error(self, message: str) -> None:
+        _write(message, "error")
+
+    def critical(self, message: str) -> None:
+        _write(message, "critical")
+
+    msg = log = info
+    warn = warning
+    err = exception = error
+    failure = fatal = critical
+
+
+def _write(message: str, level: str) -> None:
+    writer = _current
+    if writer is None:
+        _count_drop()  # logged before configure(): nowhere to go
+    else:
+        writer.write_line(message, level)
 
 
 class _Handler(logging.Handler):
     """stdlib logging (gevent and other libraries) through the same writer."""
 
-    def __init__(self, writer: _Writer) -> None:
-        super().__init__()
-        self._writer = writer
-
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._writer.write_line(self.format(record))
+            _write(self.format(record), record.levelname.lower())
         except Exception:
             _count_drop()
 
 
 _Writer = LineWriter | _StreamWriter | _SyslogWriter
 _current: _Writer | None = None
+#: the level below which events are dropped (``_below_level``)
+_level = logging.INFO
+#: the processor chain every logger holds; changed in place by ``configure``
+_PROCESSORS: list[structlog.typing.Processor] = []
+#: fields on every line (the server's ``instance``), set by ``configure``
+_FIELDS: dict[str, Any] = {}
+
+
+def _below_level(
+    _logger: object, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """The first processor: drop an event below the level configured now."""
+    if _METHOD_LEVELS.get(method, logging.CRITICAL) < _level:
+        raise structlog.DropEvent
+    return event
+
+
+def _add_fields(
+    _logger: object, _method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    for key, value in _FIELDS.items():
+        event.setdefault(key, value)
+    return event
 
 
 def configure(
@@ -161,20 +221,25 @@ def configure(
     stream: TextIO | None = None,
     *,
     target: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> None:
     """Configure structlog (and stdlib logging, for libraries).
 
     Lines go to ``target`` when given -- a file path (appended to) or
     ``"syslog"`` -- else to ``stream`` (default stderr).  ``fmt`` is ``auto``
     (JSON unless the destination is a terminal), ``json`` or ``console``;
-    ``level`` is one of ``LEVELS``.  Raises ``OSError`` if the file cannot be
-    opened.
+    ``level`` is one of ``LEVELS``; ``fields`` are added to every line.
+    Raises ``OSError`` if the file cannot be opened (nothing changes then).
     """
-    global _current
+    global _current, _level
     number = LEVELS[level.lower()]
     writer: _Writer
     if target == SYSLOG:
-        writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
+        # kept across a reload: closing it after opening anew would close both
+        if isinstance(_current, _SyslogWriter):
+            writer = _current
+        else:
+            writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
         tty = False
     elif target is not None:
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -190,73 +255,40 @@ def configure(
     previous, _current = _current, writer
     if previous is not None and previous is not writer:
         previous.close()
+    _level = number
+    _FIELDS.clear()
+    _FIELDS.update(fields or {})
     console = fmt == "console" or (fmt == "auto" and tty)
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=tty)
         if console
         else structlog.processors.JSONRenderer()
     )
+    _PROCESSORS[:] = [
+        _below_level,
+        _add_fields,
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info if not console else _keep,
+        renderer,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info if not console else _keep,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(number),
-        logger_factory=_factory(writer),
+        processors=_PROCESSORS,
+        # Every level passes the wrapper; ``_below_level`` filters, so that a
+        # logger bound before a reload follows the level set by it.
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        logger_factory=_Logger,
         # Not cached: the CLI configures once, but tests configure several
         # times in one process and must see the newest configuration.
         cache_logger_on_first_use=False,
     )
     # gevent and other libraries log through the stdlib; keep them at the
     # same level and on the same destination.
-    handler = _Handler(writer)
+    handler = _Handler()
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     logging.basicConfig(level=number, handlers=[handler], force=True)
-
-
-def _factory(writer: _Writer) -> Any:
-    if isinstance(writer, _SyslogWriter):
-
-        def make_syslog(*_args: Any) -> _SyslogLogger:
-            return _SyslogLogger(writer)
-
-        return make_syslog
-
-    def make(*_args: Any) -> _Logger:
-        return _Logger(writer)
-
-    return make
-
-
-class _SyslogLogger:
-    """structlog calls the method named after the level: it picks the priority."""
-
-    def __init__(self, writer: _SyslogWriter) -> None:
-        self._writer = writer
-
-    def debug(self, message: str) -> None:
-        self._writer.write_line(message, "debug")
-
-    def info(self, message: str) -> None:
-        self._writer.write_line(message, "info")
-
-    def warning(self, message: str) -> None:
-        self._writer.write_line(message, "warning")
-
-    def error(self, message: str) -> None:
-        self._writer.write_line(message, "error")
-
-    def critical(self, message: str) -> None:
-        self._writer.write_line(message, "critical")
-
-    msg = log = info
-    warn = warning
-    err = exception = error
-    failure = fatal = critical
 
 
 def _fileno(stream: TextIO) -> int | None:

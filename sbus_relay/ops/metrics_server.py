@@ -171,7 +171,8 @@ def serve_from_config(
     if not config.metrics:
         raise ConfigError("config", "metrics", "no HOST:PORT to serve metrics on")
     host, port = parse_host_port(config.metrics)
-    registry = build_registry(server.stats, server.gauges, config.instance, server.who)
+    # ``config.instance`` is read at each use: a reload may rename the server
+    registry = build_registry(server.stats, server.gauges, lambda: config.instance, server.who)
 
     def healthy() -> bool:
         if server.stopped.is_set():

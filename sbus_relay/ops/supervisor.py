@@ -18,11 +18,19 @@ Children are started with ``children.spawn``: in their own session, so that a
 Ctrl-C on the terminal reaches only the supervisor, which then stops them in
 order; and each asks the kernel for SIGTERM if the supervisor dies, so none is
 orphaned.  No argv parsing and no exits here: ``cli/up.py`` does that.
+
+``reload()`` (SIGHUP to ``up``) reads the hierarchy file again: buses new to
+it start, buses gone from it stop, every bus that stays is sent SIGHUP (it
+reloads its own config file), and what a running bus cannot take -- a new
+address, upstream, metrics address or args -- is named in one line and kept
+until ``up`` restarts (docs/relays.md, "Reloading a tree").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -222,6 +230,65 @@ def _depth(specs: list[BusSpec], spec: BusSpec) -> int:
     return depth
 
 
+# --- reloading -------------------------------------------------------------------
+
+#: What a running bus cannot take from a changed entry: kept until up restarts.
+_BUS_FIELDS = ("address", "upstream", "metrics", "args")
+
+
+@dataclass(frozen=True)
+class TreeReload:
+    """What a reload of the hierarchy does: the tree it leaves running, the buses
+    it starts and stops, and the buses kept as they run, each with why."""
+
+    hierarchy: Hierarchy
+    started: tuple[str, ...]
+    stopped: tuple[str, ...]
+    kept: tuple[tuple[str, str], ...]
+
+
+def plan_tree_reload(running: Hierarchy, loaded: Hierarchy, *, source: str) -> TreeReload:
+    """Compare the running tree with the file read again.
+
+    A bus of both with the same entry stays; one whose entry changed stays as
+    it runs (named in ``kept``); a new one starts; one gone from the file
+    stops -- unless a bus that stays still runs under it (then it is kept too).
+    ``log_dir`` is kept as it was; the restart delays change.  Raises
+    ``ConfigError`` if the tree that would run breaks the tree rules (a new
+    bus at a kept bus's address, say).
+    """
+    old = {spec.name: spec for spec in running.buses}
+    kept: list[tuple[str, str]] = []
+    specs: dict[str, BusSpec] = {}
+    for spec in loaded.buses:
+        before = old.get(spec.name)
+        if before is None or before == spec:
+            specs[spec.name] = spec
+            continue
+        specs[spec.name] = before
+        changed = [f for f in _BUS_FIELDS if getattr(before, f) != getattr(spec, f)]
+        kept.append((spec.name, "changed " + ", ".join(changed)))
+    needed = True
+    while needed:  # a bus gone from the file that a remaining bus runs under stays
+        needed = False
+        for spec in list(specs.values()):
+            parent = spec.upstream
+            if parent is not None and parent not in specs:
+                specs[parent] = old[parent]
+                kept.append((parent, f"gone from the file, but {spec.name} runs under it"))
+                needed = True
+    if loaded.log_dir != running.log_dir:
+        kept.append(("log_dir", f"still {running.log_dir}"))
+    # the running buses first, so that a clash is reported on the newcomer
+    remaining = sorted(specs.values(), key=lambda s: s.name not in old)
+    _check_tree(source, remaining)
+    ordered = sorted(remaining, key=lambda s: _depth(remaining, s))
+    stopped = tuple(s.name for s in running.buses if s.name not in specs)
+    started = tuple(s.name for s in ordered if s.name not in old)
+    tree = Hierarchy(tuple(ordered), running.log_dir, loaded.restart_min, loaded.restart_max)
+    return TreeReload(tree, started, stopped, tuple(kept))
+
+
 # --- running ---------------------------------------------------------------------
 
 
@@ -250,14 +317,20 @@ class Supervisor:
         command: Sequence[str] = (sys.executable, "-P", "-m", "sbus_relay", "serve"),
         out: Callable[[str], None] | None = None,
         err: Callable[[str], None] | None = None,
+        load: Callable[[], Hierarchy] | None = None,
+        source: str = "hierarchy",
     ) -> None:
         self.hierarchy = hierarchy
         self.command = tuple(command)
         self.out = out or _printer(sys.stdout)
         self.err = err or _printer(sys.stderr)
         self.children = [Child(spec) for spec in hierarchy.buses]
+        #: reads the hierarchy file again for ``reload`` (raises ``ConfigError``)
+        self.load = load
+        self.source = source  # that file's name, in errors
         self._stopping = False
         self._upgrade_asked = False
+        self._reload_asked = False
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -283,7 +356,10 @@ class Supervisor:
                 self.stop()
                 raise
         buses = "1 bus" if len(self.children) == 1 else f"{len(self.children)} buses"
-        self.out(f"sbus-relay up: {buses} running; Ctrl-C stops them all")
+        self.out(
+            f"sbus-relay up: {buses} running; Ctrl-C stops them all,"
+            f" kill -HUP {os.getpid()} reloads them"
+        )
 
     def run(self) -> None:
         """Watch the children until ``request_stop()``; restart those that die.
@@ -294,6 +370,9 @@ class Supervisor:
             if self._upgrade_asked:
                 self._upgrade_asked = False
                 self.upgrade()
+            if self._reload_asked:
+                self._reload_asked = False
+                self.reload()
             now = time.monotonic()
             for child in self.children:
                 if self._stopping:
@@ -342,7 +421,7 @@ class Supervisor:
         old = child.proc
         assert old is not None
         spec = child.spec
-        env = {**os.environ, SUPERVISED_ENV: "1", TAKE_OVER_ENV: "1"}
+        env = {**os.environ, SUPERVISED_ENV: "1", TAKE_OVER_ENV: spec.address}
         try:
             new = children.spawn(
                 self.argv(spec), log=self._log_path(spec), new_session=True, env=env
@@ -375,6 +454,60 @@ class Supervisor:
         child.started_at = time.monotonic()
         self.out(f"{spec.name} upgraded: pid {old.pid} -> pid {new.pid}")
         return True
+
+    def request_reload(self) -> None:
+        """Ask ``run`` to ``reload`` (safe to call from a signal handler)."""
+        self._reload_asked = True
+
+    # --- reloading ---------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Read the hierarchy file again and apply it (the module's docstring);
+        a file with an error is one line, and nothing changes."""
+        if self.load is None:
+            return
+        try:
+            new = self.load()
+            plan = plan_tree_reload(self.hierarchy, new, source=self.source)
+        except ConfigError as exc:
+            self.err(f"sbus-relay up: reload refused: {exc}; every bus runs on as it was")
+            return
+        by_name = {child.spec.name: child for child in self.children}
+        for name in reversed(plan.stopped):  # deepest first, as ``stop`` does
+            self._terminate(by_name.pop(name))
+        self.hierarchy = plan.hierarchy
+        self.children = [by_name.get(s.name) or Child(s) for s in plan.hierarchy.buses]
+        reloaded = 0
+        for child in self.children:
+            if child.spec.name in plan.started:
+                continue
+            proc = child.proc
+            if child.gave_up:  # its config may be fixed now: try it again
+                child.gave_up = False
+                child.failures = 0
+                child.restart_at = time.monotonic()
+            elif proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+                reloaded += 1
+        for child in self.children:
+            if child.spec.name in plan.started and not self._stopping:
+                child.delay = self.hierarchy.restart_min
+                try:
+                    self._spawn(child)
+                except SupervisorError as exc:
+                    self._terminate_quietly(child)
+                    self._schedule(child, time.monotonic(), f"failed to start ({exc})", failed=True)
+        done = [f"{reloaded} reloaded"]
+        if plan.started:
+            done.append("started " + ", ".join(plan.started))
+        if plan.stopped:
+            done.append("stopped " + ", ".join(plan.stopped))
+        self.out(f"sbus-relay up: reloaded the hierarchy: {'; '.join(done)}")
+        if plan.kept:
+            self.err(
+                "sbus-relay up: kept as they run until up restarts: "
+                + "; ".join(f"{name} ({why})" for name, why in plan.kept)
+            )
 
     def stop(self) -> None:
         """Stop every child: deepest relays first, the master last."""
@@ -586,7 +719,10 @@ def _last_line(path: str) -> str:
 
 def _printer(stream: IO[str]) -> Callable[[str], None]:
     def write(line: str) -> None:
-        stream.write(line + "\n")
-        stream.flush()
+        # A terminal that hung up, a pipe nobody reads: the line is lost, never
+        # the supervision (the buses are still stopped in order).
+        with contextlib.suppress(OSError, ValueError):
+            stream.write(line + "\n")
+            stream.flush()
 
     return write

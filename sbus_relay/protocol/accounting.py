@@ -146,6 +146,15 @@ class Tally:
         for key in [k for k in self._closed if k not in keep]:
             _add(self._forgotten, self._closed.pop(key))
 
+    def set_top(self, top: int) -> None:
+        """Name ``top`` keys from now on (a reload); ranked afresh at the next
+        scrape, so the counters of keys that leave the top go on as ``other``."""
+        if not TOP_MIN <= top <= TOP_MAX:
+            raise ValueError("top must be within %d..%d" % (TOP_MIN, TOP_MAX))
+        if top != self.top:
+            self.top = top
+            self._ranked_at = None
+
     def tracked(self) -> int:
         """Keys holding closed totals (bounded by live plus exported keys after ``trim``)."""
         return len(self._closed)

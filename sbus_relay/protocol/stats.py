@@ -41,6 +41,13 @@ DISCONNECT_REASONS = (
     "internal_error",  # a bug of ours while serving this client (logged with traceback)
     "server_stopping",  # the server shut down
     "upstream_identity_changed",  # a relay's relay: our identity changed, redo the handshake
+    "user_not_allowed",  # a reload took its user off the allowed users
+)
+
+#: Outcomes of a configuration reload (``Stats.reloads`` keys).
+RELOAD_RESULTS = (
+    "applied",  # the config file was read again and taken
+    "refused",  # it had an error: the server runs on as before
 )
 
 #: Why a connection or a pattern was refused (``Stats.refusals`` keys); a
@@ -83,6 +90,9 @@ class Stats:
     queue_wait_sum: float = 0.0
     # relay side (docs/protocol.md, "Relays")
     upstream_reconnects: int = 0
+    reloads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RELOAD_RESULTS, 0))
+    #: whether the last reload was taken (True until one is refused)
+    last_reload_ok: bool = True
 
     def observe_queue_wait(self, seconds: float) -> None:
         """Record how long one message waited in a client's queue (slow path only)."""

@@ -48,7 +48,7 @@ OUR_PROGRAMS = ("sbus-relay", "sbusd")
 REPRODUCED = {
     "Unit": {"Description", "Requires", "After"},
     "Socket": {"ListenSequentialPacket", "SocketMode", "SocketUser", "SocketGroup", "RemoveOnStop"},
-    "Service": {"Type", "ExecStart", "Environment", "Restart", "RestartSec"},
+    "Service": {"Type", "ExecStart", "ExecReload", "Environment", "Restart", "RestartSec"},
     "Install": {"WantedBy"},
 }
 #: Sandboxing that only systemd applies: checked by systemd-analyze verify, and
@@ -129,6 +129,29 @@ def exec_argv(unit: Unit, config_dir: Path, instance: str = "") -> list[str]:
         for arg in argv[1:]
     ]
     return [local, *args]
+
+
+#: Programs a unit's ``ExecReload=`` may run besides ours.
+SYSTEM_PROGRAMS = ("/bin/kill",)
+
+
+def reload_argvs(
+    unit: Unit, config_dir: Path, main_pid: int, instance: str = ""
+) -> list[list[str]]:
+    """Every ``ExecReload=``, in order, runnable here: our programs as in
+    ``exec_argv``, ``$MAINPID`` the service's pid (systemd runs them one after
+    the other and stops at the first that fails)."""
+    argvs = []
+    for line in unit.values("Service", "ExecReload"):
+        line = expand_specifiers(line, instance).replace("$MAINPID", str(main_pid))
+        assert line[:1] not in "-@+!:", f"{unit.name}: ExecReload prefixes are not reproduced"
+        argv = shlex.split(line)
+        if argv[0] in SYSTEM_PROGRAMS:
+            argvs.append(argv)
+            continue
+        single = Unit(unit.name, (("Service", "ExecStart", shlex.join(argv)),))
+        argvs.append(exec_argv(single, config_dir, instance))
+    return argvs
 
 
 def config_files(unit: Unit, instance: str = "") -> list[str]:

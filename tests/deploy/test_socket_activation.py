@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy.shipped import (
     CONFIGS,
@@ -26,6 +27,7 @@ from tests.deploy.shipped import (
     MASTER_SERVICE,
     MASTER_SOCKET,
     RELAY_TEMPLATE,
+    Unit,
     config_files,
     environment,
     exec_argv,
@@ -34,6 +36,7 @@ from tests.deploy.shipped import (
     listening_inode,
     load,
     log_events,
+    reload_argvs,
     scrape,
     stop,
     write_config,
@@ -344,5 +347,73 @@ def test_master_restart_keeps_the_socket_and_the_relay_comes_back(
         assert os.stat(master.path).st_ino == inode
         assert stop(relay.proc) == 0
         assert master.proc is not None and stop(master.proc) == 0, master.log()
+    finally:
+        relay.close()
+
+
+def systemctl_reload(unit: Unit, etc: Path, pid: int, instance: str = "") -> Any:
+    """Run the unit's ``ExecReload=`` commands as systemd does: in order, up to
+    the first that fails (returned; None when all succeeded)."""
+    for argv in reload_argvs(unit, etc, pid, instance):
+        done = subprocess.run(
+            argv, capture_output=True, timeout=30, check=False, env={"PATH": os.defpath}
+        )
+        if done.returncode != 0:
+            return done
+    return None
+
+
+def edit(path: Path, **keys: Any) -> None:
+    document = yaml.safe_load(path.read_text())
+    document.update(keys)
+    path.write_text(yaml.safe_dump(document))
+
+
+def reloaded(stderr_path: Path) -> list[dict[str, Any]]:
+    return [e for e in log_events(stderr_path) if e["event"] == "config.reloaded"]
+
+
+@pytest.mark.timeout(90)
+def test_systemctl_reload_checks_then_reloads_the_master(master: Master, peers: Any) -> None:
+    proc = master.activated()
+    client = peers(master.path)
+    client.sub(b"deploy/")
+    (name,) = config_files(master.service)
+    edit(master.etc / name, accounting_top=3)
+    assert systemctl_reload(master.service, master.etc, proc.pid) is None
+    wait_until(lambda: reloaded(master.stderr_path), "the master's config.reloaded")
+    assert reloaded(master.stderr_path)[0]["changed"] == ["accounting_top"]
+
+    # An error: the check fails in one line and the bus never hears of it.
+    edit(master.etc / name, accounting_top="many")
+    failed = systemctl_reload(master.service, master.etc, proc.pid)
+    assert failed is not None and failed.returncode == 2
+    assert failed.stderr.decode().splitlines() == [
+        f"sbus-relay serve: {master.etc / name}: accounting_top: expected an integer,"
+        " got 'many' (str)"
+    ]
+    client.sync()  # still connected, still served
+    assert master.metric('sbus_config_reloads_total{result="applied"}') == 1
+    assert master.metric('sbus_config_reloads_total{result="refused"}') == 0
+    assert stop(proc) == 0, master.log()
+
+
+@pytest.mark.timeout(90)
+def test_systemctl_reload_of_a_relay_instance(
+    tmp_path: Path, directory: str, master: Master, peers: Any
+) -> None:
+    master.activated()
+    relay = TemplateRelay(tmp_path, directory, master.path, "rl")
+    try:
+        below = peers(relay.path)
+        below.sync()
+        etc = Path(directory) / "etc"
+        edit(etc / "relay-rl.yaml", upstream_queue_messages=1000)
+        assert systemctl_reload(load(RELAY_TEMPLATE), etc, relay.proc.pid, "rl") is None
+        wait_until(lambda: reloaded(relay.stderr_path), "the relay's config.reloaded")
+        assert reloaded(relay.stderr_path)[0]["changed"] == ["upstream_queue_messages"]
+        below.sync()
+        assert relay.metric(CONNECTED) == 1
+        assert stop(relay.proc) == 0
     finally:
         relay.close()

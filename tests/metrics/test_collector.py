@@ -183,7 +183,7 @@ def test_every_stats_field_reaches_the_exposition() -> None:
     stats = Stats()
     covered = {a for a, _ in SCALAR_COUNTERS} | {a for a, _ in UPSTREAM_COUNTERS}
     covered |= {"packets_in", "drops", "disconnects", "queue_wait_counts", "queue_wait_sum"}
-    covered |= {"refusals"}
+    covered |= {"refusals", "reloads", "last_reload_ok"}
     assert set(vars(stats)) == covered
 
 
@@ -313,7 +313,9 @@ def test_no_exposition_label_is_reserved_or_high_cardinality() -> None:
     assert {n for n in names if not n.startswith(("sbus_", "process_"))} == set()
     labels = {label for _, ls in got for label, _ in ls}
     # 'instance' and 'job' belong to Prometheus's target labels.
-    assert labels == {"type", "reason", "mode", "direction", "le", "version", "role", "name"}
+    assert labels == {
+        *("type", "reason", "mode", "direction", "le", "version", "role", "name", "result")
+    }
     assert any(n.startswith("process_") for n in names)
 
 

@@ -539,6 +539,10 @@ def test_every_dashboard_panel_returns_data(
             f'max_over_time(sbus_clients_soft_mode{{{sel}, mode="discard"}}[5m]) > 0',
         )
         expect(f"{inst} patterns seen", f"max_over_time(sbus_patterns_stored{{{sel}}}[5m]) > 0")
+        expect(
+            f"{inst} clients dropping seen",
+            f"max_over_time(sbus_clients_dropping{{{sel}}}[5m]) > 0",
+        )
     expect("relay reconnected", 'sbus_upstream_reconnects_total{instance="relay"} >= 1')
     expect("relay outage seen", 'min_over_time(sbus_upstream_connected{instance="relay"}[5m]) == 0')
     expect("relay connected now", 'sbus_upstream_connected{instance="relay"} == 1')

@@ -87,6 +87,7 @@ def test_dashboard_covers_drops_queues_traffic_and_relays() -> None:
         "sbus_queue_wait_seconds_bucket",
         "sbus_clients_soft_mode",
         "sbus_blocked_publishers",
+        "sbus_clients_dropping",
         "sbus_upstream_connected",
         "sbus_upstream_reconnects_total",
         "sbus_upstream_forwarded_messages_total",

@@ -39,7 +39,7 @@ PUBLISH_PAUSE = 0.002
 HARD_LIMIT = "20"
 #: The columns of the client table, as ``top`` prints them.
 CLIENT_COLUMNS = [
-    "CID", "RELAY", "UID", "PID", "PATS", "IN/s", "OUT/s", "IN_B/s", "OUT_B/s",
+    "CID", "RELAY", "UID", "PID", "STATE", "PATS", "IN/s", "OUT/s", "IN_B/s", "OUT_B/s",
     "DROP/s", "DROPPED", "QUEUED", "Q_BYTES", "AGE",
 ]  # fmt: skip
 _UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9}
@@ -167,9 +167,13 @@ def test_once_shows_every_client_of_a_real_bus_with_real_rates(busy: tuple[Bus, 
     assert rate(publisher["IN/s"]) > 10, text  # it publishes a few hundred a second
     assert rate(reader["OUT/s"]) > 10, text  # every message is delivered to it
     assert rate(reader["IN/s"]) == 0 and rate(publisher["OUT/s"]) == 0, text
-    # The stalled subscriber: its queue is at the bound and it keeps dropping.
+    # The stalled subscriber: its queue is at the bound and it keeps dropping,
+    # and it is marked so; nobody else is.
     assert int(stalled["QUEUED"]) > 0 and stalled["Q_BYTES"] != "0B", text
     assert int(stalled["DROPPED"]) > 0 and rate(stalled["DROP/s"]) > 0, text
+    assert stalled["STATE"] == "dropping", text
+    assert reader["STATE"] == publisher["STATE"] == "-", text
+    assert ", 1 dropping now  queued" in lines[1], text
     # Busiest publisher first (the default sort: msgs in, descending).
     assert rows[0] is publisher, text
 
@@ -184,7 +188,8 @@ def test_json_snapshot_of_a_real_bus(busy: tuple[Bus, Traffic]) -> None:
     assert view["server"]["role"] == "master" and view["total"] == 3
     clients = view["clients"]
     assert clients[0]["queued_messages"] > 0  # sorted by queue depth: the stalled one first
-    assert clients[0]["drops_per_s"] > 0
+    assert clients[0]["drops_per_s"] > 0 and clients[0]["dropping"] is True
+    assert view["totals"]["dropping"] == 1
     reader = next(c for c in clients if c["pid"] == traffic.reader.pid)
     assert reader["msgs_out_per_s"] > 10 and reader["bytes_out_per_s"] > 10 * len(PAYLOAD)
     assert view["totals"]["msgs_in_per_s"] > 10 and view["totals"]["dropped"] > 0
@@ -247,11 +252,12 @@ def test_a_hierarchy_file_shows_every_bus_and_which_container_is_busy(tmp_path: 
 
     # On the master, each container is one row under its relay's name.
     master = groups("master")
-    assert rate(master["relay-a"][3]) > 10, text  # IN/s: relay-a sends the traffic up
-    assert rate(master["relay-b"][4]) > 10, text  # OUT/s: relay-b's subscriber wants it
-    assert master["relay-a"][1] == master["relay-b"][1] == "1", text
+    assert rate(master["relay-a"][4]) > 10, text  # IN/s: relay-a sends the traffic up
+    assert rate(master["relay-b"][5]) > 10, text  # OUT/s: relay-b's subscriber wants it
+    assert master["relay-a"][1] == master["relay-b"][1] == "1", text  # CONNS
+    assert master["relay-a"][2] == master["relay-b"][2] == "0", text  # DROPPING
     # On relay-a, its own publisher is a local client.
-    assert rate(groups("relay-a")["local"][3]) > 10, text
+    assert rate(groups("relay-a")["local"][4]) > 10, text
 
 
 # --- failures ----------------------------------------------------------------------

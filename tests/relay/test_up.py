@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import termios
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +28,7 @@ from sbus_relay.ops.supervisor import (
     SupervisorError,
     hierarchy_from_mapping,
     load_hierarchy,
+    plan_tree_reload,
 )
 from sbus_relay.protocol.errors import ConfigError
 from tests.relay.helpers import WAIT, Peer, free_port, wait_until
@@ -187,6 +192,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         ('["--metrics", "127.0.0.1:0"]', "--metrics is not for args: its 'metrics' key sets it"),
         ('["--instance", "b"]', "--instance is not for args: its 'name' key sets it"),
         ('["--no-foreground"]', "up runs every bus in the foreground"),
+        ('["--check"]', "--check is not for args: up runs every bus; `up --check` checks"),
     ],
     ids=[
         "bad value",
@@ -197,6 +203,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         "metrics",
         "instance",
         "daemon",
+        "check",
     ],
 )
 def test_up_check_refuses_serve_flags_serve_would_refuse(
@@ -493,3 +500,165 @@ def test_up_works_from_a_folder_holding_a_checkout_named_like_the_package(
         assert len(running.pids) == 3
     finally:
         running.close()
+
+
+# --- reloading the tree -------------------------------------------------------------
+
+
+def events_in(path: Path, name: str) -> list[dict[str, Any]]:
+    lines = (json.loads(line) for line in path.read_text().splitlines() if line.startswith("{"))
+    return [e for e in lines if e.get("event") == name]
+
+
+def test_a_reload_of_the_tree_reloads_every_bus_and_applies_the_file(tmp_path: Path) -> None:
+    master_config = tmp_path / "master.yaml"
+    master_config.write_text("hard_limit_messages: 100\n")
+
+    def with_a_config_file(document: dict[str, Any]) -> None:
+        document["buses"][0]["args"] = ["-C", str(master_config)]
+
+    up = Up(tmp_path, with_a_config_file)
+    try:
+        up.read_until(b"buses running")
+        logs = Path(up.dir)
+        relay_a = Peer(up.addresses["relay-a"])
+        relay_a.sub(b"kept/")
+        # The edits: the master's own file, a new relay, one gone, one changed.
+        master_config.write_text("hard_limit_messages: 200\n")
+        document = up.document
+        relay_b = document["buses"].pop(2)
+        document["buses"][1]["args"] = ["--reconnect-max", "3"]
+        document["buses"].append(
+            {
+                "name": "relay-c",
+                "address": os.path.join(up.dir, "relay-c"),
+                "upstream": "relay-a",
+                "metrics": f"127.0.0.1:{free_port()}",
+            }
+        )
+        up.config.write_text(yaml.safe_dump(document))
+        asked = run_cli("up", "--reload", str(up.config))
+        assert asked.returncode == 0, asked.stderr
+        assert asked.stdout.decode() == (
+            f"sbus-relay up: asked sbus-relay up pid {up.proc.pid} to reload {up.config};"
+            " it says how it went\n"
+        )
+        lines = up.read_until(b"reloaded the hierarchy")
+        assert lines[-1].decode() == (
+            "sbus-relay up: reloaded the hierarchy: 2 reloaded; started relay-c; stopped relay-b\n"
+        )
+        assert [line.split()[0] for line in lines[:-1]] == [b"relay-b", b"relay-c"]
+        wait_until(lambda: gone(up.pids["relay-b"]), "relay-b stopped")
+        assert up.err.read_text().splitlines() == [
+            "sbus-relay up: kept as they run until up restarts: relay-a (changed args)"
+        ]
+        wait_until(lambda: events_in(logs / "master.log", "config.reloaded"), "master reloaded")
+        assert events_in(logs / "master.log", "config.reloaded")[0]["changed"] == [
+            "hard_limit_messages"
+        ]
+        wait_until(lambda: events_in(logs / "relay-a.log", "config.reloaded"), "relay-a too")
+        # relay-a kept its process and its clients; relay-c works below it
+        assert not gone(up.pids["relay-a"])
+        relay_a.sync()
+        sideways(Peer(up.addresses["relay-c"]), relay_a, b"kept/new")
+
+        # A file with an error: one line, and nothing changes.
+        up.config.write_text("buses: []\n")
+        up.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reload refused" in up.err.read_text(), "the refusal")
+        assert up.err.read_text().splitlines()[-1] == (
+            f"sbus-relay up: reload refused: {up.config}: buses: expected a non-empty list of"
+            " buses; every bus runs on as it was"
+        )
+        # ... nor an error in one bus's own config file
+        document["buses"].append(relay_b)
+        up.config.write_text(yaml.safe_dump(document))
+        master_config.write_text("hard_limit_messages: lots\n")
+        up.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: up.err.read_text().count("reload refused") == 2, "the refusal")
+        assert (
+            f"{up.config}: buses[master].args: {master_config}: hard_limit_messages:"
+            in (up.err.read_text().splitlines()[-1])
+        )
+        assert len(events_in(logs / "master.log", "config.reloaded")) == 1
+        assert all(not gone(up.pids[n]) for n in ("master", "relay-a", "relay-c"))
+        relay_a.sync()
+
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(WAIT) == 0
+        stopped = up.read_until(b"master stopped")
+        assert [line.split()[0] for line in stopped] == [b"relay-c", b"relay-a", b"master"]
+        relay_a.close()
+    finally:
+        up.close()
+
+
+def test_up_stops_when_its_terminal_hangs_up(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:  # a session of its own, the pty its terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    directory = short_dir()
+    hierarchy = tmp_path / "h.yaml"
+    hierarchy.write_text(
+        yaml.safe_dump({"buses": [{"name": "m", "address": os.path.join(directory, "m")}]})
+    )
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "sbus-relay"), "up", str(hierarchy)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=own_terminal,
+    )
+    os.close(slave)
+    try:
+        out = b""
+        while b"running" not in out:
+            ready, _, _ = select.select([master], [], [], WAIT)
+            assert ready, out
+            out += os.read(master, 4096)
+        proc.send_signal(signal.SIGHUP)  # the terminal is there: a reload
+        while b"reloaded the hierarchy" not in out:
+            ready, _, _ = select.select([master], [], [], WAIT)
+            assert ready, out
+            out += os.read(master, 4096)
+        os.close(master)  # the terminal goes away
+        master = -1
+        assert proc.wait(WAIT) == 0
+        wait_until(lambda: not os.path.exists(os.path.join(directory, "m")), "the bus stopped")
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_plan_of_a_tree_reload() -> None:
+    def tree(*buses: dict[str, Any]) -> Any:
+        return hierarchy_from_mapping({"buses": list(buses)}, "h.yaml")
+
+    m = {"name": "m", "address": "/tmp/x/m"}
+    a = {"name": "a", "address": "/tmp/x/a", "upstream": "m"}
+    b = {"name": "b", "address": "/tmp/x/b", "upstream": "a"}
+    running = tree(m, a, b)
+    same = plan_tree_reload(running, tree(m, a, b), source="h.yaml")
+    assert (same.started, same.stopped, same.kept) == ((), (), ())
+    # b gone and a moved: a keeps running where it is, b stops
+    moved = plan_tree_reload(running, tree(m, {**a, "address": "/tmp/x/a2"}), source="h.yaml")
+    assert moved.stopped == ("b",) and moved.kept == (("a", "changed address"),)
+    assert moved.hierarchy.bus("a").address == "/tmp/x/a"
+    # a gone, but b (changed, so kept as it runs) still runs under it: a stays
+    kept = plan_tree_reload(running, tree(m, {**b, "upstream": "m"}), source="h.yaml")
+    assert kept.stopped == () and [n for n, _ in kept.kept] == ["b", "a"]
+    assert [s.name for s in kept.hierarchy.buses] == ["m", "a", "b"]
+    # a new bus where a kept bus still listens: refused
+    with pytest.raises(ConfigError, match=r"buses\[c\]\.address: bus 'a' listens there too"):
+        plan_tree_reload(
+            running,
+            tree(m, {**a, "address": "/tmp/x/a2"}, {"name": "c", "address": "/tmp/x/a"}),
+            source="h.yaml",
+        )

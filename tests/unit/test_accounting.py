@@ -52,6 +52,25 @@ def test_top_is_bounded() -> None:
         Tally(0)
     with pytest.raises(ValueError, match="top"):
         Tally(1001)
+    with pytest.raises(ValueError, match="top"):
+        Tally(5).set_top(0)
+
+
+def test_a_smaller_top_applies_at_the_next_scrape() -> None:
+    tally = Tally(3, rank_interval=3600)  # no re-ranking due for an hour
+    live = {"a": row(5), "b": row(50), "c": row(500), "d": row(1)}
+    assert [label for label, _, _ in tally.rows(live, now=1)] == ["a", "b", "c", OTHER]
+    tally.set_top(1)
+    live["c"] = row(900)  # the busiest since
+    rows = tally.rows(live, now=2)
+    assert [label for label, _, _ in rows] == ["c", OTHER]
+    # a's and b's series end with what they showed; other takes their increments from now
+    assert rows[-1][1][0] == 1
+    tally.set_top(2)
+    live["b"] = row(70)
+    rows = tally.rows(live, now=3)
+    assert [label for label, _, _ in rows] == ["b", "c", OTHER]
+    assert rows[0][1][0] == 20 and rows[-1][1][0] == 1
 
 
 def test_the_busiest_keys_are_named_and_the_rest_are_other() -> None:
@@ -131,7 +150,7 @@ def test_ten_thousand_keys_give_top_plus_one_series() -> None:
 # counter only ever goes up, the series stay bounded, and the sum over the
 # rows equals the sum of everything counted.
 step = st.tuples(
-    st.sampled_from(["grow", "close", "move", "scrape", "trim"]),
+    st.sampled_from(["grow", "close", "move", "scrape", "trim", "top"]),
     st.integers(0, 11),
     st.integers(0, 11),
     st.integers(0, 50),
@@ -164,6 +183,9 @@ def test_counters_never_go_down(top: int, steps: list[tuple[str, int, int, int]]
             conns[a] = (f"k{b}", counts)
         elif op == "trim":
             tally.trim(key for key, _ in conns.values())
+        elif op == "top":  # a reload changes accounting_top
+            top = b % 4 + 1
+            tally.set_top(top)
         live: dict[str, tuple[list[int], list[int]]] = {}
         for key, counts in conns.values():
             total, gauges = live.setdefault(key, ([0] * N, [0, 0, 0]))

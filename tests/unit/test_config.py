@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from sbus_relay.ops.config import COMMAND_LINE, ServerConfig, load_config
+from sbus_relay.ops.config import (
+    COMMAND_LINE,
+    FIXED_FIELDS,
+    LIVE_FIELDS,
+    Reload,
+    ServerConfig,
+    load_config,
+    plan_reload,
+)
 from sbus_relay.protocol import limits
 from sbus_relay.protocol.errors import ConfigError, UsageError
+from sbus_relay.protocol.quota import Quota
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -278,3 +287,32 @@ def test_bad_quotas_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.key == key and info.value.source == path
+
+
+# --- reloading -------------------------------------------------------------------
+
+
+def test_every_field_is_either_live_or_fixed() -> None:
+    names = {f.name for f in dataclasses.fields(ServerConfig)}
+    assert LIVE_FIELDS | FIXED_FIELDS.keys() == names
+    assert not LIVE_FIELDS & FIXED_FIELDS.keys()
+    assert set(FIXED_FIELDS) == {
+        "address", "foreground", "pidfile", "remove_stale", "upstream", "metrics",
+    }  # fmt: skip
+
+
+def test_a_reload_takes_the_live_fields_and_keeps_the_fixed_ones() -> None:
+    running = ServerConfig(address="/tmp/a", metrics="127.0.0.1:1", hard_limit_messages=10)
+    loaded = ServerConfig(
+        address="/tmp/b", metrics="127.0.0.1:2", hard_limit_messages=20, log_level="debug"
+    )
+    plan = plan_reload(running, loaded)
+    assert plan.changed == ("hard_limit_messages", "log_level")
+    assert plan.kept == ("address", "metrics")
+    assert plan.config == dataclasses.replace(loaded, address="/tmp/a", metrics="127.0.0.1:1")
+
+
+def test_a_reload_of_the_same_config_changes_nothing() -> None:
+    config = ServerConfig(user_quotas=((0, Quota(connections=3)),), users=(0, 1))
+    plan = plan_reload(config, dataclasses.replace(config))
+    assert plan == Reload(config, (), ())

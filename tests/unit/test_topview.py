@@ -84,6 +84,7 @@ def row(cid: int, **fields: Any) -> Row:
         "dropped": 0,
         "queued_messages": 0,
         "queued_bytes": 0,
+        "dropping": 0,
         "age": 10.0,
     }
     return Row(**{**base, **fields})
@@ -171,6 +172,7 @@ sbus_messages_dropped_total{reason="hard_discard"} 3.0
 sbus_messages_dropped_total{reason="client_gone"} 2.0
 sbus_queued_messages 4.0
 sbus_queued_bytes 512.0
+sbus_clients_dropping 2.0
 sbus_relay_messages_in_total{relay="web"} 99.0
 """
 
@@ -184,6 +186,7 @@ def test_metric_counters_read_the_server_totals() -> None:
         "dropped": 5.0,  # summed over reasons
         "queued_messages": 4.0,
         "queued_bytes": 512.0,
+        "dropping": 2.0,  # a gauge: clients dropping now
     }
 
 
@@ -393,7 +396,8 @@ def test_bus_totals() -> None:
     view = live_view([])
     view = replace(view, totals=server_totals(before, snapshot(14.0, **counters)))
     assert bus_totals(view) == (
-        "  in 5.0 msg/s 1.0KiB/s  out 0 msg/s 0B/s  drops 1.0/s, 5 total  queued 4 msgs, 512B"
+        "  in 5.0 msg/s 1.0KiB/s  out 0 msg/s 0B/s  drops 1.0/s, 5 total, 2 dropping now"
+        "  queued 4 msgs, 512B"
     )
 
 
@@ -405,10 +409,11 @@ def test_render_shows_each_bus_its_rows_and_what_is_left_out() -> None:
     assert texts[0] == "sbus-relay top  2 buses  every 1s  sort msgs_in desc  group none"
     assert texts[3] == "  totals unknown: /metrics did not answer"
     assert texts[4].split() == [
-        "CID", "RELAY", "UID", "PID", "PATS", "IN/s*", "OUT/s", "IN_B/s", "OUT_B/s",
+        "CID", "RELAY", "UID", "PID", "STATE", "PATS", "IN/s*", "OUT/s", "IN_B/s", "OUT_B/s",
         "DROP/s", "DROPPED", "QUEUED", "Q_BYTES", "AGE",
     ]  # fmt: skip
     assert [t.split()[0] for t in texts[5:7]] == ["2", "3"]  # busiest first, two of three
+    assert [t.split()[4] for t in texts[5:7]] == ["-", "-"]
     assert texts[7] == "... 1 more clients"
     assert ("relay-b at 127.0.0.1:9812  down: timed out", "down") in lines
     assert texts[-1] == "no metrics address, not watched: relay-c"
@@ -417,8 +422,34 @@ def test_render_shows_each_bus_its_rows_and_what_is_left_out() -> None:
 def test_render_grouped_by_relay() -> None:
     rows = [row(1, relay="web"), row(2, relay="web"), row(3, relay="db")]
     texts = [text for text, _ in render([live_view(rows)], ViewState(group="relay"))]
-    assert texts[4].split()[:3] == ["RELAY", "CONNS", "PATS"]
+    assert texts[4].split()[:4] == ["RELAY", "CONNS", "DROPPING", "PATS"]
     assert {tuple(t.split()[:2]) for t in texts[5:]} == {("web", "2"), ("db", "1")}
+
+
+def test_clients_dropping_now_and_paused_publishers_are_marked() -> None:
+    rows = [
+        row(1, msgs_in=9.0, paused=1),
+        row(2, relay="web", drops=40.0, dropped=400, dropping=1),
+        row(3, relay="web", msgs_in=1.0),
+    ]
+    lines = render([live_view(rows)], ViewState())
+    table = {text.split()[0]: (text.split()[4], style) for text, style in lines[5:]}
+    assert table == {"1": ("paused", "row"), "2": ("dropping", "alert"), "3": ("-", "row")}
+    grouped = render([live_view(rows)], ViewState(group="relay"))
+    assert {t.split()[0]: t.split()[2] for t, _ in grouped[5:]} == {"local": "0", "web": "1"}
+    (bus,) = as_json([live_view(rows)], ViewState(sort="cid", descending=False))["buses"]
+    assert [(c["dropping"], c["paused"]) for c in bus["clients"]] == [
+        (False, True),
+        (True, False),
+        (False, False),
+    ]
+    (bus,) = as_json([live_view(rows)], ViewState(group="relay"))["buses"]
+    assert {g["relay"]: g["dropping"] for g in bus["groups"]} == {"local": 0, "web": 1}
+
+
+def test_client_rows_read_dropping_and_paused_from_clients() -> None:
+    now = snapshot(2.0, client(1, dropping=True), client(2, paused=True), client(3))
+    assert [(r.dropping, r.paused) for r in client_rows(None, now)] == [(1, 0), (0, 1), (0, 0)]
 
 
 def test_json_snapshot() -> None:
@@ -441,6 +472,8 @@ def test_json_snapshot() -> None:
             "dropped": 0,
             "queued_messages": 0,
             "queued_bytes": 0,
+            "dropping": False,
+            "paused": False,
             "age": 10.0,
         }
     ]
@@ -458,6 +491,7 @@ def test_json_snapshot() -> None:
         "dropped": 5,
         "queued_messages": 4,
         "queued_bytes": 512,
+        "dropping": 2,
     }
     grouped = as_json([view], ViewState(group="uid"))["buses"][0]["groups"]
     assert [(g["uid"], g["connections"]) for g in grouped] == [(1000, 2)]
