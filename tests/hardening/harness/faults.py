@@ -319,6 +319,9 @@ def vanishing_clients(*, clients: int = 50, seed: int = 5) -> dict[str, Any]:
     try:
         baseline = server.settled_fd_count()
         sub = Conn(server.address)
+        # Publishers wait for this subscriber rather than have its messages
+        # dropped: a gap can then only be a message the server lost.
+        sub.send(b"CMSG blocking/hard/block")
         sub.sub(b"v/")
         sub.sync()
         alive: list[Child] = []
