@@ -48,7 +48,15 @@ OUR_PROGRAMS = ("sbus-relay", "sbusd")
 REPRODUCED = {
     "Unit": {"Description", "Requires", "After"},
     "Socket": {"ListenSequentialPacket", "SocketMode", "SocketUser", "SocketGroup", "RemoveOnStop"},
-    "Service": {"Type", "ExecStart", "ExecReload", "Environment", "Restart", "RestartSec"},
+    "Service": {
+        "Type",
+        "NotifyAccess",
+        "ExecStart",
+        "ExecReload",
+        "Environment",
+        "Restart",
+        "RestartSec",
+    },
     "Install": {"WantedBy"},
 }
 #: Sandboxing that only systemd applies: checked by systemd-analyze verify, and

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -92,11 +93,13 @@ class Master:
         self.stderr_path = tmp_path / "master.err"
         self.proc: subprocess.Popen[bytes] | None = None
         self.held: socket.socket | None = None
+        #: what systemd adds to the unit's environment (NOTIFY_SOCKET for Type=notify)
+        self.systemd_env: dict[str, str] = {}
 
     def activated(self) -> subprocess.Popen[bytes]:
         """Bind and wait for the first connection, as systemd does, then exec the service."""
         argv = [find_socket_activate(), "--seqpacket", "-l", self.path]
-        for pair in environment(self.service):
+        for pair in [*environment(self.service), *map("=".join, self.systemd_env.items())]:
             argv += ["-E", pair]
         self.proc = self._popen([*argv, *self.argv])
         wait_until(lambda: self._alive() and listening_inode(self.path), f"{self.path} bound")
@@ -125,6 +128,7 @@ class Master:
     def _popen(self, argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         # The service's environment is what systemd gives: the unit's own Environment=.
         env = {"PATH": os.defpath, **dict(p.split("=", 1) for p in environment(self.service))}
+        env.update(self.systemd_env)
         with open(self.stderr_path, "ab") as err:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
@@ -265,6 +269,51 @@ def test_activated_master_stops_cleanly_on_sigterm(master: Master, peers: Any) -
     # The socket file is systemd's (RemoveOnStop=yes): the service leaves it.
     assert stat.S_ISSOCK(os.stat(master.path).st_mode)
     assert not os.path.lexists(master.configured)
+
+
+@pytest.mark.timeout(90)
+def test_activated_master_notifies_systemd_and_upgrades_in_place_on_sigusr2(
+    master: Master, peers: Any, directory: str
+) -> None:
+    # Type=notify: systemd waits for READY=1; NotifyAccess=all lets the process
+    # that takes the bus over name itself the main one (MAINPID=).
+    assert master.service.value("Service", "Type") == "notify"
+    assert master.service.value("Service", "NotifyAccess") == "all"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(os.path.join(directory, "notify"))
+    notify.settimeout(30)
+    master.systemd_env["NOTIFY_SOCKET"] = notify.getsockname()
+    proc = master.activated()
+    inode = listening_inode(master.path)
+    new = 0
+    try:
+        subscriber = peers(master.path)  # starts the master
+        assert notify.recv(1000) == b"READY=1"
+        subscriber.sub(b"deploy/")
+        publisher = peers(master.path)
+        before = publisher.pub(b"deploy/1", b"before the upgrade")
+        assert subscriber.messages(1) == [before]
+        # what `systemctl kill -s SIGUSR2 --kill-whom=main sbus-master` does
+        os.kill(proc.pid, signal.SIGUSR2)
+        try:
+            said = dict(line.split("=", 1) for line in notify.recv(1000).decode().split())
+        except TimeoutError:
+            raise AssertionError(master.log()) from None
+        new = int(said["MAINPID"])
+        assert new != proc.pid and said["READY"] == "1"
+        assert proc.wait(timeout=30) == 0, master.log()
+        # the same connections, the same subscription, the same socket file
+        after = publisher.pub(b"deploy/2", b"after the upgrade")
+        assert subscriber.messages(1) == [after]
+        assert listening_inode(master.path) == inode
+        peers(master.path).sync()  # and new clients are served by the new process
+        took = [e for e in log_events(master.stderr_path) if e["event"] == "upgrade.took_over"]
+        assert [e["from_pid"] for e in took] == [proc.pid], master.log()
+    finally:
+        notify.close()
+        if new:
+            os.kill(new, signal.SIGTERM)
+            wait_until(lambda: not os.path.exists(f"/proc/{new}"), "the new master to stop")
 
 
 @pytest.mark.timeout(60)

@@ -56,7 +56,7 @@ BREAKAGES = [
         id="socket-unknown-key",
     ),
     pytest.param(
-        MASTER_SERVICE, "Type=simple", "Type=simpel", "Failed to parse service type",
+        MASTER_SERVICE, "Type=notify", "Type=notifi", "Failed to parse service type",
         id="service-bad-type-is-only-a-warning",
     ),
     pytest.param(
