@@ -62,7 +62,16 @@ TARGETS: tuple[Target, ...] = (
     Target("clients_1000", "p99, 1,000 clients, ours / reference", "p99_ratio", 1.0, False, "x"),
     Target("memory", "memory per idle client", "per_client_bytes", 512, False, "B"),
     Target("memory", "memory per stored pattern", "per_pattern_bytes", 100, False, "B"),
-)
+    Target(
+        "upgrade", "live upgrade: lost, duplicated, reordered", "lost_or_reordered", 0, False,
+        "msgs", low_inclusive=True,
+    ),
+    Target("upgrade", "live upgrade: longest hand-over", "handover_max_ms", 1000, False, "ms"),
+    Target(
+        "restart", "master restart: relays ready again after", "relays_ready_max_ms", 100, False,
+        "ms", low_inclusive=True,
+    ),
+)  # fmt: skip
 
 #: A target's verdicts: its figure meets the bound, misses it, is noise (outside
 #: what is possible), or was not measured (no reference, the scenario failed or
@@ -95,7 +104,9 @@ def evaluate(name: str, entry: dict[str, Any]) -> None:
     """Add the ratio, the figures the targets read, and each target's verdict."""
     sides = entry.get("sides", {})
     ours = sides.get("ours", {})
-    if name == "memory":
+    if name in ("upgrade", "restart"):
+        pass  # their figures are the entry's own (``continuity``)
+    elif name == "memory":
         entry["per_client_bytes"] = ours.get("per_client_bytes")
         entry["per_pattern_bytes"] = ours.get("per_pattern_bytes")
     else:
@@ -190,8 +201,20 @@ def summary_line(counts: dict[str, int]) -> str:
     return f"targets: {', '.join(parts)} of {sum(counts.values())}"
 
 
-_BOUND_FORMATS = {"%": "{op} {v:g} %", "B": "{op} {v:,.0f} B", "us": "{op} {v:,.0f} us"}
-_VALUE_FORMATS = {"%": "{v:.1f} %", "B": "{v:,.0f} B", "us": "{v:,.0f} us"}
+_BOUND_FORMATS = {
+    "%": "{op} {v:g} %",
+    "B": "{op} {v:,.0f} B",
+    "us": "{op} {v:,.0f} us",
+    "ms": "{op} {v:,.0f} ms",
+    "msgs": "{op} {v:,.0f}",
+}
+_VALUE_FORMATS = {
+    "%": "{v:.1f} %",
+    "B": "{v:,.0f} B",
+    "us": "{v:,.0f} us",
+    "ms": "{v:,.1f} ms",
+    "msgs": "{v:,.0f}",
+}
 
 
 def _fmt_bound(t: Target) -> str:
@@ -227,13 +250,15 @@ def format_table(results: dict[str, Any]) -> str:
         f"{'scenario':<46} {'side':<9} {'deliv/s':>10} {'p50 us':>8} {'p99 us':>8} "
         f"{'cpu us':>8} {'RSS MiB':>7}  ours/other"
     )
-    lines = [head, "-" * len(head)]
+    #: scenarios with a line of their own, below the table
+    apart = ("memory", "footprint", "upgrade", "restart")
+    lines = [head, "-" * len(head)] if set(scenarios) - set(apart) else []
     left_out = {s.get("reference_left_out") for s in scenarios.values()} - {None, ""}
     if len(left_out) == 1:  # the same reason everywhere: say it once, above the table
         lines.insert(0, f"reference left out: {left_out.pop()}")
         left_out = set()
     for name, s in scenarios.items():
-        if name in ("memory", "footprint"):
+        if name in apart:
             continue
         if s["status"] != "ok":
             lines.append(f"{s['title']:<46} {s['status'].upper()}: {s.get('reason', '')}")
@@ -268,6 +293,9 @@ def format_table(results: dict[str, Any]) -> str:
     foot = scenarios.get("footprint")
     if foot:
         lines += ["", *format_footprint(foot)]
+    for name in ("upgrade", "restart"):
+        if name in scenarios:
+            lines += ["", format_continuity(scenarios[name])]
     lines += ["", *format_targets(results)]
     meta = results["meta"]
     lines += [
@@ -284,6 +312,23 @@ def format_table(results: dict[str, Any]) -> str:
             f" and {meta.get('load_after', meta['load_before']):g} after it."
         )
     return "\n".join(lines)
+
+
+def format_continuity(entry: dict[str, Any]) -> str:
+    """One line on traffic across an upgrade or a restart."""
+    if entry["status"] != "ok":
+        return f"{entry['title']}: {entry['status'].upper()}: {entry.get('reason', '')}"
+    line = (
+        f"{entry['title']}: {entry['delivered']:,} of {entry['expected']:,} delivered "
+        f"({entry['rate']:,} msg/s for {entry['seconds']:g} s), {entry['gaps']} gaps, "
+        f"{entry['reordered']} duplicated or reordered"
+    )
+    if "handover_ms" in entry:
+        line += "; hand-over " + ", ".join(f"{ms:g}" for ms in entry["handover_ms"]) + " ms"
+    if "relays_ready_ms" in entry:
+        line += "; relays ready " + ", ".join(f"{ms:g}" for ms in entry["relays_ready_ms"])
+        line += " ms after the new master listened"
+    return line
 
 
 def format_footprint(foot: dict[str, Any]) -> list[str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from sbus_relay import accel
 
-from . import report
+from . import continuity, report
 from .build import build_programs
 from .procs import BenchProcessError, ProcessSet, rss_bytes
 from .reference import Reference, resolve_reference
@@ -99,6 +99,8 @@ SCENARIO_NAMES = (
     "relay_down",
     "memory",
     "footprint",
+    "upgrade",
+    "restart",
 )
 
 
@@ -489,6 +491,12 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
             if not options.only or "footprint" in options.only:
                 say("footprint")
                 results["scenarios"]["footprint"] = _footprint(ctx)
+            for name, run in (("upgrade", continuity.upgrade), ("restart", continuity.restart)):
+                if not options.only or name in options.only:
+                    say(name)
+                    entry = run(tools, procs, workdir, options.quick, say)
+                    report.evaluate(name, entry)
+                    results["scenarios"][name] = entry
             if options.profile_path is not None:
                 from .profile import profile_one_to_one
 

@@ -245,3 +245,22 @@ def test_quick_run_of_every_scenario(tmp_path: Path, reference_binary: Path) -> 
         assert side["per_client_bytes"] > 0 and side["per_pattern_bytes"] > 0
     for target in TARGETS:
         assert target.label in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_upgrade_and_restart_count_every_message_across_the_switch(tmp_path: Path) -> None:
+    data, stdout, _ = bench(tmp_path, "--no-reference", "--only", "upgrade", "--only", "restart")
+    up, restart = data["scenarios"]["upgrade"], data["scenarios"]["restart"]
+    assert up["status"] == "ok" and restart["status"] == "ok", (up, restart)
+    # two publishers (on relay A and on the master), two subscribers (on the
+    # master and on relay B): every message counted, none lost across the upgrade
+    assert up["expected"] == 2 * up["published"] > 0
+    assert (up["delivered"], up["gaps"], up["reordered"]) == (up["expected"], 0, 0)
+    assert len(up["handover_ms"]) == 2 and all(ms > 0 for ms in up["handover_ms"])
+    # a restart loses what was published while no master ran, and says how much
+    assert restart["lost"] == restart["expected"] - restart["delivered"] >= 0
+    assert len(restart["relays_ready_ms"]) == 2
+    assert all(ms >= 0 for ms in restart["relays_ready_ms"])
+    assert [v["scenario"] for v in data["targets"]] == ["upgrade", "upgrade", "restart"]
+    assert "live upgrade of the master and a relay under load:" in stdout
+    assert "after the new master listened" in stdout
