@@ -108,3 +108,4 @@ cdef class Connection:
     cdef CQueue _queue(self)
     @cython.locals(sent=Py_ssize_t, i=Py_ssize_t, now=double)
     cdef _send_queued(self, CQueue q)
+    cdef _room_made(self, CQueue q)

@@ -335,12 +335,7 @@ class Connection:
             return  # made with the router's limits when first needed
         q.max_bytes = max_bytes
         q.max_messages = max_messages
-        if self.shed is not None and shedding_ends(self.shed, q):
-            self.shed = None
-            if self._dropping is not None:
-                self._dropping.held = False
-        if self.waiters:
-            self._wake_waiters()
+        self._room_made(q)
 
     @property
     def queued(self) -> tuple[int, int]:
@@ -809,18 +804,23 @@ class Connection:
             q = self._queue()
             if q.count and not self.holding:
                 self._send_queued(q)
-            if self.shed is not None and shedding_ends(self.shed, q):
-                self.shed = None
-                if self._dropping is not None:
-                    self._dropping.held = False
-            if self.waiters:
-                self._wake_waiters()
+            self._room_made(q)
             idle = not q.count or self.holding
             if idle and self.notices is None and self._write_watcher is not None:
                 self._write_watcher.stop()
                 self._writing = False
         except OSError as e:
             self.fail("io_error", str(e))
+
+    def _room_made(self, q: OutboundQueue) -> None:
+        """Its queue took packets out, or its limits grew: a shedding that may
+        end now ends, and the publishers it held back go on."""
+        if self.shed is not None and shedding_ends(self.shed, q):
+            self.shed = None
+            if self._dropping is not None:
+                self._dropping.held = False
+        if self.waiters:
+            self._wake_waiters()
 
     def _send_queued(self, q: OutboundQueue) -> None:
         """Send a batch of the queue in one call; what the socket refuses goes back."""
