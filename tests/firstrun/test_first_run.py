@@ -202,10 +202,12 @@ def clone(tmp_path: Path) -> Iterator[Path]:
     target = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(target)], check=True, timeout=WAIT * 4)
     (target / ".venv").symlink_to(venv)
-    # older than the venv's install stamps (every file the Makefile's BUILT names),
-    # so that `make run` in the clone never reinstalls into the linked venv
-    for built in ("pyproject.toml", "sbus_relay/bus/_batchio.c"):
-        os.utime(target / built, (0, 0))
+    # older than the venv's install stamps (every file the Makefile's BUILT
+    # names: the project's files and the compiled modules' sources), so that
+    # `make run` in the clone never reinstalls into the linked venv
+    for path in target.rglob("*"):
+        if ".git" not in path.parts and not path.is_symlink() and path.is_file():
+            os.utime(path, (0, 0))
     yield target
 
 
