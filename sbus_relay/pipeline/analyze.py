@@ -22,15 +22,19 @@ recompute each one in plain Python):
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
-import sys
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from . import derive as D
 from .defaults import (
@@ -41,7 +45,7 @@ from .defaults import (
     DEFAULT_TOP,
     DEFAULT_WINDOW_SECONDS,
 )
-from .inputs import Inputs, resolve
+from .inputs import SUMMARY_FILE, Inputs, resolve
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -59,6 +63,8 @@ NICE_WINDOWS = (
 )  # fmt: skip
 #: Most windows the default window gives over the capture (the least is about 100).
 TARGET_WINDOWS = 500
+#: Fewer windows holding traffic than this tell no rhythm (see ``rhythm_window``).
+RHYTHM_MIN_WINDOWS = 8
 #: Scan tasks per core the input is split into (see ``partitioning``).
 SCANS_PER_CORE = 2
 #: Smallest scan split: below this, task overhead dominates.
@@ -85,6 +91,19 @@ GROUPING_SETS = (CELLS, SIZES, KEYS)
 GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
 
 OTHER = "(other)"
+#: Types of the collected sets, whichever Spark produced them.
+CELLS_SCHEMA = pa.schema(
+    [
+        ("prefix", pa.string()),
+        ("window_start_ns", pa.int64()),
+        ("instance", pa.string()),
+        ("messages", pa.int64()),
+        ("bytes", pa.int64()),
+        ("first_ns", pa.int64()),
+        ("last_ns", pa.int64()),
+    ]
+)
+SIZES_SCHEMA = pa.schema([("prefix", pa.string()), ("size", pa.int64()), ("n", pa.int64())])
 #: Names of the Parquet result tables under the output directory.
 TABLES = (
     "prefix_windows",
@@ -138,6 +157,66 @@ def auto_window(span_ns: int | None) -> float:
     return float(NICE_WINDOWS[-1])
 
 
+def rhythm_window(cells: Any, window_ns: int) -> int:
+    """The window for judging bursts against the traffic's own rhythm (nanoseconds).
+
+    ``cells`` hold messages per window of ``window_ns`` (the span's window,
+    ``auto_window``).  Traffic that comes in batches, say once a second, leaves
+    most of those windows empty when they are shorter than its period, and then
+    every batch would stand out as a burst.  So: the median gap between
+    consecutive windows that hold traffic, in windows; when it is more than one,
+    the shortest nice window that is a multiple of ``window_ns`` (the cells then
+    re-bin exactly) and spans that gap.  Fewer than RHYTHM_MIN_WINDOWS windows
+    with traffic tell no rhythm: the window is kept."""
+    import pyarrow.compute as pc
+
+    if not cells.num_rows:
+        return window_ns
+    starts = pc.unique(cells.filter(pc.greater(cells["messages"], 0))["window_start_ns"])
+    active = sorted(starts.to_pylist())
+    if len(active) < RHYTHM_MIN_WINDOWS:
+        return window_ns
+    gap = statistics.median((b - a) // window_ns for a, b in itertools.pairwise(active))
+    if gap <= 1:
+        return window_ns
+    for nice in NICE_WINDOWS:
+        n = round(nice * 1e9)
+        if n >= gap * window_ns and n % window_ns == 0:
+            return n
+    return window_ns
+
+
+def recorded_windows(
+    window_ns: int,
+    first_ns: int | None,
+    last_ns: int | None,
+    sessions: Sequence[tuple[int, int]],
+    active: Sequence[int],
+) -> int:
+    """How many windows of ``window_ns`` a recorder was running in: those that
+    overlap a recorder session (start, end), and any that holds traffic.  Without
+    sessions (captures not written by ``record``, or URLs), every window from
+    ``first_ns`` to ``last_ns``: the gaps between sessions are not traffic that
+    stopped, and bursts are judged against the recorded windows only."""
+    if first_ns is None or last_ns is None:
+        return 1
+    if not sessions:
+        return last_ns // window_ns - first_ns // window_ns + 1
+    merged: list[list[int]] = []
+    for lo, hi in sorted((s // window_ns, e // window_ns) for s, e in sessions):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    count = sum(hi - lo + 1 for lo, hi in merged)
+    starts = [lo for lo, _ in merged]
+    for k in {w // window_ns for w in active}:
+        i = bisect.bisect_right(starts, k) - 1
+        if i < 0 or k > merged[i][1]:
+            count += 1
+    return count
+
+
 def grouping_id(grouping: tuple[str, ...]) -> int:
     """Spark's ``grouping_id()`` of the rows of one grouping set: a bit per
     GROUPING_COLUMNS column, most significant first, set when it is not grouped on."""
@@ -186,62 +265,6 @@ def heap_mib(input_bytes: int) -> int:
     more keys and distinct sizes, hence a quarter of the input on top, to 4 GiB."""
     extra = input_bytes / 2**20 * HEAP_PER_INPUT_MIB
     return int(min(MAX_HEAP_MIB, MIN_HEAP_MIB + extra))
-
-
-def parallelism(spark: SparkSession) -> int:
-    """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
-    executors may not have registered yet when the job is planned, and Spark then
-    counts 2), else Spark's default parallelism (``local[N]``'s N, or the cores of
-    the executors registered so far)."""
-    given = spark.sparkContext.getConf().get("spark.cores.max")
-    if given and given.isdigit() and int(given) > 0:
-        return int(given)
-    return int(spark.sparkContext.defaultParallelism)
-
-
-def build_session(
-    master: str | None = None,
-    conf: dict[str, str] | None = None,
-    app_name: str = "sbus-analyze",
-    jvm_log: str | None = None,
-) -> SparkSession:
-    """A SparkSession; ``master=None`` keeps spark-submit's choice (or ``local[*]``).
-
-    With ``jvm_log``, the JVM that this starts writes its stdout and stderr
-    (Spark's log, any Java stack trace) into that file instead of the terminal.
-    """
-    from pyspark.sql import SparkSession
-
-    # Python workers (if any) must run the interpreter that has pyarrow: no
-    # PYSPARK_PYTHON needed from the user.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-    )
-    if master is not None:
-        builder = builder.master(master)
-    for k, v in (conf or {}).items():
-        builder = builder.config(k, v)
-    if jvm_log is None:
-        return builder.getOrCreate()
-    # The JVM inherits descriptors 1 and 2 when it is launched: point them at the
-    # log for that moment only, so this process's own are unchanged.  (The JVM
-    # writes little to stdout, but a crash banner among it.)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    log_fd = os.open(jvm_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        return builder.getOrCreate()
-    finally:
-        for fd, old in zip((1, 2), saved, strict=True):
-            os.dup2(old, fd)
-            os.close(old)
-        os.close(log_fd)
 
 
 def load_captures(spark: SparkSession, inputs: Inputs) -> DataFrame:
@@ -309,22 +332,45 @@ class Computed:
     distinct_keys: int
 
 
-def compute(df: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """Run the analysis of capture rows ``df`` on Spark.
+def reaggregate(state: DataFrame, window_ns: int) -> DataFrame:
+    """The sets of ``aggregate`` from stored sets (``follow``'s state): the same
+    columns, the cells re-binned into windows of ``window_ns`` (a multiple of
+    the stored windows, so exactly) and every set summed again.  Lazy."""
+    from pyspark.sql import functions as F
 
-    One scan (``aggregate``), kept while five small jobs read it: the (prefix,
-    window, instance) and (prefix, size) rows, collected as Arrow (their size is
-    bounded by prefixes x windows x instances and prefixes x distinct sizes, not
-    by the traffic), and, left on the cluster because keys are unbounded, the
-    two top-key rankings and the number of distinct keys.
+    window = F.expr(f"window_start_ns div {window_ns} * {window_ns}")
+    return (
+        state.withColumn("window_start_ns", F.when(F.col("_set") == grouping_id(CELLS), window))
+        .groupBy("_set", *GROUPING_COLUMNS)
+        .agg(
+            F.sum("messages").alias("messages"),
+            F.sum("bytes").alias("bytes"),
+            F.min("first_ns").alias("first_ns"),
+            F.max("last_ns").alias("last_ns"),
+        )
+    )
+
+
+#: Columns the small sets are sorted on once collected: the tables derived from
+#: them then come out the same wherever Spark ran (local, cluster, Connect).
+SMALL_ORDER = [(c, "ascending") for c in ("_set", "prefix", "window_start_ns", "instance", "size")]
+
+
+def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """Run the job on Spark: ``sets`` is ``aggregate`` of the capture rows (or
+    ``reaggregate`` of a stored state), persisted while five small jobs read it:
+    the (prefix, window, instance) and (prefix, size) rows, collected as Arrow
+    (their size is bounded by prefixes x windows x instances and prefixes x
+    distinct sizes, not by the traffic), and, left on the cluster because keys
+    are unbounded, the two top-key rankings and the number of distinct keys.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    sets = aggregate(df, opts).persist(StorageLevel.MEMORY_AND_DISK)
+    sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tag = F.col("_set")
-        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow()
+        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow().sort_by(SMALL_ORDER)
         keys = sets.where(tag == F.lit(grouping_id(KEYS))).select("key", "messages", "bytes")
 
         def top_by(first: str, second: str) -> Any:
@@ -351,9 +397,33 @@ def compute(df: DataFrame, opts: AnalyzeOptions) -> Computed:
 
     is_cell = pc.equal(small["_set"], grouping_id(CELLS))
     cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
+    cells = cells.cast(CELLS_SCHEMA)
     sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
-    sizes = sizes.rename_columns([*SIZES, "n"])
+    sizes = sizes.rename_columns([*SIZES, "n"]).cast(SIZES_SCHEMA)
     return Computed(cells, sizes, by_messages, by_bytes, distinct_keys)
+
+
+def _rebin(cells: Any, window_ns: int) -> Any:
+    """Cells summed into windows of ``window_ns`` (a multiple of theirs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    starts = pc.multiply(pc.divide(cells["window_start_ns"], window_ns), window_ns)
+    g = (
+        cells.set_column(cells.schema.get_field_index("window_start_ns"), "window_start_ns", starts)
+        .group_by(list(CELLS), use_threads=False)
+        .aggregate([("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"), ("last_ns", "max")])
+    )
+    table = pa.table(
+        {
+            **{c: g[c] for c in CELLS},
+            "messages": g["messages_sum"],
+            "bytes": g["bytes_sum"],
+            "first_ns": g["first_ns_min"],
+            "last_ns": g["last_ns_max"],
+        }
+    )
+    return table.cast(CELLS_SCHEMA).sort_by([(c, "ascending") for c in CELLS])
 
 
 def _write_table(spark: SparkSession, table: Any, out: str, name: str) -> None:
@@ -386,39 +456,73 @@ def run(
     The report (``report.write_report``) is written separately so that this
     function stays usable from notebooks without matplotlib.
     """
-    import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
     inputs = paths if isinstance(paths, Inputs) else resolve(list(paths))
-    out = str(out_dir)
-    if "://" not in out:
-        Path(out).mkdir(parents=True, exist_ok=True)
     df = load_captures(spark, inputs)
     first_ns, last_ns = inputs.first_ns, inputs.last_ns
     if first_ns is None:
         span = df.agg(F.min("time_ns").alias("a"), F.max("time_ns").alias("b")).collect()[0]
         first_ns, last_ns = span["a"], span["b"]
-    if opts.window_seconds is None:
-        span_ns = None if first_ns is None or last_ns is None else last_ns - first_ns
-        opts = replace(opts, window_seconds=auto_window(span_ns))
+    base = span_options(opts, first_ns, last_ns)
+    job = compute(aggregate(df, base), base)
+    files = len(inputs.paths) if inputs.checked else None
+    return finish(spark, job, opts, base, inputs, files, out_dir)
+
+
+def span_options(opts: AnalyzeOptions, first_ns: int | None, last_ns: int | None) -> AnalyzeOptions:
+    """``opts`` with the window of the span (``auto_window``) unless one is given."""
+    if opts.window_seconds is not None:
+        return opts
+    span_ns = None if first_ns is None or last_ns is None else last_ns - first_ns
+    return replace(opts, window_seconds=auto_window(span_ns))
+
+
+def finish(
+    spark: SparkSession,
+    job: Computed,
+    asked: AnalyzeOptions,
+    opts: AnalyzeOptions,
+    inputs: Inputs,
+    files: int | None,
+    out_dir: str | os.PathLike[str],
+) -> AnalysisResult:
+    """From the collected aggregates (cells in windows of ``opts``) to the tables
+    and summary.json in ``out_dir``: the window follows the traffic's rhythm
+    unless one was ``asked`` for, the bursts are judged over the windows the
+    recorders ran in.  Shared by a batch run and each update of a followed one."""
+    import pyarrow.compute as pc
+
+    out = str(out_dir)
+    if "://" not in out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    cells = job.cells
+    if asked.window_seconds is None:
+        window_ns = rhythm_window(cells, opts.window_ns)
+        if window_ns != opts.window_ns:
+            cells = _rebin(cells, window_ns)
+            opts = replace(opts, window_seconds=window_ns / 1e9)
     w = opts.window_ns
-    span_windows = 1 if first_ns is None or last_ns is None else last_ns // w - first_ns // w + 1
-    job = compute(df, opts)
     pcols = [percentile_name(q) for q in opts.percentiles]
-    pw = D.prefix_windows(job.cells)
+    pw = D.prefix_windows(cells)
+    first_ns = pc.min(cells["first_ns"]).as_py() if cells.num_rows else None
+    last_ns = pc.max(cells["last_ns"]).as_py() if cells.num_rows else None
+    span_windows = 1 if first_ns is None or last_ns is None else last_ns // w - first_ns // w + 1
+    sessions = inputs.losses.intervals if inputs.losses is not None else []
+    active = pw["window_start_ns"].to_pylist()
+    recorded = recorded_windows(w, first_ns, last_ns, sessions, active)
     tables = {
         "prefix_windows": pw,
         "size_percentiles": D.size_percentiles(job.sizes, opts.percentiles, pcols),
         "top_keys_by_messages": job.top_by_messages,
         "top_keys_by_bytes": job.top_by_bytes,
-        "instances": D.instances(job.cells),
-        "bursts": D.bursts(pw, span_windows, opts.burst_factor, opts.burst_min_messages),
+        "instances": D.instances(cells),
+        "bursts": D.bursts(pw, recorded, opts.burst_factor, opts.burst_min_messages),
         "size_histogram": D.size_histogram(job.sizes),
     }
     for name in TABLES:
         _write_table(spark, tables[name], out, name)
     overall = dict(zip(pcols, D.overall_percentiles(job.sizes, opts.percentiles), strict=True))
-    distinct_keys = job.distinct_keys
     inst = _sorted_rows(
         tables["instances"], [("messages", "descending"), ("instance", "ascending")]
     )
@@ -429,24 +533,21 @@ def run(
         "last_ns": max((r["last_ns"] for r in inst), default=None),
         "windows": pc.count_distinct(pw["window_start_ns"]).as_py() if pw.num_rows else 0,
         "span_windows": span_windows if inst else 0,
+        "recorded_windows": recorded if inst else 0,
         "prefixes": pc.count_distinct(pw["prefix"]).as_py() if pw.num_rows else 0,
-        "keys": distinct_keys,
+        "keys": job.distinct_keys,
         "instances": len(inst),
         "size_percentiles": overall,
         "options": {**asdict(opts), "percentiles": list(opts.percentiles)},
-        "inputs": {
-            "files": len(inputs.paths) if inputs.checked else None,
-            "skipped": inputs.skipped,
-            "notes": inputs.notes,
-        },
+        "inputs": {"files": files, "skipped": inputs.skipped, "notes": inputs.notes},
         "loss": _loss(inputs),
     }
     text = json.dumps(summary, indent=2) + "\n"
     if "://" in out:  # a directory holding one text file, like the tables
         one = spark.createDataFrame([(text,)], "value string").coalesce(1)
-        one.write.mode("overwrite").text(f"{out}/summary.json")
+        one.write.mode("overwrite").text(f"{out}/{SUMMARY_FILE}")
     else:
-        Path(out, "summary.json").write_text(text)
+        Path(out, SUMMARY_FILE).write_text(text)
 
     result = AnalysisResult(summary=summary)
     result.tables = {

@@ -103,7 +103,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 def session(app_name: str = "sbus-stream", master: str | None = None) -> SparkSession:
     """A SparkSession (Python workers on this interpreter, UTC) with ``sbus`` registered."""
-    from .analyze import build_session
+    from .session import build_session
 
     spark = build_session(master, app_name=app_name)
     register(spark)

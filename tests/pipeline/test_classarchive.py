@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from sbus_relay.cli.analyze import _on_loopback
+from sbus_relay.pipeline.session import on_loopback as _on_loopback
 from sbus_relay.pipeline import classarchive as C
-from sbus_relay.pipeline.synth import generate
+from sbus_relay.bench.synth import generate
 from tests.support import VENV_BIN
 
 from .conftest import SPARK_TEST_TIMEOUT

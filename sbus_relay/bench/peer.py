@@ -1,6 +1,6 @@
 """The analysis in DuckDB: the benchmark's peer, computing everything ``analyze`` writes.
 
-    python -m sbus_relay.pipeline.peer CAPTURE_DIR OUT_DIR
+    python -m sbus_relay.bench.peer CAPTURE_DIR OUT_DIR
 
 The same inputs (the capture files, their footers giving the span and so the
 window, as ``analyze`` does), the same seven tables and the same summary
@@ -23,8 +23,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from .analyze import PERCENTILES, TABLES, AnalyzeOptions, auto_window, percentile_name
-from .inputs import resolve
+from sbus_relay.pipeline.analyze import (
+    PERCENTILES,
+    TABLES,
+    AnalyzeOptions,
+    auto_window,
+    percentile_name,
+)
+from sbus_relay.pipeline.inputs import resolve
 
 #: Options of the comparison: analyze's defaults.
 OPTIONS = AnalyzeOptions()
@@ -225,7 +231,7 @@ def same_tables(peer_out: str, analyze_out: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m sbus_relay.pipeline.peer CAPTURE_DIR OUT_DIR", file=sys.stderr)
+        print("usage: python -m sbus_relay.bench.peer CAPTURE_DIR OUT_DIR", file=sys.stderr)
         return 2
     print(f"analysis {analyse(args[0], args[1]):.2f} s")
     return 0

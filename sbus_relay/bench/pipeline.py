@@ -1,6 +1,6 @@
 """The analysis benchmark: Spark local, a standalone cluster and DuckDB, side by side.
 
-    python -m sbus_relay.pipeline.benchmark --rows 10000000 --dir /tmp/synth10m --runs 3
+    python -m sbus_relay.bench.pipeline --rows 10000000 --dir /tmp/synth10m --runs 3
 
 Generates a synthetic capture (``synth``) unless ``--dir`` already holds one, then
 times, on the same files, ``--runs`` rounds of (interleaved, so that the load of a
@@ -108,7 +108,7 @@ def recorder_benchmark(messages: int) -> int:
     """Flood a fresh bus while ``record`` runs; then the kill -9 run.  Prints the figures."""
     import signal
 
-    from .capture import capture_files, recover
+    from sbus_relay.pipeline.capture import capture_files, recover
 
     bin_dir = os.path.dirname(sys.executable)
     tmp = Path(tempfile.mkdtemp(prefix="sbus-rec-", dir="/tmp"))
@@ -131,7 +131,7 @@ def recorder_benchmark(messages: int) -> int:
             each = messages // publishers
             t0 = time.monotonic()
             pubs = [
-                subprocess.Popen([sys.executable, "-P", "-m", "sbus_relay.pipeline.benchmark",
+                subprocess.Popen([sys.executable, "-P", "-m", "sbus_relay.bench.pipeline",
                                   "--flood", address, str(each), str(i)])
                 for i in range(publishers)
             ]  # fmt: skip
@@ -293,7 +293,7 @@ def _met(ok: bool) -> str:
 
 def _class_archive() -> str:
     """Build analyze's class archive if there is none; say which one the runs use."""
-    from . import classarchive
+    from sbus_relay.pipeline import classarchive
 
     path = classarchive.archive_path()
     if path is None:
@@ -308,8 +308,9 @@ def _class_archive() -> str:
 
 def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool) -> int:
     """Generate (if needed) and benchmark the analysis; print the figures and targets."""
-    from .capture import capture_files
-    from .cluster import standalone_cluster
+    from sbus_relay.pipeline.capture import capture_files
+    from sbus_relay.pipeline.cluster import standalone_cluster
+
     from .peer import same_tables
     from .synth import generate
 
@@ -324,8 +325,8 @@ def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool)
     tmp = Path(tempfile.mkdtemp(prefix="sbus-bench-"))
     bin_dir = os.path.dirname(sys.executable)
     analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze", str(data), "--no-report"]
-    peer = [sys.executable, "-P", "-m", "sbus_relay.pipeline.peer", str(data)]
-    from .analyze import heap_mib
+    peer = [sys.executable, "-P", "-m", "sbus_relay.bench.peer", str(data)]
+    from sbus_relay.pipeline.analyze import heap_mib
 
     executor = [
         "--conf",
@@ -426,7 +427,7 @@ def analysis_benchmark(rows: int, directory: str, runs: int, with_cluster: bool)
 
 def main(argv: list[str] | None = None) -> int:
     """Benchmark the analysis (default) or the recorder; print the figures."""
-    parser = argparse.ArgumentParser(prog="python -m sbus_relay.pipeline.benchmark")
+    parser = argparse.ArgumentParser(prog="python -m sbus_relay.bench.pipeline")
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dir", default="/tmp/sbus-bench-synth", help="synthetic capture")
     parser.add_argument("--runs", type=int, default=3, help="interleaved rounds (medians)")
