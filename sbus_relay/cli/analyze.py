@@ -116,6 +116,10 @@ def _say(line: str) -> None:
     print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
+def _show(line: str) -> None:
+    print(line, flush=True)
+
+
 def _on_interrupt() -> None:
     # The broken py4j calls that follow are no news: keep them off the terminal.
     logging.disable(logging.CRITICAL)
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             from sbus_relay.pipeline import follow
 
             watch = follow.FollowOptions(checkpoint=args.checkpoint, trigger_seconds=args.trigger)
-            follow.follow(request, watch, _say, _on_interrupt, print)
+            _say(follow.follow(request, watch, _say, _on_interrupt, _show))
             return 0
         outcome = runner.analyze(request, _say, _on_interrupt)
     except (InputError, ValueError) as exc:

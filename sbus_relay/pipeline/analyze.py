@@ -91,6 +91,10 @@ GROUPING_SETS = (CELLS, SIZES, KEYS)
 GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
 
 OTHER = "(other)"
+#: The capture schema (``capture.CAPTURE_SCHEMA``) as Spark reads it.
+CAPTURE_DDL = "time_ns long, key string, size int, payload binary, instance string"
+#: The capture columns the job reads (never the payload).
+SCANNED = ("time_ns", "key", "size", "instance")
 #: Types of the collected sets, whichever Spark produced them.
 CELLS_SCHEMA = pa.schema(
     [
@@ -155,6 +159,21 @@ def auto_window(span_ns: int | None) -> float:
         if span_ns / (w * 1e9) <= TARGET_WINDOWS:
             return float(w)
     return float(NICE_WINDOWS[-1])
+
+
+def state_window(span_ns: int | None) -> int:
+    """Windows (ns) to keep counts in when later windows may be longer: the
+    longest nice window that divides ``auto_window(span_ns)`` and every longer
+    nice window, so that counts kept in it sum exactly into any window a longer
+    span (or the traffic's rhythm) later asks for.  At most five times shorter
+    than the span's window (1 s for 2 s, 5 s for 10 s)."""
+    window = round(auto_window(span_ns) * 1e9)
+    nice = [round(n * 1e9) for n in NICE_WINDOWS]
+    longer = [n for n in nice if n >= window]
+    for candidate in reversed([n for n in nice if n <= window]):
+        if all(n % candidate == 0 for n in longer):
+            return candidate
+    return nice[0]
 
 
 def rhythm_window(cells: Any, window_ns: int) -> int:
@@ -274,9 +293,8 @@ def load_captures(spark: SparkSession, inputs: Inputs) -> DataFrame:
     reader = spark.read
     if inputs.checked:
         # Our schema, not one inferred from a footer: names and types are ours.
-        ddl = "time_ns long, key string, size int, payload binary, instance string"
-        assert len(CAPTURE_SCHEMA) == len(ddl.split(","))
-        return reader.schema(ddl).parquet(*inputs.paths)
+        assert len(CAPTURE_SCHEMA) == len(CAPTURE_DDL.split(","))
+        return reader.schema(CAPTURE_DDL).parquet(*inputs.paths)
     return (
         reader.option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")
         .option("recursiveFileLookup", "true")

@@ -52,6 +52,8 @@ MASTER_PORT = 7077
 #: Seconds to wait for a master or Connect server to accept a TCP connection:
 #: a live one answers in milliseconds, even on a loaded machine.
 PROBE_SECONDS = 3.0
+#: Longest error message of Spark's shown to the user (the rest is in the log).
+MAX_ERROR_CHARS = 300
 #: Settings for every run: the console progress bar garbles our output;
 #: adaptive query execution sizes the shuffles from the data (local or cluster);
 #: and no task waits for a "local" executor (the default 3 s per stage is most of
@@ -467,10 +469,14 @@ def build_session(
 
 
 def first_line(exc: BaseException) -> str:
-    """The first meaningful line of a Spark/Java failure."""
+    """The first meaningful line of a Spark/Java failure: py4j's own first line
+    ("An error occurred while calling o184.getResult.") says nothing, the Java
+    exception's does."""
     text = str(getattr(exc, "desc", None) or exc)
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return lines[0][:300] if lines else type(exc).__name__
+    lines = [x.strip().removeprefix(": ").strip() for x in text.splitlines() if x.strip()]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        lines = lines[1:]
+    return lines[0][:MAX_ERROR_CHARS] if lines else type(exc).__name__
 
 
 def is_spark_error(exc: BaseException) -> bool:
