@@ -37,6 +37,8 @@ SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 EXIT_BUS_CLOSED = 1
 #: Exit status when the optional extra (pyarrow) is not installed.
 EXIT_MISSING_EXTRA = 2
+#: Exit status for options record refuses (an --out that is a file).
+EXIT_USAGE = 2
 #: Exit status when the bus dropped messages meant for the recorder.
 EXIT_LOST = 3
 
@@ -107,6 +109,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
 
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"
+
+
+def _earlier_sessions(directory: str) -> str | None:
+    """What an --out directory already holds, said before a new session joins it."""
+    from datetime import UTC, datetime
+
+    from sbus_relay.pipeline.capture import capture_files, loss_files, read_losses
+
+    files = capture_files([directory])
+    if not files:
+        return None
+    sessions = read_losses(loss_files([directory]))
+    latest = max(f.stat().st_mtime for f in files)
+    when = datetime.fromtimestamp(latest, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    count = (
+        f"{sessions.sessions} earlier recording session(s)"
+        if sessions.sessions
+        else ("captures of an earlier recording")
+    )
+    return (
+        f"{directory} already holds {count} ({len(files)} files, the last written {when}); "
+        "this session is added beside them: analyze reads them together, and leaves the "
+        "gaps between sessions out of its burst medians"
+    )
+
+
 def _progress_line(recorder: Recorder) -> None:
     s = recorder.writer.stats
     st = recorder.status
@@ -136,11 +166,17 @@ def run(args: argparse.Namespace) -> int:
     text = bus_address(args)
     address = parse_address(text)
     instance = args.instance or f"{socket.gethostname()}:{text}"
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"sbus-relay record: --out {args.out} is a file, not a directory", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if os.path.isdir(args.out):
             note = recover([args.out]).line()
             if note:
                 print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
+            earlier = _earlier_sessions(args.out)
+            if earlier:
+                print(f"sbus-relay record: {earlier}", file=sys.stderr)
         writer = RotatingCaptureWriter(
             args.out,
             instance=instance,
@@ -189,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"sbus-relay record: {exc}", file=sys.stderr)
         return EXIT_BUS_CLOSED
     except (BusClosed, PeerError) as exc:
+        if not recorder.status.ready:  # refused before recording: nothing to sum up
+            print(f"sbus-relay record: {exc}", file=sys.stderr)
+            return EXIT_BUS_CLOSED
         print(f"\nsbus-relay record: {exc}", file=sys.stderr)
         status = EXIT_BUS_CLOSED
     except OSError as exc:  # the capture directory: full, gone, not writable
@@ -209,8 +248,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         loss = "nothing lost"
     print(
-        f"recorded {s.messages:,} messages ({s.payload_bytes:,} payload bytes) "
-        f"in {s.files_closed} file(s) under {args.out}; {loss}",
+        f"recorded {s.messages:,} {_plural(s.messages, 'message')} "
+        f"({s.payload_bytes:,} payload {_plural(s.payload_bytes, 'byte')}) "
+        f"in {s.files_closed} {_plural(s.files_closed, 'file')} under {args.out}; {loss}",
         file=sys.stderr,
     )
     if status:

@@ -279,8 +279,8 @@ class RotatingCaptureWriter:
     ) -> None:
         if rotate_bytes <= 0 or rotate_seconds <= 0 or flush_seconds <= 0:
             raise ValueError("rotation size, rotation age and flush interval must be positive")
+        # Created with the first file: a recorder that never records leaves no directory.
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.instance = instance
         self.keep_payload = keep_payload
         self.rotate_bytes = rotate_bytes
@@ -430,6 +430,7 @@ class RotatingCaptureWriter:
     # --- internals ---------------------------------------------------------------
 
     def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self._journal = self.directory / f"{self.prefix}-{stamp}-{self._seq:05d}{JOURNAL_SUFFIX}"
@@ -523,6 +524,7 @@ class LossLog:
     def __init__(self, directory: Path, prefix: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.path = directory / f"{prefix}-{stamp}{LOSS_SUFFIX}"
+        directory.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives with us)
 
     def write(self, event: str, **fields: Any) -> None:
