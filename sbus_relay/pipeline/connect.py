@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +86,13 @@ class ServerOptions:
         """The URL clients give to --remote."""
         host = f"[{self.reach}]" if ":" in self.reach else self.reach
         return f"sc://{host}:{self.port}"
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port free on ``host`` now (for a server started right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def local_cores(master: str) -> int | None:

@@ -80,17 +80,17 @@ def plural(n: int, word: str) -> str:
 
 def loss_phrase(loss: dict[str, Any]) -> str:
     """What the summary says was lost: by the bus, and by recorders that were killed."""
-    if loss.get("known"):
-        dropped = loss["dropped"]
-        said = f"{dropped:,} lost by the bus" if dropped else "nothing lost by the bus"
-    else:
-        said = "loss unknown"
     killed = loss.get("unfinished_sessions") or 0
+    if not loss.get("known"):
+        said = "loss unknown"
+    elif loss["dropped"]:
+        said = f"{loss['dropped']:,} lost by the bus"
+    else:
+        said = "none dropped by the bus" if killed else "nothing lost"
     if killed:
-        sessions = plural(killed, "session")
         said += (
-            f"; {killed} recorder {sessions} killed: up to about a second of traffic "
-            "before each end is missing"
+            f"; {killed} recorder {plural(killed, 'session')} killed: up to about a second "
+            "of traffic before each end is missing"
         )
     return said
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -54,6 +55,8 @@ MASTER_PORT = 7077
 PROBE_SECONDS = 3.0
 #: Longest error message of Spark's shown to the user (the rest is in the log).
 MAX_ERROR_CHARS = 300
+#: Spark's error classes, as its messages begin: ``[FAILED_READ_FILE.NO_HINT]``.
+ERROR_CLASS = re.compile(r"\[[A-Z][A-Z_]+(?:\.[A-Z_]+)*\]")
 #: Settings for every run: the console progress bar garbles our output;
 #: adaptive query execution sizes the shuffles from the data (local or cluster);
 #: and no task waits for a "local" executor (the default 3 s per stage is most of
@@ -474,9 +477,15 @@ def first_line(exc: BaseException) -> str:
     exception's does."""
     text = str(getattr(exc, "desc", None) or exc)
     lines = [x.strip().removeprefix(": ").strip() for x in text.splitlines() if x.strip()]
+    lines = [x for x in lines if not x.startswith(("at ", "..."))]  # Java stack frames
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
         lines = lines[1:]
-    return lines[0][:MAX_ERROR_CHARS] if lines else type(exc).__name__
+    # Spark wraps its errors ("Exception thrown in awaitResult:"): the line with
+    # an error class ([FAILED_READ_FILE.NO_HINT] ...) is the one that says what.
+    classed = [x for x in lines if ERROR_CLASS.search(x)]
+    chosen = (classed or lines or [type(exc).__name__])[0]
+    chosen = chosen.removeprefix("Caused by: ")
+    return chosen[:MAX_ERROR_CHARS]
 
 
 def is_spark_error(exc: BaseException) -> bool:
