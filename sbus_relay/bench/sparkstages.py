@@ -17,8 +17,8 @@ from pathlib import Path
 
 #: Settings that make Spark write an uncompressed event log into a directory.
 EVENT_LOG_KEYS = ("spark.eventLog.enabled", "spark.eventLog.dir", "spark.eventLog.compress")
-#: Longest stage name shown (Spark's call sites are long).
-MAX_NAME = 48
+#: Longest stage name shown.
+MAX_NAME = 60
 
 
 def event_log_conf(directory: str) -> dict[str, str]:
@@ -57,11 +57,27 @@ def _metric(accumulables: list[dict[str, object]], name: str) -> int:
     return 0
 
 
+def _operators(info: dict[str, object]) -> str:
+    """What a stage runs, from its RDDs' plan scopes, scan first ("Scan parquet,
+    WholeStageCodegen (1), Exchange"): a Connect stage's own name is its session."""
+    names: list[str] = []
+    rdds = info.get("RDD Info")
+    for rdd in sorted(rdds if isinstance(rdds, list) else [], key=lambda r: r.get("RDD ID", 0)):
+        try:
+            name = str(json.loads(rdd.get("Scope") or "{}").get("name", "")).strip()
+        except ValueError:
+            continue
+        if name and name not in names:
+            names.append(name)
+    return ", ".join(names)
+
+
 def stages(directory: str, start_ms: int, end_ms: int) -> list[Stage]:
     """The stages of every event log in ``directory`` submitted within [start, end]."""
     found: list[Stage] = []
-    for path in sorted(Path(directory).glob("*")):
-        if not path.is_file():
+    # Spark 4 writes rolling logs: a directory per application, files of events in it.
+    for path in sorted(Path(directory).rglob("*")):
+        if not path.is_file() or path.name.startswith("."):
             continue
         with open(path, errors="replace") as f:
             for line in f:
@@ -78,7 +94,7 @@ def stages(directory: str, start_ms: int, end_ms: int) -> list[Stage]:
                 found.append(
                     Stage(
                         stage_id=int(info["Stage ID"]),
-                        name=str(info.get("Stage Name", "")),
+                        name=_operators(info) or str(info.get("Stage Name", "")),
                         tasks=int(info.get("Number of Tasks", 0)),
                         submitted_ms=submitted,
                         completed_ms=int(info.get("Completion Time") or submitted),

@@ -1,21 +1,24 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
-The captures are read once, by Spark, with built-in Spark SQL functions, never
-Python UDFs, so a cluster's executors need neither sbus_relay nor a matching
-Python: only the driver runs this code.  The pass yields small aggregates from
-which the driver derives the tables (``derive``).  Definitions (the tests
-recompute each one in plain Python):
+The captures are read by Spark with built-in Spark SQL functions, never Python
+UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
+only the driver runs this code.  Two scans (``compute_rows``) yield small
+aggregates from which the driver derives the tables (``derive``).  Definitions
+(the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
   (``a/b/c`` at depth 2 is ``a/b``; ``a`` is ``a``).
 - window: ``time_ns div window_ns * window_ns`` (tumbling windows, UTC epoch aligned).
   Unless given, its length adapts to the capture's span (``auto_window``): a
-  "nice" length (1 s, 5 s, 1 min, 5 min...) giving about 100 to 500 windows.
+  "nice" length (1 s, 5 s, 1 min, 5 min...) giving about 100 to 500 windows; then
+  to the traffic's rhythm (``rhythm_window``): traffic in batches gets windows at
+  least as long as the gap between them.
 - bytes: payload bytes (the ``size`` column), keys and framing not counted.
 - percentiles: exact, linear interpolation between closest ranks (Spark ``percentile``).
 - burst: a window whose message count is at least ``burst_factor`` times the median
-  count of that scope (a prefix, or all traffic) over every window of the capture's
-  span, empty windows counting as zero, and at least ``burst_min_messages``.  So a
+  count of that scope (a prefix, or all traffic) over every window a recorder ran in
+  (``recorded_windows``: the capture's span when there are no loss logs), empty
+  windows counting as zero, and at least ``burst_min_messages``.  So a
   prefix heard only during its burst is a burst of that prefix (its median is 0),
   and ``burst_min_messages`` keeps a family that speaks once an hour from being one.
 """
@@ -89,6 +92,8 @@ SIZES = ("prefix", "size")
 KEYS = ("key",)
 GROUPING_SETS = (CELLS, SIZES, KEYS)
 GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
+#: The columns of the batch job's aggregate of the small sets (``compute_rows``).
+SMALL_COLUMNS = ("prefix", "window_start_ns", "instance", "size")
 
 OTHER = "(other)"
 #: The capture schema (``capture.CAPTURE_SCHEMA``) as Spark reads it.
@@ -236,14 +241,10 @@ def recorded_windows(
     return count
 
 
-def grouping_id(grouping: tuple[str, ...]) -> int:
+def grouping_id(grouping: tuple[str, ...], columns: tuple[str, ...] = GROUPING_COLUMNS) -> int:
     """Spark's ``grouping_id()`` of the rows of one grouping set: a bit per
-    GROUPING_COLUMNS column, most significant first, set when it is not grouped on."""
-    return sum(
-        1 << (len(GROUPING_COLUMNS) - 1 - i)
-        for i, c in enumerate(GROUPING_COLUMNS)
-        if c not in grouping
-    )
+    grouping column, most significant first, set when it is not grouped on."""
+    return sum(1 << (len(columns) - 1 - i) for i, c in enumerate(columns) if c not in grouping)
 
 
 def percentile_name(q: float) -> str:
@@ -319,21 +320,15 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
 
 
 def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
-    """The one pass over the capture rows ``df``: a single aggregate of the
-    GROUPING_SETS, (prefix, window, instance), (prefix, size) and key, each row
-    tagged with its set (``_set``, see ``grouping_id``).  Lazy."""
+    """One aggregate of the capture rows ``df`` into the GROUPING_SETS, (prefix,
+    window, instance), (prefix, size) and key, each row tagged with its set
+    (``_set``, see ``grouping_id``): the state ``follow`` keeps per batch.  Lazy."""
     from pyspark.sql import functions as F
 
     return (
         _with_derived(df, opts)
         .groupingSets([list(s) for s in GROUPING_SETS], *GROUPING_COLUMNS)
-        .agg(
-            F.grouping_id().alias("_set"),
-            F.count(F.lit(1)).alias("messages"),
-            F.sum("size").alias("bytes"),
-            F.min("time_ns").alias("first_ns"),
-            F.max("time_ns").alias("last_ns"),
-        )
+        .agg(F.grouping_id().alias("_set"), *_sums())
     )
 
 
@@ -374,51 +369,97 @@ def reaggregate(state: DataFrame, window_ns: int) -> DataFrame:
 SMALL_ORDER = [(c, "ascending") for c in ("_set", "prefix", "window_start_ns", "instance", "size")]
 
 
-def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """Run the job on Spark: ``sets`` is ``aggregate`` of the capture rows (or
-    ``reaggregate`` of a stored state), persisted while five small jobs read it:
-    the (prefix, window, instance) and (prefix, size) rows, collected as Arrow
+def _sums() -> list[Any]:
+    """The aggregates of every set: messages, bytes, first and last receive time."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("size").alias("bytes"),
+        F.min("time_ns").alias("first_ns"),
+        F.max("time_ns").alias("last_ns"),
+    ]
+
+
+def compute_rows(df: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """The batch job on capture rows ``df``: two scans.  One aggregate of the
+    (prefix, window, instance) and (prefix, size) sets, collected as Arrow
     (their size is bounded by prefixes x windows x instances and prefixes x
-    distinct sizes, not by the traffic), and, left on the cluster because keys
-    are unbounded, the two top-key rankings and the number of distinct keys.
-    """
+    distinct sizes, not by the traffic); and the per-key counts, left on the
+    cluster because keys are unbounded, persisted while the two top-key
+    rankings and the number of distinct keys are read from them.  (One
+    aggregate of all three sets, persisted, took half as long again: its rows
+    are tripled before they are hashed, the key set's among them.)"""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    small = (
+        _with_derived(df, opts)
+        .groupingSets([list(CELLS), list(SIZES)], *SMALL_COLUMNS)
+        .agg(F.grouping_id().alias("_set"), *_sums())
+        .toArrow()
+    )
+    keys = df.groupBy("key").agg(
+        F.count(F.lit(1)).alias("messages"), F.sum(F.col("size").cast("long")).alias("bytes")
+    )
+    keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        ranked = _keys(keys, opts)
+    finally:
+        keys.unpersist()
+    return _split(small, grouping_id(CELLS, SMALL_COLUMNS), ranked)
+
+
+def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """The job from a DataFrame of the three sets of ``aggregate`` (``follow``'s
+    state, ``reaggregate``d): persisted while the small sets are collected and
+    the keys ranked and counted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tag = F.col("_set")
-        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow().sort_by(SMALL_ORDER)
+        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow()
         keys = sets.where(tag == F.lit(grouping_id(KEYS))).select("key", "messages", "bytes")
-
-        def top_by(first: str, second: str) -> Any:
-            import pyarrow as pa
-
-            order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
-            # At most opts.top rows, ranked here: no global (single-partition) window.
-            top = keys.orderBy(*order).limit(opts.top).collect()
-            return pa.table(
-                {
-                    "rank": pa.array(range(1, len(top) + 1), pa.int32()),
-                    "key": pa.array([r["key"] for r in top], pa.string()),
-                    "messages": pa.array([r["messages"] for r in top], pa.int64()),
-                    "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
-                }
-            )
-
-        by_messages = top_by("messages", "bytes")
-        by_bytes = top_by("bytes", "messages")
-        distinct_keys = keys.count()
+        ranked = _keys(keys, opts)
     finally:
         sets.unpersist()
+    return _split(small, grouping_id(CELLS), ranked)
+
+
+def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any, int]:
+    """The two top-key rankings and the number of distinct keys, from per-key counts."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def top_by(first: str, second: str) -> Any:
+        order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
+        # At most opts.top rows, ranked here: no global (single-partition) window.
+        top = keys.orderBy(*order).limit(opts.top).collect()
+        return pa.table(
+            {
+                "rank": pa.array(range(1, len(top) + 1), pa.int32()),
+                "key": pa.array([r["key"] for r in top], pa.string()),
+                "messages": pa.array([r["messages"] for r in top], pa.int64()),
+                "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
+            }
+        )
+
+    return top_by("messages", "bytes"), top_by("bytes", "messages"), keys.count()
+
+
+def _split(small: Any, cell_tag: int, ranked: tuple[Any, Any, int]) -> Computed:
+    """The collected cells and sizes apart, sorted and typed alike wherever Spark ran."""
     import pyarrow.compute as pc
 
-    is_cell = pc.equal(small["_set"], grouping_id(CELLS))
+    small = small.sort_by(SMALL_ORDER)
+    is_cell = pc.equal(small["_set"], cell_tag)
     cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
     cells = cells.cast(CELLS_SCHEMA)
     sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
     sizes = sizes.rename_columns([*SIZES, "n"]).cast(SIZES_SCHEMA)
-    return Computed(cells, sizes, by_messages, by_bytes, distinct_keys)
+    return Computed(cells, sizes, *ranked)
 
 
 def _rebin(cells: Any, window_ns: int) -> Any:
@@ -483,7 +524,7 @@ def run(
         span = df.agg(F.min("time_ns").alias("a"), F.max("time_ns").alias("b")).collect()[0]
         first_ns, last_ns = span["a"], span["b"]
     base = span_options(opts, first_ns, last_ns)
-    job = compute(aggregate(df, base), base)
+    job = compute_rows(df, base)
     files = len(inputs.paths) if inputs.checked else None
     return finish(spark, job, opts, base, inputs, files, out_dir)
 

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 #: Batches kept apart in the state before they are compacted into one directory.
 COMPACT_BATCHES = 20
-#: The grouping set of the rows that name the files a batch read (in ``key``).
+#: The grouping set of the rows that name the files a batch read (in ``key``,
+#: with their rows in ``messages`` and their first and last receive times).
 FILES_SET = -1
 #: The state's columns: the grouping sets of ``analyze.aggregate`` and the files.
 STATE_DDL = (
@@ -128,7 +129,11 @@ def state_rows(df: DataFrame, opts: A.AnalyzeOptions) -> DataFrame:
 
     per_file = (
         df.groupBy(FILE_COLUMN)
-        .agg(F.min("time_ns").alias("first"), F.max("time_ns").alias("last"))
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.min("time_ns").alias("first"),
+            F.max("time_ns").alias("last"),
+        )
         .collect()
     )
     if opts.window_seconds is None:
@@ -138,9 +143,9 @@ def state_rows(df: DataFrame, opts: A.AnalyzeOptions) -> DataFrame:
         opts = replace(opts, window_seconds=A.state_window(span) / 1e9)
     columns = [c.split() for c in STATE_DDL.split(", ")]
     sets = A.aggregate(df, opts).select(*[F.col(c).cast(t).alias(c) for c, t in columns])
-    files = sorted(r[FILE_COLUMN] for r in per_file)
+    files = sorted((r[FILE_COLUMN], r["rows"], r["first"], r["last"]) for r in per_file)
     named = df.sparkSession.createDataFrame(
-        [(FILES_SET, None, None, None, None, f, 1, 0, None, None) for f in files], STATE_DDL
+        [(FILES_SET, None, None, None, None, f, n, 0, a, b) for f, n, a, b in files], STATE_DDL
     )
     return sets.unionByName(named)
 
@@ -218,11 +223,13 @@ def update(
     from pyspark.sql import functions as F
 
     stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
-    sets = stored.where(F.col("_set") != F.lit(FILES_SET))
-    files = stored.where(F.col("_set") == F.lit(FILES_SET)).select("key").distinct().count()
-    cell = F.col("_set") == F.lit(A.grouping_id(A.CELLS))
-    span = sets.where(cell).agg(F.min("first_ns").alias("a"), F.max("last_ns").alias("b"))
-    first, last = span.collect()[0]
+    is_file = F.col("_set") == F.lit(FILES_SET)
+    sets = stored.where(~is_file)
+    files, first, last = (
+        stored.where(is_file)
+        .agg(F.count_distinct("key"), F.min("first_ns"), F.max("last_ns"))
+        .collect()[0]
+    )
     base = A.span_options(request.options, first, last)
     job = A.compute(A.reaggregate(sets, base.window_ns), base)
     inputs = I.resolve(request.captures, recover_journals=False)
@@ -240,8 +247,8 @@ def compact(spark: SparkSession, state: State, upto: int) -> None:
     from pyspark.sql import functions as F
 
     stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
-    cell = F.col("_set") == F.lit(A.grouping_id(A.CELLS))
-    first, last = stored.where(cell).agg(F.min("first_ns"), F.max("last_ns")).collect()[0]
+    is_file = F.col("_set") == F.lit(FILES_SET)
+    first, last = stored.where(is_file).agg(F.min("first_ns"), F.max("last_ns")).collect()[0]
     window_ns = A.state_window(None if first is None else last - first)
     done = state.sets / f"compact-{upto}"
     tmp = state.sets / f".compact-{upto}.tmp"
