@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import types
 
 from sbus_relay.pipeline import defaults as D
 
@@ -126,6 +128,13 @@ def _on_interrupt() -> None:
     _say("stopping (Ctrl-C)...")
 
 
+def _stop_at_once(signum: int, frame: types.FrameType | None) -> None:
+    """Ctrl-C before Spark runs (or after): say so and stop; while it runs, the
+    pipeline's own handler (``session.Interrupts``) takes over and says the same."""
+    _on_interrupt()
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, EXIT_USAGE on refused input, EXIT_SPARK if Spark fails."""
     needed = ("pyarrow", "pyspark") if args.no_report else D.EXTRA_MODULES
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         _say(missing)
         return EXIT_USAGE
+    signal.signal(signal.SIGINT, _stop_at_once)  # said at once from here on
     from sbus_relay.pipeline import runner
     from sbus_relay.pipeline.analyze import AnalyzeOptions
     from sbus_relay.pipeline.inputs import InputError

@@ -390,7 +390,8 @@ def start(
     # local mode: SPARK_REMOTE must not turn the builder into a Connect client.
     os.environ.pop(REMOTE_ENV, None)
     try:
-        spark = build_session(
+        spark = _off_main_thread(
+            build_session,
             settings.master,
             with_archive(conf, archive, settings.master) if archive else conf,
             app_name,
@@ -402,12 +403,34 @@ def start(
         # The JVM did not start with the class archive: drop it, start without.
         classarchive.discard()
         archive, fell_back = None, True
-        spark = build_session(settings.master, conf, app_name, jvm_log)
+        spark = _off_main_thread(build_session, settings.master, conf, app_name, jvm_log)
     session = Session(
         spark, None, _jvm_process() if starting else None, archive, fell_back, settings.conf
     )
     spark.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _off_main_thread(build: Callable[..., SparkSession], *args: Any) -> SparkSession:
+    """``build(*args)`` in a thread of its own while the main thread waits: pyspark
+    installs its SIGINT handler only when it creates the SparkContext in the main
+    thread, and that handler calls into the JVM from inside the signal handler.
+    Ours (``Interrupts``) stays in place, and the wait is interruptible."""
+    done: list[SparkSession] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(build(*args))
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="spark-start", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return done[0]
 
 
 def _remote_session(
@@ -451,24 +474,21 @@ def build_session(
         builder = builder.master(master)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
-    if jvm_log is None:
+    if jvm_log is None or jvm_running():
         return builder.getOrCreate()
-    # The JVM inherits descriptors 1 and 2 when it is launched: point them at the
-    # log for that moment only, so this process's own are unchanged.  (The JVM
-    # writes little to stdout, but a crash banner among it.)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    log_fd = os.open(jvm_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        return builder.getOrCreate()
-    finally:
-        for fd, old in zip((1, 2), saved, strict=True):
-            os.dup2(old, fd)
-            os.close(old)
-        os.close(log_fd)
+    # The JVM's stdout and stderr (Spark's log, any Java stack trace, a crash
+    # banner) go to the log: launched here with the builder's settings, then
+    # found by getOrCreate, which launches none.
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    settings = SparkConf(loadDefaults=False)
+    settings.setAll(list(builder._options.items()))
+    with open(jvm_log, "ab") as log:
+        gateway = launch_gateway(settings, {"stdout": log, "stderr": subprocess.STDOUT})
+    SparkContext._gateway = gateway
+    SparkContext._jvm = gateway.jvm
+    return builder.getOrCreate()
 
 
 def first_line(exc: BaseException) -> str:
