@@ -27,12 +27,10 @@ from sbus_relay.pipeline.analyze import (
     PERCENTILES,
     TABLES,
     AnalyzeOptions,
-    auto_window,
     percentile_name,
-    recorded_windows,
-    rhythm_window,
 )
 from sbus_relay.pipeline.inputs import resolve
+from sbus_relay.pipeline.windows import auto_window, recorded_windows, rhythm_window
 
 #: Statements of ``queries`` that aggregate the captures (the rest derive tables).
 AGGREGATES = 4

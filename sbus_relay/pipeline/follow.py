@@ -45,6 +45,7 @@ from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS
 from .runner import Request, jvm_log_path
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
+from .windows import state_window
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -140,7 +141,7 @@ def state_rows(df: DataFrame, opts: A.AnalyzeOptions) -> DataFrame:
         firsts = [r["first"] for r in per_file if r["first"] is not None]
         lasts = [r["last"] for r in per_file if r["last"] is not None]
         span = max(lasts) - min(firsts) if firsts else None
-        opts = replace(opts, window_seconds=A.state_window(span) / 1e9)
+        opts = replace(opts, window_seconds=state_window(span) / 1e9)
     columns = [c.split() for c in STATE_DDL.split(", ")]
     sets = A.aggregate(df, opts).select(*[F.col(c).cast(t).alias(c) for c, t in columns])
     files = sorted((r[FILE_COLUMN], r["rows"], r["first"], r["last"]) for r in per_file)
@@ -249,7 +250,7 @@ def compact(spark: SparkSession, state: State, upto: int) -> None:
     stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
     is_file = F.col("_set") == F.lit(FILES_SET)
     first, last = stored.where(is_file).agg(F.min("first_ns"), F.max("last_ns")).collect()[0]
-    window_ns = A.state_window(None if first is None else last - first)
+    window_ns = state_window(None if first is None else last - first)
     done = state.sets / f"compact-{upto}"
     tmp = state.sets / f".compact-{upto}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ from sbus_relay.pipeline.follow import State
 from .conftest import need_java
 from .follower import Follower, add_capture, files_in_report
 
-#: Two JVM starts and six batches on a shared machine.
+#: Two JVM starts and five batches on a shared machine.
 FOLLOW_TEST_TIMEOUT = 600
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(FOLLOW_TEST_TIMEOUT)]
@@ -45,13 +45,9 @@ def test_follow_survives_kill_9_and_equals_a_batch_run(spark: Any, tmp_path: Pat
         follower.wait_for_files(2)
         add_capture(cap, "c", 25_000, seed=3)
         follower.kill()  # at once: the batch of c may be anywhere, or not begun
-    before = checkpoint.committed()
-    with Follower(cap, out) as follower:
-        follower.wait_for_files(3)
-        follower.stop()
-    # A crash between the batch's state and Spark's commit: the batch runs again.
+    # And a crash between a batch's state and Spark's commit: that batch runs again.
     last = checkpoint.committed()
-    assert last > before >= 1
+    assert last >= 1
     (checkpoint.stream / "commits" / str(last)).unlink()
     (checkpoint.stream / "commits" / f".{last}.crc").unlink(missing_ok=True)
     with Follower(cap, out) as follower:
