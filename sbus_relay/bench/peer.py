@@ -128,8 +128,8 @@ def queries(files: list[str], opts: AnalyzeOptions, windows: int, out: str) -> l
         ),
         copy(
             "with scoped as (select 'prefix' as scope, prefix, window_start_ns, messages, bytes "
-            "from pw union all select 'total', '', window_start_ns, sum(messages)::bigint, sum(bytes)::bigint "
-            "from pw group by window_start_ns), "
+            "from pw union all select 'total', '', window_start_ns, sum(messages)::bigint, "
+            "sum(bytes)::bigint from pw group by window_start_ns), "
             "ranked as (select scope, prefix, messages, "
             "row_number() over (partition by scope, prefix order by messages) - 1 as rn, "
             "count(*) over (partition by scope, prefix) as k from scoped), "

@@ -37,19 +37,17 @@ def _port(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (the CLI owns parsing)."""
-    from sbus_relay.pipeline.connect import DEFAULT_HOST, DEFAULT_MEMORY, DEFAULT_PORT
-
     parser.add_argument(
         "--host",
-        default=DEFAULT_HOST,
+        default=D.CONNECT_HOST,
         help="address to listen on (default %(default)s; the server has no authentication "
         "unless $SPARK_CONNECT_AUTHENTICATE_TOKEN is set)",
     )
     parser.add_argument(
-        "--port", type=_port, default=DEFAULT_PORT, help="port to listen on (default %(default)s)"
+        "--port", type=_port, default=D.CONNECT_PORT, help="port to listen on (default %(default)s)"
     )
     add_spark_arguments(
-        parser, remote=False, memory_default=DEFAULT_MEMORY, master_default="local[*]"
+        parser, remote=False, memory_default=D.CONNECT_MEMORY, master_default="local[*]"
     )
 
 

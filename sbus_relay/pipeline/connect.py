@@ -40,9 +40,9 @@ from typing import IO
 
 from . import classarchive
 from .cluster import spark_home
+from .defaults import CONNECT_HOST, CONNECT_MEMORY, CONNECT_PORT
 from .session import (
     BASE_CONF,
-    CONNECT_PORT,
     DRIVER_CONF,
     DRIVER_OPTIONS,
     SESSION_TIME_ZONE,
@@ -53,11 +53,9 @@ from .session import (
 
 #: The Connect server's main class (what start-connect-server.sh submits).
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-#: Where the server listens unless told: this machine only.
-DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HOST = CONNECT_HOST
 DEFAULT_PORT = CONNECT_PORT
-#: Driver heap unless --memory: analyze's largest per-run heap (analyze.MAX_HEAP_MIB).
-DEFAULT_MEMORY = "4g"
+DEFAULT_MEMORY = CONNECT_MEMORY
 #: Spark's own log level on the server (its INFO lines are several per job).
 LOG_LEVEL = "WARN"
 #: Seconds the server may take to start listening (about 15 s on an idle machine).

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from sbus_relay.protocol.errors import SbusError
 
 from . import classarchive
+from .defaults import CONNECT_PORT
 from .inputs import InputError
 
 if TYPE_CHECKING:
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 
 #: Environment variable naming a Spark Connect server (pyspark's own).
 REMOTE_ENV = "SPARK_REMOTE"
-#: Spark Connect's own default port.
-CONNECT_PORT = 15002
 #: Port of a ``spark://`` master when its URL gives none (Spark's default).
 MASTER_PORT = 7077
 #: Seconds to wait for a master or Connect server to accept a TCP connection:
