@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from . import analyze as A
 from . import classarchive
 from . import inputs as I
-from .capture import recover
+from .capture import capture_files, recover
 from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS
 from .runner import Request, jvm_log_path
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
@@ -205,14 +205,22 @@ def _check_options(root: Path, request: Request) -> None:
     path.write_text(json.dumps(mine) + "\n")
 
 
-def check(request: Request, watch: FollowOptions) -> Path:
-    """What --follow refuses before anything starts; the checkpoint directory."""
-    if len(request.captures) != 1 or not Path(request.captures[0]).is_dir():
+def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) -> Path:
+    """What --follow refuses before anything starts; the checkpoint directory.  A
+    capture directory that does not exist yet is created (``record`` will write
+    into it): following may start before recording does."""
+    if len(request.captures) != 1:
         raise I.InputError("--follow watches one capture directory: give exactly one")
-    if I.is_url(request.out) or I.is_url(request.captures[0]):
+    directory = Path(request.captures[0])
+    if I.is_url(request.out) or I.is_url(str(directory)):
         raise I.InputError("--follow reads and writes local paths, not URLs")
+    if directory.exists() and not directory.is_dir():
+        raise I.InputError(f"--follow watches a capture directory; {directory} is a file")
     I.check_output(request.out, request.captures)
     root = checkpoint_dir(request, watch)
+    if not directory.exists():
+        directory.mkdir(parents=True)
+        say(f"{directory} did not exist: created, for record's capture files")
     _check_options(root, request)
     return root
 
@@ -279,13 +287,16 @@ def follow(
     show: Callable[[str], None],
 ) -> str:
     """Run until Ctrl-C (or a failure); the line that says where things were left."""
-    root = check(request, watch)
+    root = check(request, watch, say)
     state = State(root)
     directory = request.captures[0]
     found = recover([directory]).line()
     if found:
         say(found)
-    inputs = I.resolve(request.captures, skip_bad=request.skip_bad_files, recover_journals=False)
+    bytes_now = 0
+    if capture_files(request.captures):
+        skip = request.skip_bad_files
+        bytes_now = I.resolve(request.captures, skip_bad=skip, recover_journals=False).bytes
     seen: set[str] = set()
     _new_files(directory, seen)
     log = jvm_log_path()
@@ -294,13 +305,13 @@ def follow(
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
-                heap = A.heap_mib(inputs.bytes)
+                heap = A.heap_mib(bytes_now)
                 session = start_spark(request.spark, heap, log, interrupts, "sbus-follow")
                 interrupts.arm()
                 spark = session.spark
                 from pyspark.sql import functions as F
 
-                session.configure(A.partitioning(inputs.bytes, session.parallelism()))
+                session.configure(A.partitioning(bytes_now, session.parallelism()))
                 query = (
                     spark.readStream.schema(A.CAPTURE_DDL)
                     .option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")

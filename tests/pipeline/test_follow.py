@@ -93,3 +93,5 @@ def test_follow_refuses_what_it_cannot_follow(tmp_path: Path) -> None:
     other = follow(str(cap), "--out", str(tmp_path / "o"), "--checkpoint", str(ckpt))
     assert other.returncode == 2 and "made with depth 3" in other.stderr
     assert not (tmp_path / "o").exists()
+    a_file = follow(str(cap / "a.parquet"), "--out", str(tmp_path / "o"))
+    assert a_file.returncode == 2 and "is a file" in a_file.stderr
