@@ -42,7 +42,7 @@ from . import classarchive
 from . import inputs as I
 from .capture import capture_files, recover
 from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS
-from .runner import Request, jvm_log_path
+from .runner import Request, jvm_log_path, plural
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
 from .windows import state_window
@@ -369,9 +369,11 @@ def _watch(
         now = time.monotonic()
         if now - last_recovery >= FOLLOW_TRIGGER_SECONDS:
             last_recovery = now
-            found = recover([directory]).line()
-            if found:
-                say(found)
+            # A journal still being written is the usual state here: not news.
+            found = recover([directory])
+            found.in_use = []
+            if found.line():
+                say(str(found.line()))
             fresh = _new_files(directory, seen)
             if fresh:
                 I.resolve(fresh, recover_journals=False)  # InputError for a foreign file
@@ -385,9 +387,10 @@ def _watch(
             finally:
                 I.discard(staging)
             reported = committed
+            files, messages = summary["inputs"]["files"], summary["messages"]
             show(
-                f"batch {committed}: {summary['messages']:,} messages from "
-                f"{summary['inputs']['files']:,} files; report updated in "
+                f"batch {committed}: {messages:,} {plural(messages, 'message')} from "
+                f"{files:,} {plural(files, 'file')}; report updated in "
                 f"{time.monotonic() - t0:.1f} s"
             )
             if committed - max(state.compacted(), 0) >= COMPACT_BATCHES:
