@@ -15,9 +15,12 @@ $(PY):
 	  python3 -m venv $(VENV); }
 
 # Editable installs: code changes need no reinstall, so each is redone only when
-# pyproject.toml or the compiled helper's source changes (a stamp file per set
-# of extras).
-BUILT := pyproject.toml sbus_relay/bus/_batchio.c
+# pyproject.toml or what is compiled changes: the C helper and the hot path's
+# modules with their .pxd files (sbus_relay/accel.py lists them; a stamp file
+# per set of extras).  A checkout edited since runs pure Python until then.
+PXD := $(wildcard sbus_relay/*/_c_*.pxd)
+COMPILED_SOURCES := $(PXD) $(foreach p,$(PXD),$(dir $(p))$(patsubst _c_%.pxd,%.py,$(notdir $(p))))
+BUILT := pyproject.toml setup.py sbus_relay/accel.py sbus_relay/bus/_batchio.c $(COMPILED_SOURCES)
 $(VENV)/.installed: $(BUILT) | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
@@ -36,13 +39,16 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
+# The suite runs on the compiled hot path; then the protocol, the server and
+# the relays once more on the pure-Python path.
 test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana
 	$(VENV)/bin/ruff format --check sbus_relay tests grafana
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, ~2 min
+	SBUS_PURE_PYTHON=1 $(VENV)/bin/pytest -m "not slow" tests/unit tests/server tests/relay
+	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, a few minutes
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana

@@ -2,9 +2,9 @@
 
 ``RawConnection`` speaks the wire protocol over a plain ``AF_UNIX`` socket and
 never imports ``sbus_relay.client``, so whatever passes against it works with any
-reference-protocol client.  ``sbus_relay.hardening`` (``Conn``) and the test
-suite's ``tests/server/rawclient.py`` (``RawClient``) both build on it; each adds
-its own ``send`` and its own defaults.
+reference-protocol client.  The hardening harness (``tests/hardening/harness``,
+``Conn``) and the test suite's ``tests/server/rawclient.py`` (``RawClient``)
+both build on it; each adds its own ``send`` and its own defaults.
 
 ``seqpacket_listening`` reads ``/proc/net/unix`` to tell whether a server is
 listening without connecting to it (a probe connection would itself be a client).

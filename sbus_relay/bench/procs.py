@@ -3,26 +3,26 @@
 Every child is registered in a ``ProcessSet`` that terminates, then kills, all
 of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
 ``KeyboardInterrupt`` by the runner).  As a second line of defence each child
-gets ``PR_SET_PDEATHSIG``: if the runner itself is killed, its children die too
-(loadgen sets it itself; every other child gets it before exec).
+is started by ``ops.children.spawn``, which ties it to the runner's life: if
+the runner itself is killed, its children die too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from sbus_relay.ops import children
+from sbus_relay.ops.addresses import answers
 
 #: Seconds a server gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE = 3.0
@@ -30,18 +30,6 @@ STOP_GRACE = 3.0
 SERVER_START_TIMEOUT = 20.0
 #: Lines of a failed server's stderr quoted in the error.
 STDERR_TAIL_LINES = 15
-_PR_SET_PDEATHSIG = 1
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:  # pragma: no cover - not on Linux
-    _libc = None
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the runner dies (libc loaded before fork)."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class BenchProcessError(RuntimeError):
@@ -82,38 +70,31 @@ class Child:
         status = "running" if rc is None else f"exit status {rc}"
         return BenchProcessError(f"{self.name}: {what} ({status})" + (f"\n{tail}" if tail else ""))
 
-    def expect(self, word: str, timeout: float) -> None:
-        """Wait until the child prints the line ``word``."""
+    def _await_line(self, wanted: Callable[[str], bool], what: str, timeout: float) -> str:
+        """The first line the child prints that is ``wanted``; ``what`` names it in errors."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._fail(f"no {word!r} within {timeout:.0f} s")
+                raise self._fail(f"no {what} within {timeout:.0f} s")
             try:
                 line = self._lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:
-                raise self._fail(f"exited before printing {word!r}")
-            if line == word:
-                return
+                raise self._fail(f"exited before printing {what}")
+            if wanted(line):
+                return line
+
+    def expect(self, word: str, timeout: float) -> None:
+        """Wait until the child prints the line ``word``."""
+        self._await_line(lambda line: line == word, repr(word), timeout)
 
     def result(self, timeout: float) -> dict[str, Any]:
         """Wait for the child to print its JSON line (loadgen's last output)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no result within {timeout:.0f} s")
-            try:
-                line = self._lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise self._fail("exited without a result")
-            if line.startswith("{"):
-                value: dict[str, Any] = json.loads(line)
-                return value
+        line = self._await_line(lambda line: line.startswith("{"), "result", timeout)
+        value: dict[str, Any] = json.loads(line)
+        return value
 
     def tell(self, line: str) -> None:
         """Write one line to the child's stdin (loadgen's "go")."""
@@ -127,15 +108,7 @@ class Child:
         if self.popen.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.popen.stdin.close()
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(sig)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    self.popen.kill()
-                self.popen.wait()
+        children.stop(self.popen, grace, sig=sig)
         if self.popen.stdout is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.popen.stdout.close()
@@ -154,16 +127,15 @@ class ProcessSet:
         """Start ``argv``; stdout is captured, stderr goes to a log file in ``log_dir``."""
         self._serial += 1
         stderr_path = self.log_dir / f"{self._serial:03d}-{name}.stderr"
-        with open(stderr_path, "wb") as err:
-            popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=self.env,
-                preexec_fn=_die_with_parent,  # only a prctl; libc was loaded before fork
-            )
+        popen = children.spawn(
+            argv,
+            log=stderr_path,
+            append=False,
+            stdin_pipe=stdin,
+            stdout="pipe",
+            env=self.env,
+            text=True,
+        )
         child = Child(name, popen, stderr_path)
         self._children.append(child)
         return child
@@ -190,15 +162,9 @@ def wait_accepting(address: str, child: Child, timeout: float = SERVER_START_TIM
     while True:
         if child.popen.poll() is not None:
             raise child._fail("exited while starting")
-        if os.path.exists(address):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                sock.connect(address)
+        with contextlib.suppress(OSError):
+            if answers(address):
                 return
-            except OSError:
-                pass
-            finally:
-                sock.close()
         if time.monotonic() > deadline:
             raise child._fail(f"not accepting on {address} within {timeout:.0f} s")
         time.sleep(0.02)

@@ -1,11 +1,14 @@
 """Profile the server's hot path with py-spy during a 1 -> 1 run, distinct keys.
 
-py-spy samples the running ``sbusd`` from outside (``--nonblocking``, so the
-bus is not paused).  Two samplers run side by side: one draws the flame graph
-(``--format flamegraph``, an SVG), one writes collapsed stacks (``--format
-raw``) from which this module sums the samples per function:
-*own* time (the function is the leaf of the stack) and *total* time (the
-function is anywhere on it).
+py-spy samples the running ``sbusd`` from outside.  On the compiled hot path
+it reads the native stacks (``--native``: Cython's functions carry their
+Python source lines, so ``connection.py:412`` still names the line; the
+process is paused for each sample); on the pure-Python path it samples
+without pausing (``--nonblocking``).  Two runs, one after the other: one
+draws the flame graph (``--format flamegraph``, an SVG), one writes collapsed
+stacks (``--format raw``) from which this module sums the samples per
+function: *own* time (the function is the leaf of the stack) and *total*
+time (the function is anywhere on it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from sbus_relay import accel
 
 from .procs import BenchProcessError, Child, ProcessSet
 from .scenarios import Load, Tools, drive, new_address, running_server, server_argv
@@ -82,7 +87,9 @@ def summarize(collapsed: str, top: int = TOP) -> dict[str, Any]:
     return {"samples": samples, "own": table(own), "total": table(total), "lines": table(lines)}
 
 
-def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) -> Child:
+def _recorder(
+    procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str, native: bool
+) -> Child:
     return procs.start(
         f"py-spy-{fmt}",
         [
@@ -98,9 +105,15 @@ def _recorder(procs: ProcessSet, py_spy: str, pid: int, output: Path, fmt: str) 
             str(SAMPLE_RATE),
             # The flame graph groups by function; the counts keep the lines.
             *(("--nolineno",) if fmt == "flamegraph" else ()),
-            "--nonblocking",
+            "--native" if native else "--nonblocking",
         ],
     )
+
+
+def native_stacks(procs: ProcessSet) -> bool:
+    """Whether the servers started with ``procs`` run compiled code (sampled natively)."""
+    env = procs.env or {}
+    return accel.compiled() and env.get(accel.PURE_PYTHON_ENV, "") in ("", "0")
 
 
 def _retitle(svg: Path, title: str) -> None:
@@ -120,19 +133,15 @@ def profile_one_to_one(
         return {"status": "unavailable", "reason": str(exc)}
     raw = output.with_suffix(".txt")
     bus = new_address(workdir, "prof")
+    native = native_stacks(procs)
     with running_server(procs, "ours", server_argv(tools, "ours", bus), bus) as server:
-        # Two samplers of the same process: one draws, one counts.
-        spies = [
-            _recorder(procs, py_spy, server.pid, output, "flamegraph"),
-            _recorder(procs, py_spy, server.pid, raw, "raw"),
-        ]
-        time.sleep(ATTACH_DELAY)
-        for spy in spies:
+        for target, fmt in ((output, "flamegraph"), (raw, "raw")):
+            spy = _recorder(procs, py_spy, server.pid, target, fmt, native)
+            time.sleep(ATTACH_DELAY)
             if spy.popen.poll() is not None:
                 said = spy.stderr_tail().strip().splitlines() or ["no message"]
                 raise BenchProcessError(f"py-spy exited at once: {said[-1]}")
-        run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
-        for spy in spies:
+            run = drive(procs, tools, Load(messages), bus, bus, [server], idle_s)
             spy.stop(signal.SIGINT, WRITE_GRACE)
     if output.exists():
         _retitle(output, f"our sbusd, 1 -> 1, distinct keys, {run.rate:,.0f} deliveries/s")
@@ -144,6 +153,7 @@ def profile_one_to_one(
         messages=messages,
         rate=run.rate,
         cpu_us_per_delivery=run.cpu_us_per_delivery,
+        native=native,
     )
     return summary
 

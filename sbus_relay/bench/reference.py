@@ -1,11 +1,14 @@
 """The reference C ``sbusd``, measured live beside ours: found, built, or left out.
 
-``--reference PATH`` names a binary.  Otherwise the sources are looked for in
-``$SBUS_REFERENCE_SRC``, else in a ``reference-sbus`` directory (holding
-``sbusd.c``) beside the checkout or one level below any of its ancestors, and
-compiled once with gcc into the bench cache, keyed by a hash of the sources.
-The build writes nothing into the source directory.  When there is no
-reference, ``Reference.path`` is None and ``reason`` says why in one line.
+The reference is the daemon of the sbus project (``UPSTREAM``): a clone of it
+is all the benchmark needs.  ``--reference PATH`` names a built binary;
+``--reference-src DIR`` (or ``$SBUS_REFERENCE_SRC``) names a source tree, such
+as that clone; otherwise a source tree is looked for beside the checkout or one
+level below any of its ancestors, under the name a clone gets (``sbus``) or
+``reference-sbus``.  The sources are compiled once with gcc into the bench
+cache, keyed by a hash of the sources; the build writes nothing into the
+source directory.  When there is no reference, ``Reference.path`` is None and
+``reason`` says in one line why, and where to get it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ from pathlib import Path
 
 from .build import COMPILE_TIMEOUT, BuildError, default_cache_dir
 
+#: Where the reference comes from: the sbus project's repository (also mirrored,
+#: read-only, at https://github.com/maandree/sbus).
+UPSTREAM = "https://codeberg.org/maandree/sbus"
 #: Environment variable naming the directory of the reference sources.
 SOURCE_ENV = "SBUS_REFERENCE_SRC"
-#: Name of the directory that holds the reference sources.
-SOURCE_DIR_NAME = "reference-sbus"
+#: Names of a directory holding the reference sources, looked for near the
+#: checkout: what ``git clone UPSTREAM`` creates, and a copy's usual name.
+SOURCE_DIR_NAMES = ("sbus", "reference-sbus")
+#: How to get the reference, as every "not found" message says it.
+HOW_TO_GET = (
+    f"it is the sbusd of the sbus project: `git clone {UPSTREAM}`, then pass"
+    f" --reference-src DIR (the clone) or set ${SOURCE_ENV}=DIR, or pass --reference PATH"
+    " to a built sbusd"
+)
 #: The daemon's translation units (its Makefile links sbusd.o with libsbusd.a).
 SOURCES = ("sbusd.c", "libsbusd.c")
 #: The reference's own config.mk flags, so the binary is the one its Makefile makes.
@@ -56,24 +69,28 @@ def _has_sources(directory: Path) -> bool:
     return all((directory / name).is_file() for name in SOURCES)
 
 
-def find_sources(start: Path | None = None) -> tuple[Path | None, str]:
-    """The reference source directory, or None and the reason it was not found."""
+def find_sources(start: Path | None = None, given: Path | None = None) -> tuple[Path | None, str]:
+    """The reference source directory, or None and the reason it was not found.
+
+    ``given`` (``--reference-src``) first, then ``$SBUS_REFERENCE_SRC``, then
+    the checkout's surroundings (from ``start``, default the checkout itself).
+    """
+    if given is not None:
+        if _has_sources(given):
+            return given, ""
+        return None, f"--reference-src {given} has no {' and '.join(SOURCES)}; {HOW_TO_GET}"
     named = os.environ.get(SOURCE_ENV)
     if named:
         if _has_sources(Path(named)):
             return Path(named), ""
-        return None, f"${SOURCE_ENV}={named} has no {' and '.join(SOURCES)}"
+        return None, f"${SOURCE_ENV}={named} has no {' and '.join(SOURCES)}; {HOW_TO_GET}"
     root = (start or _checkout_root()).resolve()
     for ancestor in [root, *root.parents][:SEARCH_DEPTH]:
-        beside = ancestor / SOURCE_DIR_NAME
-        below = sorted(ancestor.glob(f"*/{SOURCE_DIR_NAME}"))
-        for candidate in (beside, *below):
-            if _has_sources(candidate):
-                return candidate, ""
-    return None, (
-        f"no reference sources found (no {SOURCE_DIR_NAME}/sbusd.c near the checkout; "
-        f"set ${SOURCE_ENV} or pass --reference PATH)"
-    )
+        for name in SOURCE_DIR_NAMES:
+            for candidate in (ancestor / name, *sorted(ancestor.glob(f"*/{name}"))):
+                if _has_sources(candidate):
+                    return candidate, ""
+    return None, f"no reference sources (sbusd.c) beside the checkout; {HOW_TO_GET}"
 
 
 def _digest(compiler: str, source: Path) -> str:
@@ -108,20 +125,30 @@ def build_reference(source: Path, cache_dir: Path | None = None, cc: str = "gcc"
 
 
 def resolve_reference(
-    binary: Path | None, disabled: bool, cache_dir: Path | None = None
+    binary: Path | None,
+    disabled: bool,
+    cache_dir: Path | None = None,
+    source_dir: Path | None = None,
 ) -> Reference:
-    """What to compare with: ``--reference``, else a build from the sources, else nothing."""
+    """What to compare with: ``--reference``, else a build from the sources
+    (``--reference-src``, else found), else nothing.  A binary or source tree
+    named on the command line that is not one is a ``BuildError``."""
     if disabled:
         return Reference(None, "--no-reference given")
     if binary is not None:
         if not os.access(binary, os.X_OK) or binary.is_dir():
             raise BuildError(f"--reference {binary}: not an executable file")
         return Reference(binary.resolve(), source=str(binary))
-    source, reason = find_sources()
+    source, reason = find_sources(given=source_dir)
     if source is None:
+        if source_dir is not None:
+            raise BuildError(reason)
         return Reference(None, reason)
     try:
         return Reference(build_reference(source, cache_dir), source=str(source))
     except (BuildError, OSError, subprocess.SubprocessError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return Reference(None, f"building the reference from {source} failed: {first}")
+        why = f"building the reference from {source} failed: {first}"
+        if source_dir is not None:
+            raise BuildError(why) from None
+        return Reference(None, why)

@@ -19,18 +19,24 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from sbus_relay import accel
+
 from . import report
 from .build import build_programs
-from .procs import BenchProcessError, ProcessSet
+from .procs import BenchProcessError, ProcessSet, rss_bytes
 from .reference import Reference, resolve_reference
 from .scenarios import (
+    RSS_SETTLE,
     WILD_PATTERNS,
     Load,
     RunResult,
@@ -61,12 +67,12 @@ WIDE_FANOUT_DIVISOR = 20
 IDLE_CLIENTS = 100
 IDLE_PATTERNS = 100
 #: The crowd: connected clients, of which publishers + subscribers are active
-#: (one publisher to one subscriber each), at a fixed total rate, for seconds.
+#: (one publisher to one subscriber each), at a fixed total rate, for seconds
+#: (--quick too: a shorter run's p99 is mostly its start, not comparable).
 CROWD_CLIENTS = 1_000
 CROWD_PAIRS = 50
 CROWD_RATE = 10_000.0
 CROWD_SECONDS = 5.0
-QUICK_CROWD_SECONDS = 2.0
 #: Memory: idle clients (per-client cost), then clients x patterns (per-pattern cost).
 MEMORY_CLIENTS = 1_000
 MEMORY_PATTERN_CLIENTS = 100
@@ -92,6 +98,7 @@ SCENARIO_NAMES = (
     "relay_up",
     "relay_down",
     "memory",
+    "footprint",
 )
 
 
@@ -106,10 +113,13 @@ class BenchOptions:
     profile_path: Path | None = None
     sbusd: tuple[str, ...] | None = None
     reference: Path | None = None
+    reference_src: Path | None = None
     no_reference: bool = False
     cache_dir: Path | None = None
     keep: bool = False
     only: tuple[str, ...] = ()
+    check: bool = False
+    pure: bool = False  # our servers on the pure-Python path
 
     @property
     def n_messages(self) -> int:
@@ -153,11 +163,10 @@ class _Context:
         return QUICK_SUB_IDLE_SECONDS if self.options.quick else SUB_IDLE_SECONDS
 
 
-def scenarios(messages: int, quick: bool = False) -> list[Scenario]:
+def scenarios(messages: int) -> list[Scenario]:
     """The throughput scenarios, in the order they are run."""
-    crowd_s = QUICK_CROWD_SECONDS if quick else CROWD_SECONDS
     crowd = Load(
-        int(CROWD_RATE * crowd_s),
+        int(CROWD_RATE * CROWD_SECONDS),
         pub_conns=CROWD_PAIRS,
         sub_conns=CROWD_PAIRS,
         each=True,
@@ -336,6 +345,58 @@ def _memory(ctx: _Context, reference: Reference) -> dict[str, Any]:
     return entry
 
 
+#: What an idle relay's footprint is broken down into: each library a server
+#: imports, measured alone in a fresh interpreter, then the whole server.
+FOOTPRINT_IMPORTS = (
+    ("python", ""),
+    ("gevent", "import gevent"),
+    ("structlog", "import structlog"),
+    ("yaml", "import yaml"),
+    ("prometheus_client (with --metrics)", "import prometheus_client"),
+    ("the whole server (sbus_relay.bus.server)", "import sbus_relay.bus.server"),
+)
+_RSS_OF_SELF = (
+    "\nfor line in open('/proc/self/status'):\n"
+    "    if line.startswith('VmRSS:'): print(int(line.split()[1]) * 1024)"
+)
+
+
+def _import_rss(code: str, env: dict[str, str]) -> int:
+    """The RSS of a fresh interpreter after ``code``."""
+    out = subprocess.run(
+        [sys.executable, "-c", code + _RSS_OF_SELF],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(out.stdout.split()[-1])
+
+
+def _footprint(ctx: _Context) -> dict[str, Any]:
+    """An idle relay's RSS (connected to its master), and what each import costs."""
+    entry: dict[str, Any] = {"title": "footprint", "status": "ok"}
+    master = new_address(ctx.workdir, "fmaster")
+    relay = new_address(ctx.workdir, "frelay")
+    try:
+        with (
+            running_server(ctx.procs, "ours", server_argv(ctx.tools, "ours", master), master),
+            running_server(
+                ctx.procs, "relay", relay_argv(ctx.tools, relay, master), relay
+            ) as relay_child,
+        ):
+            relay_warmup(relay, master)
+            time.sleep(RSS_SETTLE)
+            entry["idle_relay_rss"] = rss_bytes(relay_child.pid)
+        env = dict(ctx.procs.env or os.environ)
+        entry["imports"] = {name: _import_rss(code, env) for name, code in FOOTPRINT_IMPORTS}
+    except (*Failure, subprocess.SubprocessError) as exc:
+        return {**entry, "status": "failed", "reason": _first_line(exc)}
+    ctx.say(f"  idle relay: {entry['idle_relay_rss'] / 2**20:.1f} MiB")
+    return entry
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
@@ -371,6 +432,8 @@ def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "quick": options.quick,
+        "check": options.check,
+        "only": list(options.only) or None,
         "messages": options.n_messages,
         "payload_bytes": 64,
         "repeat": options.n_repeat,
@@ -379,13 +442,26 @@ def _meta(options: BenchOptions, tools: Tools, reference: Reference) -> dict[str
         "reference": str(reference.path) if reference.path else None,
         "reference_source": reference.source or None,
         "reference_left_out": reference.reason or None,
+        "load_before": round(os.getloadavg()[0], 2),
+        "hot_path": _hot_path(options),
     }
+
+
+def _hot_path(options: BenchOptions) -> str:
+    """Which path our servers run (they inherit this process's environment)."""
+    if options.sbusd:
+        return "unknown (--sbusd)"
+    if options.pure:
+        return "pure Python (--pure)"
+    return accel.mode()
 
 
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, run every scenario, write the JSON if asked; return the results."""
     programs = build_programs(options.cache_dir)
-    reference = resolve_reference(options.reference, options.no_reference, options.cache_dir)
+    reference = resolve_reference(
+        options.reference, options.no_reference, options.cache_dir, options.reference_src
+    )
     if reference.path is None:
         say(f"reference sbusd: {reference.reason}; its column is left out")
     else:
@@ -396,9 +472,13 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
     results: dict[str, Any] = {"meta": _meta(options, tools, reference), "scenarios": {}}
     ok = False
     try:
-        with _signals_as_interrupt(), ProcessSet(workdir / "logs", child_env()) as procs:
+        env = child_env()
+        if options.pure:
+            env[accel.PURE_PYTHON_ENV] = "1"
+        say(f"our servers: the {results['meta']['hot_path']} hot path")
+        with _signals_as_interrupt(), ProcessSet(workdir / "logs", env) as procs:
             ctx = _Context(tools, procs, workdir, options, say)
-            for sc in scenarios(options.n_messages, options.quick):
+            for sc in scenarios(options.n_messages):
                 if options.only and sc.name not in options.only:
                     continue
                 say(f"{sc.name}: {sc.title}")
@@ -406,6 +486,9 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
             if not options.only or "memory" in options.only:
                 say("memory")
                 results["scenarios"]["memory"] = _memory(ctx, reference)
+            if not options.only or "footprint" in options.only:
+                say("footprint")
+                results["scenarios"]["footprint"] = _footprint(ctx)
             if options.profile_path is not None:
                 from .profile import profile_one_to_one
 
@@ -420,6 +503,9 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
                 if results["profile"]["status"] != "ok":
                     say(f"profile: {results['profile']['reason']}")
         ok = all(s["status"] == "ok" for s in results["scenarios"].values())
+        results["meta"]["load_after"] = round(os.getloadavg()[0], 2)
+        results["targets"] = report.all_verdicts(results)
+        results["summary"] = report.summarize(results["targets"])
     finally:
         keep = options.keep or not ok
         if keep:

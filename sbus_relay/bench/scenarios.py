@@ -13,15 +13,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import select
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from sbus_relay.client import Client
+from sbus_relay.protocol.keys import Credentials
 
 from .procs import BenchProcessError, Child, ProcessSet, cpu_seconds, rss_bytes, wait_accepting
 
@@ -65,6 +66,8 @@ RELAY_WARMUP_TIMEOUT = 15.0
 #: Key and pattern of the relay warm-up probes: outside ``PATTERN``.
 WARMUP_KEY = "warmup/probe"
 WARMUP_PATTERN = "warmup/"
+#: Seconds to wait for one warm-up probe before sending the next.
+WARMUP_PROBE_WAIT = 0.05
 #: Seconds left to a server to settle before its RSS is read.
 RSS_SETTLE = 0.5
 #: Seconds a publisher may still take once every subscriber is done; longer
@@ -223,7 +226,7 @@ def _loadgen(tools: Tools, mode: str, address: str, *args: object) -> list[str]:
 def _secret_prefix(sub: Child, literal: bool) -> str:
     if literal:
         return SECRET_LITERAL
-    return f"!/cred/{os.getegid()}/{os.geteuid()}/{sub.pid}/"
+    return Credentials(os.getegid(), os.geteuid(), sub.pid).identity().decode() + "/"
 
 
 def drive(
@@ -336,16 +339,6 @@ def drive(
     )
 
 
-def _await_control(sock: socket.socket, timeout: float) -> None:
-    """Read until a CMSG arrives (the answer to our whoami barrier)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
-        if ready and sock.recv(65536).startswith(b"CMSG "):
-            return
-    raise TimeoutError("no answer to CMSG !/cred/whoami")
-
-
 def relay_warmup(
     pub_address: str, sub_address: str, timeout: float = RELAY_WARMUP_TIMEOUT
 ) -> float:
@@ -356,21 +349,16 @@ def relay_warmup(
     does too.  Returns the seconds it took; raises ``TimeoutError``.
     """
     started = time.monotonic()
-    probe = f"MSG {WARMUP_KEY}\0probe".encode()
-    with (
-        socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sub,
-        socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as pub,
-    ):
-        sub.connect(sub_address)
-        sub.send(f"SUB {WARMUP_PATTERN}".encode())
-        sub.send(b"CMSG !/cred/whoami")
-        _await_control(sub, timeout)
-        pub.connect(pub_address)
+    with Client(sub_address, timeout=timeout) as sub, Client(pub_address, timeout=timeout) as pub:
+        sub.subscribe(WARMUP_PATTERN)
+        sub.whoami()  # the server handles a client's packets in order: subscribed
         while time.monotonic() - started < timeout:
-            pub.send(probe)
-            ready, _, _ = select.select([sub], [], [], 0.05)
-            if ready and sub.recv(65536).startswith(b"MSG " + WARMUP_KEY.encode()):
-                return time.monotonic() - started
+            pub.publish(WARMUP_KEY, b"probe")
+            try:
+                if sub.receive(WARMUP_PROBE_WAIT).key == WARMUP_KEY.encode():
+                    return time.monotonic() - started
+            except TimeoutError:
+                continue
     raise TimeoutError(f"no probe crossed the relay within {timeout:.0f} s")
 
 

@@ -1,19 +1,29 @@
 /* _batchio: many packets per system call, for the bus's hot path.
  *
  * An optional compiled helper (the pure-Python path in batchio.py does the
- * same, one packet per call, and is tested too).  Two functions:
+ * same, one packet per call, and is tested too).  Both functions take the
+ * socket object first, as the pure-Python ones do, and use only `fd`:
  *
- *   recv_many(fd, max) -> list
+ *   recv_many(sock, fd, max) -> list
  *       recvmmsg(2) up to `max` packets (at most RECV_SLOTS) without blocking.
  *       Each item is the packet as bytes; b"" for an empty packet (or the peer's
  *       end of stream: the caller tells them apart), or None for a packet longer
  *       than MAX_PACKET (its rest was cut off: the caller treats it as a protocol
  *       error).  [] when nothing is waiting.  Other errors raise OSError.
  *
- *   send_many(fd, packets, start) -> int
- *       sendmmsg(2) packets[start:] (a list of bytes) without blocking; returns
- *       how many the socket took (0 when it would block).  Other errors raise
- *       OSError.
+ *   send_all(sock, fd, packets) -> int
+ *       sendmmsg(2) the list of bytes `packets`, SEND_BATCH at a time, until
+ *       all are sent or the socket would block; returns how many it took.
+ *       Other errors raise OSError.
+ *
+ *   send_packed(sock, fd, packets, head) -> int
+ *       The same packets in packed batches (docs/protocol.md, "Packed
+ *       batches"): each frame is `head` then, per MSG packet, its length in
+ *       4 bytes (big-endian) and the packet, at most BATCH_MESSAGES packets
+ *       and MAX_PACKET bytes a frame; a packet that is not a MSG goes alone,
+ *       as it is.  The frames are gathered from the packets themselves (one
+ *       iovec each), nothing is copied.  Returns how many packets went, in
+ *       whole frames.
  *
  * Each slot is MAX_PACKET + 1 bytes so that MSG_TRUNC marks an over-long
  * packet; the slots are allocated once, on first use, and only the pages a
@@ -23,24 +33,48 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 
 #define MAX_PACKET 409600
 #define RECV_SLOTS 64
 #define SEND_BATCH 256
+#define BATCH_MESSAGES 256
+#define FRAMES 16
 
 static char *slots;
+
+/* An int argument (a file descriptor, a count): -1 with an exception if it is not one. */
+static int
+as_int(PyObject *value)
+{
+	long v = PyLong_AsLong(value);
+	if (v == -1 && PyErr_Occurred())
+		return -1;
+	if (v < 0 || v > INT_MAX) {
+		PyErr_SetString(PyExc_ValueError, "out of range");
+		return -1;
+	}
+	return (int)v;
+}
 static struct mmsghdr recv_msgs[RECV_SLOTS];
 static struct iovec recv_iov[RECV_SLOTS];
 
 static PyObject *
-recv_many(PyObject *self, PyObject *args)
+recv_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	int fd, max, n, i;
 	PyObject *out;
 	(void)self;
-	if (!PyArg_ParseTuple(args, "ii", &fd, &max))
+	if (nargs != 3) {
+		PyErr_SetString(PyExc_TypeError, "recv_many(sock, fd, max)");
+		return NULL;
+	}
+	fd = as_int(args[1]);
+	max = as_int(args[2]);
+	if (fd == -1 || max == -1)
 		return NULL;
 	if (max > RECV_SLOTS)
 		max = RECV_SLOTS;
@@ -96,48 +130,161 @@ recv_many(PyObject *self, PyObject *args)
 }
 
 static PyObject *
-send_many(PyObject *self, PyObject *args)
+send_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	int fd, sent;
-	Py_ssize_t start, count, i, k;
+	Py_ssize_t total, done = 0, count, k;
 	PyObject *packets;
 	struct mmsghdr msgs[SEND_BATCH];
 	struct iovec iov[SEND_BATCH];
 	(void)self;
-	if (!PyArg_ParseTuple(args, "iO!n", &fd, &PyList_Type, &packets, &start))
+	if (nargs != 3 || !PyList_Check(args[2])) {
+		PyErr_SetString(PyExc_TypeError, "send_all(sock, fd, packets: list)");
 		return NULL;
-	count = PyList_GET_SIZE(packets) - start;
-	if (count <= 0)
-		return PyLong_FromLong(0);
-	if (count > SEND_BATCH)
-		count = SEND_BATCH;
-	for (k = 0; k < count; k++) {
-		PyObject *packet = PyList_GET_ITEM(packets, start + k);
-		if (!PyBytes_Check(packet)) {
-			PyErr_SetString(PyExc_TypeError, "packets must be bytes");
-			return NULL;
+	}
+	fd = as_int(args[1]);
+	if (fd == -1)
+		return NULL;
+	packets = args[2];
+	total = PyList_GET_SIZE(packets);
+	while (done < total) {
+		count = total - done;
+		if (count > SEND_BATCH)
+			count = SEND_BATCH;
+		for (k = 0; k < count; k++) {
+			PyObject *packet = PyList_GET_ITEM(packets, done + k);
+			if (!PyBytes_Check(packet)) {
+				PyErr_SetString(PyExc_TypeError, "packets must be bytes");
+				return NULL;
+			}
+			iov[k].iov_base = PyBytes_AS_STRING(packet);
+			iov[k].iov_len = (size_t)PyBytes_GET_SIZE(packet);
+			memset(&msgs[k].msg_hdr, 0, sizeof(msgs[k].msg_hdr));
+			msgs[k].msg_hdr.msg_iov = &iov[k];
+			msgs[k].msg_hdr.msg_iovlen = 1;
 		}
-		iov[k].iov_base = PyBytes_AS_STRING(packet);
-		iov[k].iov_len = (size_t)PyBytes_GET_SIZE(packet);
-		memset(&msgs[k].msg_hdr, 0, sizeof(msgs[k].msg_hdr));
-		msgs[k].msg_hdr.msg_iov = &iov[k];
-		msgs[k].msg_hdr.msg_iovlen = 1;
+		/* the list holds its items, and nothing else runs while we send: no
+		 * need to release the GIL around a non-blocking call */
+		sent = sendmmsg(fd, msgs, (unsigned)count, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (sent < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			if (done)
+				break; /* report what went; the error comes back on the next call */
+			return PyErr_SetFromErrno(PyExc_OSError);
+		}
+		done += sent;
+		if (sent < count)
+			break; /* the socket is full */
 	}
-	/* the list holds its items, and nothing else runs while we send: no
-	 * need to release the GIL around a non-blocking call */
-	sent = sendmmsg(fd, msgs, (unsigned)count, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (sent < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
-			return PyLong_FromLong(0);
-		return PyErr_SetFromErrno(PyExc_OSError);
+	return PyLong_FromSsize_t(done);
+}
+
+/* Whether a packet is a MSG (only those are packed). */
+static int
+is_msg(PyObject *packet)
+{
+	return PyBytes_GET_SIZE(packet) >= 4 && !memcmp(PyBytes_AS_STRING(packet), "MSG ", 4);
+}
+
+static PyObject *
+send_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	int fd, sent;
+	Py_ssize_t total, done = 0, k, next, frames, f;
+	PyObject *packets, *head;
+	/* per frame: the head, then a length and a packet per packet */
+	static struct iovec iov[FRAMES][1 + 2 * BATCH_MESSAGES];
+	static unsigned char lengths[FRAMES][BATCH_MESSAGES][4];
+	struct mmsghdr msgs[FRAMES];
+	Py_ssize_t counts[FRAMES];
+	(void)self;
+	if (nargs != 4 || !PyList_Check(args[2]) || !PyBytes_Check(args[3])) {
+		PyErr_SetString(PyExc_TypeError, "send_packed(sock, fd, packets: list, head: bytes)");
+		return NULL;
 	}
-	i = sent;
-	return PyLong_FromSsize_t(i);
+	fd = as_int(args[1]);
+	if (fd == -1)
+		return NULL;
+	packets = args[2];
+	head = args[3];
+	total = PyList_GET_SIZE(packets);
+	while (done < total) {
+		next = done;
+		for (frames = 0; frames < FRAMES && next < total; frames++) {
+			size_t bytes = (size_t)PyBytes_GET_SIZE(head);
+			Py_ssize_t n = 0;
+			PyObject *first = PyList_GET_ITEM(packets, next);
+			if (!PyBytes_Check(first)) {
+				PyErr_SetString(PyExc_TypeError, "packets must be bytes");
+				return NULL;
+			}
+			if (!is_msg(first)) {
+				/* not a MSG (a reply, a control message): alone, as it is */
+				iov[frames][0].iov_base = PyBytes_AS_STRING(first);
+				iov[frames][0].iov_len = (size_t)PyBytes_GET_SIZE(first);
+				memset(&msgs[frames].msg_hdr, 0, sizeof(msgs[frames].msg_hdr));
+				msgs[frames].msg_hdr.msg_iov = iov[frames];
+				msgs[frames].msg_hdr.msg_iovlen = 1;
+				counts[frames] = 1;
+				next++;
+				continue;
+			}
+			iov[frames][0].iov_base = PyBytes_AS_STRING(head);
+			iov[frames][0].iov_len = bytes;
+			while (next < total && n < BATCH_MESSAGES) {
+				PyObject *packet = PyList_GET_ITEM(packets, next);
+				size_t len;
+				if (!PyBytes_Check(packet)) {
+					PyErr_SetString(PyExc_TypeError, "packets must be bytes");
+					return NULL;
+				}
+				if (!is_msg(packet))
+					break; /* it goes alone, in the next frame */
+				len = (size_t)PyBytes_GET_SIZE(packet);
+				if (n && bytes + 4 + len > MAX_PACKET)
+					break; /* the next frame takes it */
+				lengths[frames][n][0] = (unsigned char)(len >> 24);
+				lengths[frames][n][1] = (unsigned char)(len >> 16);
+				lengths[frames][n][2] = (unsigned char)(len >> 8);
+				lengths[frames][n][3] = (unsigned char)len;
+				iov[frames][1 + 2 * n].iov_base = lengths[frames][n];
+				iov[frames][1 + 2 * n].iov_len = 4;
+				iov[frames][2 + 2 * n].iov_base = PyBytes_AS_STRING(packet);
+				iov[frames][2 + 2 * n].iov_len = len;
+				bytes += 4 + len;
+				n++;
+				next++;
+			}
+			memset(&msgs[frames].msg_hdr, 0, sizeof(msgs[frames].msg_hdr));
+			msgs[frames].msg_hdr.msg_iov = iov[frames];
+			msgs[frames].msg_hdr.msg_iovlen = (size_t)(1 + 2 * n);
+			counts[frames] = n;
+		}
+		sent = sendmmsg(fd, msgs, (unsigned)frames, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (sent < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			if (done)
+				break; /* report what went; the error comes back on the next call */
+			return PyErr_SetFromErrno(PyExc_OSError);
+		}
+		for (f = 0; f < sent; f++)
+			done += counts[f];
+		if (sent < frames)
+			break; /* the socket is full */
+	}
+	k = done;
+	return PyLong_FromSsize_t(k);
 }
 
 static PyMethodDef methods[] = {
-	{"recv_many", recv_many, METH_VARARGS, "recvmmsg(2) up to max packets."},
-	{"send_many", send_many, METH_VARARGS, "sendmmsg(2) packets[start:]."},
+	{"recv_many", (PyCFunction)(void (*)(void))recv_many, METH_FASTCALL,
+	 "recvmmsg(2) up to max packets."},
+	{"send_all", (PyCFunction)(void (*)(void))send_all, METH_FASTCALL,
+	 "sendmmsg(2) the packets until the socket is full."},
+	{"send_packed", (PyCFunction)(void (*)(void))send_packed, METH_FASTCALL,
+	 "sendmmsg(2) the packets in packed batches until the socket is full."},
 	{NULL, NULL, 0, NULL},
 };
 

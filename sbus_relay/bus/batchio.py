@@ -1,27 +1,39 @@
 """Many packets per system call: ``recvmmsg``/``sendmmsg`` when compiled, else one by one.
 
 The bus reads a client's waiting packets as one batch and sends each
-recipient what a batch routed to it in one call.  The compiled helper
+recipient what a batch routed to it in one call:
+
+* ``recv_many(sock, fd, limit)``: up to ``limit`` waiting packets; None for
+  an over-long one, b"" for an empty packet or the end of stream (nothing is
+  read after either);
+* ``send_all(sock, fd, packets)``: send in order until the socket would
+  block; how many it took;
+* ``send_packed(sock, fd, packets, head)``: the same in packed batches
+  (``codec.encode_batch``; the compiled helper gathers them from the packets
+  without copying); how many packets went, in whole batches.
+  The compiled helper
 (``_batchio``, built from ``_batchio.c`` when the package is installed with a
 C compiler) does that with one system call per batch; without it, or with
-``SBUS_PURE_PYTHON=1`` in the environment, the functions below do the same
-one packet per call.  Both are tested (``tests/server/test_batchio.py``).
+``SBUS_PURE_PYTHON=1`` in the environment (``accel``), the functions below do
+the same one packet per call.  Both are tested (``tests/server/test_batchio.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import socket
 from types import ModuleType
 
-from sbus_relay.protocol.limits import MAX_PACKET
+from sbus_relay.accel import pure_python_requested
+from sbus_relay.protocol.codec import BATCH_HEAD, MSG, encode_batch
+from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET
 
 _TRUNC = socket.MSG_TRUNC
+_MSG = MSG
 
 _compiled: ModuleType | None = None
-if not os.environ.get("SBUS_PURE_PYTHON"):
+if not pure_python_requested():
     with contextlib.suppress(ImportError):
         _compiled = importlib.import_module("sbus_relay.bus._batchio")
 
@@ -52,45 +64,59 @@ def _recv_many_py(sock: socket.socket, fd: int, limit: int) -> list[bytes | None
     return out
 
 
-def _send_many_py(sock: socket.socket, fd: int, packets: list[bytes], start: int) -> int:
-    """Send ``packets[start:]`` until the socket would block; how many it took."""
+def _send_all_py(sock: socket.socket, fd: int, packets: list[bytes]) -> int:
+    """Send ``packets`` in order until the socket would block; how many it took.
+    An error after some went is left for the next call to raise."""
     del fd
     send = sock.send
     sent = 0
-    for i in range(start, len(packets)):
+    for packet in packets:
         try:
-            send(packets[i])
+            send(packet)
         except BlockingIOError:
+            break
+        except OSError:
+            if not sent:
+                raise
             break
         sent += 1
     return sent
 
 
-def _recv_many_c(sock: socket.socket, fd: int, limit: int) -> list[bytes | None]:
-    del sock
-    assert _compiled is not None
-    result: list[bytes | None] = _compiled.recv_many(fd, limit)
-    return result
+def _send_packed_py(sock: socket.socket, fd: int, packets: list[bytes], head: bytes) -> int:
+    """``packets`` in packed batches until the socket would block; how many
+    went.  A packet that is not a MSG goes alone, as it is."""
+    del head  # always codec.BATCH_HEAD (encode_batch)
+    frames: list[bytes] = []
+    counts: list[int] = []
+    start = 0
+    while start < len(packets):
+        if not packets[start].startswith(_MSG):
+            frames.append(packets[start])
+            counts.append(1)
+            start += 1
+            continue
+        size = len(BATCH_HEAD)
+        end = start
+        while end < len(packets) and end - start < BATCH_MESSAGES:
+            if not packets[end].startswith(_MSG):
+                break
+            size += 4 + len(packets[end])
+            if end > start and size > MAX_PACKET:
+                break
+            end += 1
+        frames.append(encode_batch(packets[start:end]))
+        counts.append(end - start)
+        start = end
+    went = _send_all_py(sock, fd, frames)
+    return sum(counts[:went])
 
 
-def _send_many_c(sock: socket.socket, fd: int, packets: list[bytes], start: int) -> int:
-    del sock
-    assert _compiled is not None
-    sent: int = _compiled.send_many(fd, packets, start)
-    return sent
-
-
-recv_many = _recv_many_c if COMPILED else _recv_many_py
-send_many = _send_many_c if COMPILED else _send_many_py
-
-
-def send_all(sock: socket.socket, fd: int, packets: list[bytes]) -> int:
-    """Send as many of ``packets`` as the socket takes now, in order; how many."""
-    sent = 0
-    total = len(packets)
-    while sent < total:
-        n = send_many(sock, fd, packets, sent)
-        if not n:
-            break
-        sent += n
-    return sent
+if _compiled is not None:
+    recv_many = _compiled.recv_many
+    send_all = _compiled.send_all
+    send_packed = _compiled.send_packed
+else:
+    recv_many = _recv_many_py
+    send_all = _send_all_py
+    send_packed = _send_packed_py

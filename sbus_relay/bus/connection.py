@@ -1,27 +1,41 @@
-"""One client of the server: its socket, its outbound queue and its pauses.
+"""One connection of the bus, in and out, and the router that joins them.
 
-Theory of operation.  A connection has no greenlet of its own: the gevent
-hub calls ``_on_readable`` when its socket has packets and ``_on_writable``
-when a socket with a backlog can take more.  An idle client therefore costs
-one socket, one watcher and this object.
+Theory of operation.  No greenlet exists per connection: the gevent hub calls
+``Connection._on_readable`` when a socket has packets and ``_on_writable``
+when a socket with a backlog can take more.  A connection is a client the
+server accepted or, on a relay, the link to the upstream bus; both read,
+queue, drop and count in the same code.  The path of one message, top to
+bottom in this file:
 
-Reading (the hot path): up to ``READ_BATCH`` packets per wake-up, in one
-system call where the compiled helper is built (``batchio``); a ``MSG`` goes
-to ``Router.publish``, anything else to ``Router.handle``.  The router routes
-inline: a recipient with nothing queued gets the packet in its ``pending``
-list (sent with the rest of the batch by ``Router.flush``), or at once if it
-is in a block mode; otherwise ``deliver`` runs, where ``protocol.flood``
-decides and the connection carries the decision out: queue, queue and pause
-the publisher, drop (and shed), or disconnect.
+1. ``Connection._on_readable`` reads up to ``READ_BATCH`` packets in one
+   ``recvmmsg`` (``batchio.recv_many``) and hands each ``MSG`` to
+   ``Router.publish``; any other packet goes to the connection's *handler*
+   (the server, or the upstream link's controller);
+2. ``Router.publish`` finds the recipients with one ``match`` (on a relay the
+   upstream link is one of them, holding the patterns the upstream wants)
+   and offers the packet to each;
+3. ``Connection.offer``: the recipient alone decides.  Shedding (a consumer
+   that fell behind): count the drop, nothing more.  Nothing waiting before
+   it: the packet joins ``pending``, to go with the rest of the batch (in
+   soft/block it is sent at once, since that mode must pause the publisher
+   at the very packet its socket refuses).  Otherwise ``deliver``:
+   ``protocol.flood`` decides -- queue, queue and pause the publisher, drop,
+   or disconnect -- and the connection carries it out;
+4. at the end of the batch ``Router.flush`` has each recipient send its
+   ``pending`` list in one ``sendmmsg`` (``Connection.flush``); what its
+   socket refuses goes through ``deliver``, in order.
 
-Pauses: a publisher is paused (its socket is no longer read, so its own
-sends block in the kernel) while a client in a block mode it filled is
-``still_blocked``, and a relay's client while the server waits for its
-identity prefix.  Pauses are counted, so each release resumes exactly one.
+Everything about a connection's way out is its own: its queue and modes, its
+counters, its drop episodes and its warnings (``protocol.episodes``: one
+line when something begins, a bounded rate while it lasts, one when it
+ends).  The server only matches and offers.
 
-Writing: the backlog is drained in the client's order from
-``_on_writable``; interest notices for a relay wait, coalesced per pattern,
-in ``notices`` and go first.
+Pauses: a publisher is not read while a client in a block mode it filled is
+``flood.still_blocked``, nor while the server holds one of its packets (a
+relay waiting for its identity prefix).  Pauses are counted, so each release
+resumes exactly one.  Interest notices (to a relay below: ``CMSG
+interest/add``; to the upstream: ``SUB``/``UNSUB``) wait coalesced per
+pattern in ``notices`` and go before the queue.
 """
 
 from __future__ import annotations
@@ -33,26 +47,39 @@ from typing import Any, Protocol
 
 import gevent
 
-from sbus_relay.protocol import codec, flood
+from sbus_relay.accel import load_compiled
+from sbus_relay.protocol import codec, episodes
+from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import Action, OutboundQueue
-from sbus_relay.protocol.keys import Credentials
+from sbus_relay.protocol.flood import (
+    DEFAULT_HARD,
+    DEFAULT_SOFT,
+    Action,
+    OutboundQueue,
+    decide,
+    decide_reply,
+    shedding_ends,
+    still_blocked,
+)
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.keys import BANG, Credentials, valid_key
 from sbus_relay.protocol.limits import (
-    DROP_EPISODE_QUIET,
-    LOG_REPEAT_INTERVAL,
+    BATCH_MESSAGES,
+    EPISODE_QUIET,
     MAX_PACKET,
     NOTICE_BATCH,
     READ_BATCH,
     WRITE_BATCH,
 )
 from sbus_relay.protocol.quota import Account
+from sbus_relay.protocol.scan import cut, find_byte, read_u32, size_of
 from sbus_relay.protocol.stats import Stats
 
-from .batchio import recv_many
+from .batchio import recv_many, send_all, send_packed
 
 _MSG = b"MSG "
-_NUL = b"\0"
-_TRUNC = socket.MSG_TRUNC
+_NUL = 0
+_BATCH = codec.BATCH_HEAD
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
 _WRITE = 2
@@ -60,157 +87,427 @@ _ADD = b"interest/add"
 _REMOVE = b"interest/remove"
 _READY = b"interest/ready"
 _DISCONNECT = b"disconnect"
-_decide = flood.decide
 _QUEUE = Action.QUEUE
+_WAIT_EMPTY = Action.QUEUE_AND_WAIT_EMPTY
+_WAIT_BELOW = Action.QUEUE_AND_WAIT_BELOW
+_DISCONNECT_ACTION = Action.DISCONNECT
+_DROP_REPLY = Action.DROP_HARD.value
+_ENDED = episodes.ENDED
 _monotonic = time.monotonic
-#: reasons a client ends by itself or by the server's own shutdown: logged at info
+#: reasons a connection ends by itself or by the server's own shutdown: logged at info
 _ORDINARY = frozenset({"closed", "server_stopping"})
+#: the episode of messages dropped for one connection (docs/observability.md)
+DROPPING = "flood.drop"
 
 
-class Router(Protocol):
-    """What a connection needs from the server: it hands every packet over."""
-
-    stats: Stats
-
-    def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
-        """Route one ``MSG`` packet whose routing key is ``key``."""
+class Handler(Protocol):
+    """Who a connection reports to: the server for a client, the upstream link's
+    controller for the link."""
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """Act on one ``SUB``, ``UNSUB`` or ``CMSG`` packet."""
+        """Act on one packet that is not a ``MSG``."""
+
+    def lost(self, conn: Connection, reason: str, detail: str) -> None:
+        """The connection failed (closed by its peer, bad input, an I/O error)."""
 
     def forget(self, conn: Connection) -> None:
-        """``conn`` has closed: drop its patterns and interest."""
+        """``conn`` has closed for good: drop what is held for it."""
 
-    def flush(self, sender: Connection | None = None) -> None:
-        """Send every recipient what ``publish`` routed to it since the last flush
-        (``sender``: the publisher of that batch, which a block mode may pause)."""
+
+class Router:
+    """Matches each published key once and offers the packet to every recipient."""
+
+    def __init__(
+        self,
+        index: SubscriptionIndex,
+        stats: Stats,
+        log: Any,
+        queue_bytes: int,
+        queue_messages: int,
+    ) -> None:
+        self.index = index
+        self.stats = stats
+        #: the log each connection binds its own fields to, when it first has
+        #: something to say
+        self.log = log
+        #: the hard limits of a client's queue, made when it first needs one
+        self.queue_bytes = queue_bytes
+        self.queue_messages = queue_messages
+        self.loop = gevent.get_hub().loop
+        #: connections that were offered packets during the current read batch
+        self.dirty: list[Connection] = []
+        #: when the current read batch began: the time a packet queued during it
+        #: waits from (one clock read per batch, not per packet)
+        self.now = 0.0
+
+    def publish(self, sender: Connection, packet: bytes, key: bytes) -> None:
+        """Offer one ``MSG`` packet to everyone whose patterns match ``key``."""
+        if BANG in key and not valid_key(key):
+            self.stats.drops["reserved_key"] += 1
+            return
+        for conn in self.index.match(key):
+            if conn is not sender or conn.echo:
+                conn.offer(packet, sender)
+
+    def flush(self, sender: Connection) -> None:
+        """End of a read batch: every recipient sends what it was offered."""
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush(sender)
 
 
 class Connection:
-    """A connected client.  Created by the server at accept time."""
+    """A socket of the bus and everything about its way in and its way out."""
 
     __slots__ = (
         "__weakref__",
-        "_base_log",
-        "_drop_reason",
-        "_drop_timer",
+        "_dropping",
+        "_episodes",
         "_log",
-        "_loop",
         "_read_watcher",
-        "_repeats",
         "_retry",
         "_stash",
+        "_tick",
         "_write_watcher",
+        "_writing",
         "account",
         "alive",
         "batch",
         "bytes_in",
         "bytes_out",
         "cid",
-        "creds",
         "dropped",
         "echo",
         "ended",
-        "episode_drops",
         "fd",
+        "gid",
+        "handler",
+        "holding",
         "interest",
         "label",
         "msgs_in",
         "msgs_out",
         "notices",
+        "open",
+        "packs",
         "pattern_bytes",
         "pauses",
         "pending",
+        "pid",
         "queue",
         "ready_owed",
         "relay",
         "router",
-        "send",
         "shed",
         "since",
         "sock",
+        "uid",
+        "upward",
         "waiters",
     )
 
     def __init__(
         self,
         router: Router,
-        sock: socket.socket,
+        handler: Handler,
+        sock: socket.socket | None,
         cid: int,
         creds: Credentials,
-        queue: OutboundQueue,
         account: Account,
-        log: Any,
+        *,
+        queue: OutboundQueue | None = None,
+        log: Any = None,
+        upward: bool = False,
     ) -> None:
         self.router = router
-        self.sock = sock
-        self.send = sock.send  # bound once: the fan-out calls it per recipient
-        self.fd = sock.fileno()
+        self.handler = handler
         self.cid = cid
-        self.creds = creds
+        #: its peer's credentials (SO_PEERCRED at accept), kept as plain numbers
+        self.gid = creds.gid
+        self.uid = creds.uid
+        self.pid = creds.pid
+        #: its queue, made when first needed (``_queue``): an idle client has none
         self.queue = queue
         self.account = account
-        self.echo = True
+        #: the link to the upstream bus: never paused by a block mode, its
+        #: notices are SUB/UNSUB, and its socket may change (``attach``)
+        self.upward = upward
+        self.echo = not upward
         self.interest = False  # sent interest/on: a relay listening for notices
         self.relay = False  # declared itself a relay (its pattern limit is the relay one)
+        #: not closed for good (a link without a socket is still alive)
         self.alive = True
-        #: not in soft/block: what one read batch routes here while nothing is
-        #: queued waits in ``pending`` and goes out in one call when the router
-        #: flushes.  (soft/block must pause the publisher at the very packet its
-        #: socket refuses, so it is always sent at once.)
+        #: a packet may go straight to the socket: there is one, and (the link)
+        #: the handshake is done
+        self.open = False
+        #: not in soft/block: a read batch's packets for this connection wait in
+        #: ``pending`` and go out in one call at the end of the batch
         self.batch = True
         self.pending: list[bytes] | None = None
-        #: drop reason while new messages for this client are shed without a
-        #: send attempt; the fan-out checks it first, so a stalled client costs
-        #: the others a counter increment per message
+        #: its peer reads packed batches (``CMSG batch/on``): what goes out
+        #: together goes as a few frames, not one packet per message
+        self.packs = False
+        #: what waits in its queue is held back for now (``opened``)
+        self.holding = False
+        #: the drop reason while new messages are shed without a send attempt
+        #: (a stalled consumer then costs the others a counter increment)
         self.shed: str | None = None
-        self.episode_drops = 0
-        self.dropped = 0  # messages dropped for this client since it connected
-        #: traffic of this client since it connected (``/clients``, per-relay/user series)
+        self.dropped = 0  # messages not delivered to this connection since it began
+        #: its traffic (``/clients``, per-relay and per-user series, server totals)
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
-        self.since = time.monotonic()
-        #: the server's relay label of this client (``accounting``): ``local`` until
-        #: it says it is a relay
+        self.since = _monotonic()
+        #: the server's relay label of this client (``accounting``): ``local``
+        #: until it says it is a relay
         self.label = "local"
         self.ended = ""  # why it was closed, once it is
         self.pattern_bytes = 0  # bytes of the distinct patterns it holds
-        self._drop_reason = ""
-        self._drop_timer: Any = None
-        #: how many reasons this connection is not being read for (block modes,
-        #: a relay's prefix); read again when it falls back to 0
+        #: reasons this connection is not being read (block modes, a held packet)
         self.pauses = 0
-        #: publishers paused on this client, with the action that paused them
+        #: publishers paused on this connection, with the action that paused them
         self.waiters: list[tuple[Connection, Action]] | None = None
-        #: interest notices not yet sent: pattern -> present (net state, coalesced)
+        #: notices not yet sent: pattern -> present (the net change, coalesced)
         self.notices: dict[bytes, bool] | None = None
         self.ready_owed = False  # interest/ready goes after the pending notices
-        #: packets read but not yet handled because the connection was paused
+        #: packets read but not handled yet because the connection was paused
         self._stash: list[bytes | None] | None = None
-        self._retry = False  # the packet being handled is to be handled again on resume
-        self._repeats: dict[str, list[Any]] | None = None  # rate-limited log lines
-        self._base_log = log
-        self._log: Any = None
-        loop = gevent.get_hub().loop
-        self._loop = loop
+        self._retry = False  # the packet being handled is handled again on resume
+        self._episodes: Episodes | None = None
+        self._dropping: Episode | None = None  # the open drop episode, if any
+        self._tick: Any = None  # the episodes' timer while any is open
+        #: its bound logger, made on first use (``log``); given for the link
+        self._log: Any = log
+        self._read_watcher: Any = None
         self._write_watcher: Any = None
-        self._read_watcher = loop.io(self.fd, _READ)
-        self._read_watcher.start(self._on_readable)
+        self._writing = False  # the write watcher is started
+        self.sock: socket.socket | None = None
+        self.fd = -1
+        if sock is not None:
+            self.attach(sock)
+            self.open = not upward
 
     @property
     def log(self) -> Any:
-        """This client's logger (bound on first use: an idle client never pays for it)."""
+        """This connection's logger (bound on first use: an idle client never pays for it)."""
         if self._log is None:
-            c = self.creds
-            self._log = self._base_log.bind(client=self.cid, pid=c.pid, uid=c.uid, gid=c.gid)
+            self._log = self.router.log.bind(**self.who())
         return self._log
 
-    # --- reading ---------------------------------------------------------------
+    def who(self) -> dict[str, int]:
+        """Who it is, as its log lines say."""
+        return {"client": self.cid, "pid": self.pid, "uid": self.uid, "gid": self.gid}
+
+    @property
+    def creds(self) -> Credentials:
+        """Its peer's credentials."""
+        return Credentials(self.gid, self.uid, self.pid)
+
+    # --- its queue and flood-control modes (``protocol.flood``) ----------------------
+
+    def _queue(self) -> OutboundQueue:
+        """Its queue, made now if it had none."""
+        q = self.queue
+        if q is None:
+            router = self.router
+            q = self.queue = OutboundQueue(router.queue_bytes, router.queue_messages, self.account)
+        return q
+
+    def set_flood(self, what: str, value: str) -> None:
+        """``CMSG blocking/soft|hard/...`` or ``order/...`` (``flood.parse_flood_control``)."""
+        q = self._queue()
+        self.shed = None  # decided afresh on the next message
+        if what == "soft":
+            q.soft = value
+        elif what == "hard":
+            q.hard = value
+        else:
+            q.set_order(value)
+        # soft/block pauses the publisher at the very packet refused: never batched
+        self.batch = q.soft != "block"
+
+    @property
+    def queued(self) -> tuple[int, int]:
+        """Messages and bytes waiting in its queue."""
+        q = self.queue
+        if q is None:
+            return 0, 0
+        return q.count, q.nbytes
+
+    @property
+    def modes(self) -> tuple[str, str]:
+        """Its soft and hard flood-control modes."""
+        q = self.queue
+        if q is None:
+            return DEFAULT_SOFT, DEFAULT_HARD
+        return q.soft, q.hard
+
+    @property
+    def dropping(self) -> bool:
+        """Whether messages for it are being dropped now (an open drop episode)."""
+        return self._dropping is not None
+
+    # --- its socket -------------------------------------------------------------
+
+    def attach(self, sock: socket.socket) -> None:
+        """Serve ``sock`` (non-blocking): read it from now on."""
+        self.sock = sock
+        self.fd = sock.fileno()
+        self._read_watcher = self.router.loop.io(self.fd, _READ)
+        if not self.pauses:
+            self._read_watcher.start(self)
+
+    def detach(self) -> None:
+        """Close the socket but keep everything else: what is pending and queued
+        waits for the next ``attach`` (the upstream link across reconnects)."""
+        self.open = False
+        self.holding = False
+        self.packs = False  # the next peer says again whether it reads them
+        pending, self.pending = self.pending, None
+        now = _monotonic()
+        for packet in pending or ():
+            self._queue().push(packet, now)
+        self.notices = None
+        self.ready_owed = False
+        self._stash = None
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        for watcher in (self._read_watcher, self._write_watcher):
+            if watcher is not None:
+                watcher.close()
+        self._read_watcher = self._write_watcher = None
+        self._writing = False
+        sock, self.sock = self.sock, None
+        self.fd = -1
+        if sock is not None:
+            sock.close()
+
+    # --- a live upgrade: its whole state, handed to the next process --------------
+
+    def freeze(self) -> None:
+        """Stop every watcher and timer: nothing more is read or written here
+        until ``thaw`` (the hand-over failed) or the process ends (it went)."""
+        for watcher in (self._read_watcher, self._write_watcher, self._tick):
+            if watcher is not None:
+                watcher.stop()
+
+    def thaw(self) -> None:
+        """Undo ``freeze``: the hand-over failed and this process serves on."""
+        if self._read_watcher is not None and not self.pauses:
+            self._read_watcher.start(self)
+        if self._writing and self._write_watcher is not None:
+            self._write_watcher.start(self._on_writable)
+        if self._tick is not None:
+            self._tick.start(self._on_tick)
+
+    def let_go(self) -> None:
+        """The connection lives on in a newer process: close this process's copy
+        of its socket, and nothing else (its peer notices nothing)."""
+        self.alive = False
+        self.open = False
+        if self._tick is not None:
+            self._tick.close()
+            self._tick = None
+        self._close_socket()
+
+    def export(self) -> dict[str, Any]:
+        """Everything about this connection but its socket, as plain data: who it
+        is, its modes and flags, its counters, and every packet it holds, in
+        the order it would have sent or handled them (``adopt`` takes it)."""
+        queued: list[bytes] = list(self.pending or ())
+        times: list[float] = [self.router.now] * len(queued)
+        q = self.queue
+        modes = None
+        if q is not None:
+            packets, waited = q.take(q.count)
+            q.put_back(packets, waited)
+            queued += packets
+            times += waited
+            modes = (q.soft, q.hard, q.order)
+        return {
+            "cid": self.cid,
+            "creds": (self.gid, self.uid, self.pid),
+            "flags": {
+                "echo": self.echo,
+                "interest": self.interest,
+                "relay": self.relay,
+                "packs": self.packs,
+                "batch": self.batch,
+                "open": self.open,
+                "holding": self.holding,
+                "ready_owed": self.ready_owed,
+                "retry": self._retry,
+            },
+            "label": self.label,
+            "since": self.since,
+            "counters": (
+                self.msgs_in,
+                self.bytes_in,
+                self.msgs_out,
+                self.bytes_out,
+                self.dropped,
+                self.pattern_bytes,
+            ),
+            "modes": modes,
+            "queued": (queued, times),
+            "shed": self.shed,
+            "notices": None if self.notices is None else dict(self.notices),
+            "stash": None if self._stash is None else list(self._stash),
+        }
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Take up where an earlier process left this connection (``export``).
+        Its socket is attached already; pauses are restored by whoever held them."""
+        flags = state["flags"]
+        self.echo = flags["echo"]
+        self.interest = flags["interest"]
+        self.relay = flags["relay"]
+        self.packs = flags["packs"]
+        self.batch = flags["batch"]
+        self.open = flags["open"]
+        self.holding = flags["holding"]
+        self.ready_owed = flags["ready_owed"]
+        self._retry = flags["retry"]
+        self.label = state["label"]
+        self.since = state["since"]
+        (
+            self.msgs_in,
+            self.bytes_in,
+            self.msgs_out,
+            self.bytes_out,
+            self.dropped,
+            self.pattern_bytes,
+        ) = state["counters"]
+        if state["modes"] is not None:
+            q = self._queue()
+            q.soft, q.hard = state["modes"][0], state["modes"][1]
+            q.set_order(state["modes"][2])
+        packets, times = state["queued"]  # in sending order
+        if packets:
+            q = self._queue()
+            order = range(len(packets) - 1, -1, -1) if q.order == "stack" else range(len(packets))
+            for i in order:
+                q.push(packets[i], times[i])
+        self.shed = state["shed"]
+        self.notices = state["notices"]
+        self._stash = state["stash"]
+        if self.queued[0] or self.notices is not None:
+            self._want_write()
+
+    # --- reading -------------------------------------------------------------
+
+    def __call__(self) -> None:
+        """The read watcher's callback is the connection itself (no bound
+        method to keep per connection): its socket has packets."""
+        self._on_readable()
 
     def _on_readable(self) -> None:
         """The hub's callback: read a batch of packets and hand them over."""
+        if self.sock is None:
+            return  # closed since this callback was scheduled
         router = self.router
-        stats = router.stats
-        publish = router.publish
+        router.now = _monotonic()
         msgs = nbytes = done = 0
         try:
             packets, self._stash = self._stash, None
@@ -227,41 +524,75 @@ class Connection:
                     return
                 nbytes += len(packet)
                 if packet.startswith(_MSG):
-                    nul = packet.find(_NUL, 4)
+                    nul = find_byte(packet, _NUL, 4)
                     if nul < 0:
                         raise PeerError("protocol_error", "MSG without NUL")
                     msgs += 1
-                    publish(self, packet, packet[4:nul])
+                    router.publish(self, packet, cut(packet, 4, nul))
+                elif packet.startswith(_BATCH):
+                    msgs += self._unpack(packet)
                 else:
                     router.flush(self)  # what was routed before it goes first
-                    router.handle(self, packet)
+                    self.handler.handle(self, packet)
                 if self.pauses:
                     if self._retry:  # held for later: handle it again on resume
                         self._retry = False
                         done -= 1
-                    if done < len(packets) and self.alive:
+                    if done < len(packets) and self.sock is not None:
                         self._stash = packets[done:]
                     break
-                if not self.alive:
+                if self.sock is None:
                     break
         except PeerError as e:
             if e.reason == "protocol_error":  # a refused SUB was counted as a SUB
-                stats.packets_in["invalid"] += 1
-            self.close(e.reason, e.detail)
+                router.stats.packets_in["invalid"] += 1
+            self.fail(e.reason, e.detail)
         except OSError as e:
-            self.close("io_error", str(e))
-        except Exception as e:  # a bug of ours: cost this one client, never the server
+            self.fail("io_error", str(e))
+        except Exception as e:  # a bug of ours: cost this one connection, never the server
             self.log.exception("client.internal_error")
-            self.close("internal_error", repr(e))
+            self.fail("internal_error", repr(e))
         finally:
             router.flush(self)
-            stats.packets_in["msg"] += msgs
-            stats.bytes_in += nbytes
             self.msgs_in += msgs
             self.bytes_in += nbytes
 
+    def _unpack(self, frame: bytes) -> int:
+        """A packed batch: each MSG in it, in order, as if it had come alone;
+        how many there were."""
+        router = self.router
+        offset = len(_BATCH)
+        end = len(frame)
+        count = 0
+        while offset < end:
+            if end - offset < 4 or count == BATCH_MESSAGES:
+                raise PeerError("protocol_error", "malformed packed batch")
+            size = read_u32(frame, offset)
+            offset += 4
+            if size > end - offset:
+                raise PeerError("protocol_error", "malformed packed batch")
+            packet = cut(frame, offset, offset + size)
+            offset += size
+            nul = find_byte(packet, _NUL, 4)
+            if nul < 0 or not packet.startswith(_MSG):
+                raise PeerError("protocol_error", "a packed batch holds only MSG packets")
+            count += 1
+            router.publish(self, packet, cut(packet, 4, nul))
+        return count
+
+    def _send_list(self, packets: list[bytes]) -> int:
+        """Send ``packets`` in order, in one call where compiled (packed if its
+        peer reads packed batches); how many the socket took."""
+        sent: int
+        if self.packs and len(packets) > 1:
+            sent = send_packed(self.sock, self.fd, packets, _BATCH)
+        else:
+            sent = send_all(self.sock, self.fd, packets)
+        return sent
+
     def _zero_length(self) -> None:
         """recv returned 0: the peer closed, or it sent an empty packet."""
+        assert self.sock is not None
         try:
             more = self.sock.recv(1, _PEEK)
         except BlockingIOError:
@@ -269,56 +600,121 @@ class Connection:
         except OSError:
             more = b""
         if more == b"":
-            self.close("closed")
+            self.fail("closed", "")
         else:
             self.router.stats.packets_in["invalid"] += 1
-            self.close("protocol_error", "empty packet")
+            self.fail("protocol_error", "empty packet")
+
+    def fail(self, reason: str, detail: str) -> None:
+        """It failed: its handler decides (a client is closed, the link reconnects)."""
+        if self.sock is not None:
+            self.handler.lost(self, reason, detail)
 
     def pause(self) -> None:
-        """Stop reading this client until a matching ``resume``."""
+        """Stop reading this connection until a matching ``resume``."""
         self.pauses += 1
-        if self.pauses == 1 and self.alive:
+        if self.pauses == 1 and self._read_watcher is not None:
             self._read_watcher.stop()
 
     def resume(self) -> None:
         """Release one pause; read again once none is left."""
         self.pauses -= 1
-        if self.pauses == 0 and self.alive:
-            self._read_watcher.start(self._on_readable)
+        if self.pauses == 0 and self._read_watcher is not None:
+            self._read_watcher.start(self)
             if self._stash:
-                self._loop.run_callback(self._on_readable)  # what was read before the pause
+                self.router.loop.run_callback(self)  # what was read before the pause
 
     def hold(self) -> None:
         """The packet being handled must wait: stop reading, and handle it again on resume."""
         self._retry = True
         self.pause()
 
-    # --- delivering (called by the router's fan-out) ------------------------------
+    # --- its way out -----------------------------------------------------------------
 
-    def deliver(self, packet: bytes, sender: Connection | None) -> None:
-        """The slow path of delivery: the socket is full or a backlog waits.
-
-        The router tried ``send`` first when nothing was queued; here
-        ``protocol.flood`` decides and this method carries it out.
-        """
+    def offer(self, packet: bytes, sender: Connection) -> None:
+        """A message for this connection (``Router.publish``)."""
+        shed = self.shed
+        if shed is not None:
+            self.drop(shed)
+            return
         q = self.queue
-        action = _decide(q)
-        if action is _QUEUE:  # the common case, kept short: a stalled client's queue fills here
-            q.push(packet, _monotonic())
-            watcher = self._write_watcher
-            if watcher is None or not watcher.active:
+        if self.open and (q is None or not q.count):
+            if self.batch:
+                pending = self.pending
+                if pending is None:
+                    self.pending = [packet]
+                    self.router.dirty.append(self)
+                else:
+                    pending.append(packet)
+                return
+            try:
+                self.sock.send(packet)  # type: ignore[union-attr]
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                self.fail("io_error", str(e))
+                return
+            else:
+                self.msgs_out += 1
+                self.bytes_out += len(packet)
+                return
+        self.deliver(packet, sender)
+
+    def flush(self, sender: Connection) -> None:
+        """Send what this read batch offered, in one call where compiled; what
+        the socket does not take goes through flood control, in order."""
+        pending, self.pending = self.pending, None
+        if pending is None or not self.open:
+            if pending is not None and self.alive:
+                self._requeue(pending)
+            return
+        try:
+            sent = self._send_list(pending)
+        except OSError as e:
+            self.pending = pending  # counted as lost with the queue, or kept by the link
+            self.fail("io_error", str(e))
+            return
+        total = len(pending)
+        if sent:
+            self.msgs_out += sent
+            self.bytes_out += size_of(pending, sent)
+        for i in range(sent, total):
+            self.deliver(pending[i], sender)
+
+    def _requeue(self, packets: list[bytes]) -> None:
+        q = self._queue()
+        now = _monotonic()
+        for packet in packets:
+            q.push(packet, now)
+
+    def deliver(self, packet: bytes, sender: Connection) -> None:
+        """The slow path: the socket is full, closed for now, or a backlog waits.
+        ``protocol.flood`` decides and this method carries it out."""
+        if not self.alive:
+            return
+        q = self._queue()
+        action = decide(q)
+        if action is _QUEUE:  # the common case: a stalled consumer's queue fills here
+            q.push(packet, self.router.now)
+            if self.open:
                 self._want_write()
-        elif action in flood.BLOCKING:
-            self._enqueue(packet)
-            if sender is not None and sender.alive:  # even when it fills its own queue
+        elif action is _WAIT_EMPTY or action is _WAIT_BELOW:
+            q.push(packet, self.router.now)
+            self._want_write()
+            # the upstream link is never paused: one slow local client must
+            # not stop what comes down for everyone else
+            if sender.alive and not sender.upward:
                 waiters = self.waiters
                 if waiters is None:
                     waiters = self.waiters = []
-                if not any(p is sender and a is action for p, a in waiters):
+                for publisher, why in waiters:
+                    if publisher is sender and why is action:
+                        break
+                else:
                     waiters.append((sender, action))
                     sender.pause()
-        elif action is Action.DISCONNECT:
-            self.count_drop("slow_client_disconnected")
+        elif action is _DISCONNECT_ACTION:
+            self._count_drop("slow_client_disconnected")
             self.close(
                 "slow_client", "blocking/%s/error" % ("soft" if q.soft == "error" else "hard")
             )
@@ -329,22 +725,24 @@ class Connection:
         """Send a server-made reply (whoami, drops/count): never a reason to disconnect."""
         if not self.alive:
             return
-        if not self.queue.count:
+        q = self._queue()
+        if self.open and not q.count:
             try:
-                self.send(packet)
+                self.sock.send(packet)  # type: ignore[union-attr]
                 return
             except BlockingIOError:
                 pass
             except OSError as e:
-                self.close("io_error", str(e))
+                self.fail("io_error", str(e))
                 return
-        if flood.decide_reply(self.queue) is Action.QUEUE:
-            self._enqueue(packet)
+        if decide_reply(q) is _QUEUE:
+            q.push(packet, _monotonic())
+            self._want_write()
         else:
-            self.count_drop(Action.DROP_HARD.value)
+            self.drop(_DROP_REPLY)
 
     def notify(self, pattern: bytes, present: bool) -> None:
-        """An interest notice for this relay; coalesced with any pending one for ``pattern``."""
+        """A notice about ``pattern``; coalesced with any pending one for it."""
         if not self.alive:
             return
         notices = self.notices
@@ -363,64 +761,85 @@ class Connection:
             self.notices = {}
         self._want_write()
 
-    def _enqueue(self, packet: bytes) -> None:
-        self.queue.push(packet, time.monotonic())
-        self._want_write()
-
     def _want_write(self) -> None:
+        if self._writing or not self.open:
+            return  # already waiting; or written once the socket is there (and ready)
         watcher = self._write_watcher
         if watcher is None:
-            watcher = self._write_watcher = self._loop.io(self.fd, _WRITE)
-        if not watcher.active:
-            watcher.start(self._on_writable)
+            watcher = self._write_watcher = self.router.loop.io(self.fd, _WRITE)
+        watcher.start(self._on_writable)
+        self._writing = True
+
+    def opened(self, hold: bool = False) -> None:
+        """The link is ready: packets may go straight to the socket, notices go at
+        once, and what waits in the queue too -- or with ``hold``, not until
+        ``release`` (the link after an outage: other relays subscribe first)."""
+        self.open = True
+        self.holding = hold
+        if self.queued[0] or self.notices is not None:
+            self._want_write()
+
+    def release(self) -> None:
+        """What waits in the queue may go now (``opened(hold=True)``)."""
+        self.holding = False
+        if self.queued[0]:
+            self._want_write()
 
     def _on_writable(self) -> None:
-        """The hub's callback: the socket can take more; drain notices, then the queue."""
+        """The hub's callback: the socket can take more; notices first, then the queue."""
         try:
             if self.notices is not None and not self._send_notices():
                 return
-            q = self.queue
-            stats = self.router.stats
-            send = self.send
-            sent = nbytes = 0
-            try:
-                for _ in range(WRITE_BATCH):
-                    if not q.count:
-                        break
-                    packet, t = q.peek()
-                    try:
-                        send(packet)
-                    except BlockingIOError:
-                        break
-                    q.pop()
-                    sent += 1
-                    nbytes += len(packet)
-                    stats.observe_queue_wait(time.monotonic() - t)
-            finally:
-                stats.delivered += sent
-                stats.bytes_out += nbytes
-                self.msgs_out += sent
-                self.bytes_out += nbytes
-            if self.shed is not None and flood.shedding_ends(self.shed, q):
+            q = self._queue()
+            if q.count and not self.holding:
+                self._send_queued(q)
+            if self.shed is not None and shedding_ends(self.shed, q):
                 self.shed = None
+                if self._dropping is not None:
+                    self._dropping.held = False
             if self.waiters:
                 self._wake_waiters()
-            if not q.count and self.notices is None:
+            idle = not q.count or self.holding
+            if idle and self.notices is None and self._write_watcher is not None:
                 self._write_watcher.stop()
+                self._writing = False
         except OSError as e:
-            self.close("io_error", str(e))
+            self.fail("io_error", str(e))
+
+    def _send_queued(self, q: OutboundQueue) -> None:
+        """Send a batch of the queue in one call; what the socket refuses goes back."""
+        packets, times = q.take(WRITE_BATCH)
+        try:
+            sent = self._send_list(packets)
+        except OSError:
+            q.put_back(packets, times)
+            raise
+        if sent < len(packets):
+            q.put_back(packets[sent:], times[sent:])
+        if sent:
+            self.msgs_out += sent
+            self.bytes_out += size_of(packets, sent)
+            stats = self.router.stats
+            now = _monotonic()
+            for i in range(sent):
+                stats.observe_queue_wait(now - times[i])
+
+    def _notice(self, pattern: bytes, present: bool) -> bytes:
+        if self.upward:
+            return (codec.SUB if present else codec.UNSUB) + pattern
+        return codec.encode_cmsg(_ADD if present else _REMOVE, pattern)
 
     def _send_notices(self) -> bool:
-        """Send pending interest notices; True once none is left."""
+        """Send pending notices; True once none is left."""
         notices = self.notices
-        assert notices is not None
-        send = self.send
+        assert notices is not None and self.sock is not None
+        send = self.sock.send
         for _ in range(NOTICE_BATCH):
             if not notices:
                 break
             pattern, present = notices.popitem()
             try:
-                send(codec.encode_cmsg(_ADD if present else _REMOVE, pattern))
+                send(self._notice(pattern, present))
             except BlockingIOError:
                 notices[pattern] = present
                 return False
@@ -436,106 +855,139 @@ class Connection:
         return True
 
     def _wake_waiters(self) -> None:
-        """Resume the publishers this client no longer holds back."""
+        """Resume the publishers this connection no longer holds back."""
         waiters = self.waiters
         assert waiters is not None
-        q = self.queue
-        keep = [(p, a) for p, a in waiters if p.alive and flood.still_blocked(a, q)]
+        q = self._queue()
+        keep = [(p, a) for p, a in waiters if p.alive and still_blocked(a, q)]
         if len(keep) == len(waiters):
             return
         self.waiters = keep or None
         for publisher, action in waiters:
-            if publisher.alive and not flood.still_blocked(action, q):
+            if publisher.alive and not still_blocked(action, q):
                 publisher.resume()
 
-    # --- drops ---------------------------------------------------------------------
+    # --- drops and warnings: one episode mechanism -------------------------------------
+
+    def _count_drop(self, reason: str) -> None:
+        self.dropped += 1
+        self.router.stats.drops[reason] += 1
+
+    def drop(self, reason: str) -> None:
+        """One message for this connection was not delivered: counted, and
+        the drop episode begins (logged at once) or goes on."""
+        self._count_drop(reason)
+        dropping = self._dropping
+        if dropping is not None:
+            dropping.count += 1
+        else:
+            self._begin_dropping(reason)
+
+    def _begin_dropping(self, reason: str) -> None:
+        episode = self._open_episodes().begin(DROPPING, _monotonic(), tell_end=True)
+        assert episode is not None
+        self._dropping = episode
+        q = self._queue()
+        self.log.warning(
+            DROPPING,
+            reason=reason,
+            soft=q.soft,
+            hard=q.hard,
+            queued_messages=q.count,
+            queued_bytes=q.nbytes,
+        )
 
     def start_shedding(self, reason: str) -> None:
         """Drop this message and the next ones without trying, until
-        ``flood.shedding_ends``; the episode is logged once, with its count."""
-        self.count_drop(reason)
+        ``flood.shedding_ends``; the episode lasts as long."""
+        self.drop(reason)
         self.shed = reason
+        if self._dropping is not None:
+            self._dropping.held = True
         self._want_write()  # the drained socket (soft) or queue (hard) ends it
-        if self._drop_timer is None:
-            self._drop_timer = self._loop.timer(DROP_EPISODE_QUIET, DROP_EPISODE_QUIET)
-            self._drop_timer.start(self._drop_episode_tick)
 
-    def count_drop(self, reason: str) -> None:
-        """Count one message dropped for this client."""
-        self.router.stats.drops[reason] += 1
-        self.episode_drops += 1
-        self.dropped += 1
-        self._drop_reason = reason
-
-    def _drop_episode_tick(self) -> None:
-        """Every quiet interval: log the episode once no drop came during the last one."""
-        if self.shed is not None and self.alive:
-            return  # still shedding: look again later
-        self._end_drop_episode()
-
-    def _end_drop_episode(self) -> None:
-        if self._drop_timer is not None:
-            self._drop_timer.stop()
-            self._drop_timer = None
-        if self.episode_drops:
-            self.log.warning("flood.drop", count=self.episode_drops, reason=self._drop_reason)
-            self.episode_drops = 0
-
-    def warn_repeated(self, event: str, **fields: Any) -> None:
-        """Log a misbehaviour line: the first at once, then a count per interval."""
-        repeats = self._repeats
-        if repeats is None:
-            repeats = self._repeats = {}
-        now = time.monotonic()
-        entry = repeats.get(event)
-        if entry is None or now - entry[0] >= LOG_REPEAT_INTERVAL:
-            if entry is not None and entry[1]:
-                self.log.warning(event + ".repeated", suppressed=entry[1])
-            repeats[event] = [now, 0]
+    def warn(self, event: str, **fields: Any) -> None:
+        """A misbehaviour worth a line: the first at once, then a count per interval."""
+        episode = self._open_episodes().begin(event, _monotonic())
+        if episode is not None:
             self.log.warning(event, **fields)
         else:
-            entry[1] += 1
             self.router.stats.log_lines_suppressed += 1
+
+    def _open_episodes(self) -> Episodes:
+        eps = self._episodes
+        if eps is None:
+            eps = self._episodes = Episodes()
+        if self._tick is None:
+            self._tick = self.router.loop.timer(EPISODE_QUIET, EPISODE_QUIET)
+            self._tick.start(self._on_tick)
+        return eps
+
+    def _on_tick(self) -> None:
+        """Every ``EPISODE_QUIET`` seconds while an episode is open."""
+        eps = self._episodes
+        assert eps is not None
+        self._report(eps.tick(_monotonic()))
+        if not eps and self._tick is not None:
+            self._tick.close()
+            self._tick = None
+
+    def _report(self, reports: list[tuple[str, Episode]]) -> None:
+        now = _monotonic()
+        for what, episode in reports:
+            if episode is self._dropping and what is _ENDED:
+                self._dropping = None
+            self.log.warning(
+                episode.event + "." + what,
+                count=episode.count,
+                seconds=round(now - episode.since, 3),
+            )
 
     # --- closing ---------------------------------------------------------------------
 
     def close(self, reason: str, detail: str = "") -> None:
-        """Disconnect this client (idempotent); logged with ``reason`` and counted.
+        """Close this connection for good (idempotent); logged with ``reason`` and counted.
 
-        Unless the client itself closed, it is first told why (our
-        ``CMSG disconnect`` extension), best effort and without waiting.
+        Unless the peer itself closed, it is first told why (our ``CMSG
+        disconnect`` extension), best effort and without waiting.
         """
         if not self.alive:
             return
         self.alive = False
+        self.open = False
         self.ended = reason
         stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
-        lost = self.queue.clear() + len(self.pending or ())
+        lost = (self.queue.clear() if self.queue is not None else 0) + len(self.pending or ())
         self.pending = None
         if lost:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
             self.dropped += lost
-        if reason != "closed":
+        if reason != "closed" and self.sock is not None and not self.upward:
             why_text = reason + (": " + detail if detail else "")
             with contextlib.suppress(OSError):
-                self.send(codec.encode_cmsg(_DISCONNECT, why_text.encode("utf-8", "replace")))
-        self._end_drop_episode()
-        if self._repeats:
-            for event, (_, suppressed) in self._repeats.items():
-                if suppressed:
-                    self.log.warning(event + ".repeated", suppressed=suppressed)
+                self.sock.send(codec.encode_cmsg(_DISCONNECT, why_text.encode("utf-8", "replace")))
+        if self._episodes is not None:
+            self._report(self._episodes.close())
+        if self._tick is not None:
+            self._tick.close()
+            self._tick = None
         level = self.log.info if reason in _ORDINARY else self.log.warning
-        level("client.disconnected", reason=reason, detail=detail, lost=lost)
-        self._read_watcher.close()
-        if self._write_watcher is not None:
-            self._write_watcher.close()
+        level(
+            "upstream.closed" if self.upward else "client.disconnected",
+            reason=reason,
+            detail=detail,
+            lost=lost,
+        )
         self.notices = None
         self._stash = None
         waiters, self.waiters = self.waiters, None
         for publisher, _ in waiters or ():
             if publisher.alive:
                 publisher.resume()
-        self.router.forget(self)
-        self.sock.close()
+        self.handler.forget(self)
+        self._close_socket()
+
+
+load_compiled(globals(), "sbus_relay.bus._c_connection")

@@ -1,34 +1,28 @@
-"""The sbus server: accepting, routing and control messages, on gevent.
+"""The sbus server: accepting clients, and everything but the routing of MSG.
 
 Theory of operation.  One gevent hub runs everything, and no greenlet exists
-per client: the hub calls a connection's ``_on_readable`` when it has
-packets.  The path of one message, top to bottom:
+per client: the hub calls a connection's callbacks when its socket is ready.
+A published message never passes through this class: ``Connection`` reads
+it, ``Router`` matches it once and offers it to each recipient, and each
+recipient sends, batches, queues or drops it (``bus/connection.py`` follows
+one message from ``recvmmsg`` to ``sendmmsg``).
 
-1. ``Connection._on_readable`` reads a batch of packets (one ``recvmmsg``
-   where compiled) and hands each ``MSG`` to ``Server.publish`` (below);
-2. ``publish`` finds the recipients (``SubscriptionIndex.match``: a bounded
-   cache, then flat dicts and a trie); a recipient with nothing queued gets
-   the packet appended to its ``pending`` list, and ``flush`` sends each one
-   its list in one ``sendmmsg`` at the end of the batch;
-3. what a socket cannot take now goes through ``Connection.deliver``, where
-   ``protocol.flood`` decides (queue, pause the publisher, drop, shed,
-   disconnect) and the connection carries it out;
-4. on a relay, ``UpstreamLink.forward`` sends the message up if the upstream
-   wants it.
-
-Everything else (SUB, UNSUB, CMSG) goes through ``handle``.  Per-user quotas
-(``protocol.quota``) are checked at accept and on each new pattern.  On a
-relay, ``upstream`` is the link to the parent bus (docs/protocol.md,
-"Relays"); the index's first/last callbacks feed it SUB/UNSUB, and it calls
-back through the ``UpstreamHost`` methods at the end of this class.
+What the server owns is the rest: accepting (with per-user quotas, at
+accept and for each new pattern, ``protocol.quota``), SUB, UNSUB and CMSG
+(``handle``), the subscription index, the interest notices to relays below,
+and on a relay the identity prefix.  There, ``upstream`` is the link to the
+parent bus (docs/protocol.md, "Relays"): the index's first/last callbacks
+feed it SUB/UNSUB, its connection is one more recipient in the index
+(holding what the upstream wants), and it calls back through the
+``UpstreamHost`` methods at the end of this class.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
-import struct
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -37,27 +31,28 @@ import gevent
 import structlog
 from gevent.event import Event
 
+from sbus_relay import __version__, accel
+from sbus_relay.ops import handover
+from sbus_relay.ops.addresses import peer_ucred
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import accounting, codec, quota
-from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.flood import OutboundQueue, parse_flood_control
+from sbus_relay.protocol.errors import PeerError, UpgradeError
+from sbus_relay.protocol.flood import Action, parse_flood_control
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
 from sbus_relay.protocol.interest import ADD, InterestTracker
-from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern, valid_key
+from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
 from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
     ACCEPT_BACKOFF_MIN,
     ACCEPT_BATCH,
+    LISTEN_BACKLOG,
     SEND_BUFFER,
-    STOP_TIMEOUT,
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
-from .batchio import send_all
-from .connection import Connection
+from .connection import Connection, Router
 from .upstream import UpstreamLink
 
-_CRED_FMT = "3i"  # struct ucred: pid, uid, gid
 _DROPS_COUNT = b"drops/count"
 _RELAY_NAME = b"relay/name"
 #: closed-connection totals kept beyond two per live client before the
@@ -69,6 +64,11 @@ def _counters(conn: Connection) -> tuple[int, ...]:
     """One connection's row of ``accounting.COUNTERS``."""
     ended = bool(conn.ended) and conn.ended != "closed"
     return (conn.msgs_in, conn.msgs_out, conn.bytes_in, conn.bytes_out, conn.dropped, ended)
+
+
+def _traffic(conn: Connection) -> tuple[int, int, int, int]:
+    """What one connection read and was sent: messages and bytes each way."""
+    return (conn.msgs_in, conn.bytes_in, conn.msgs_out, conn.bytes_out)
 
 
 class Server:
@@ -87,13 +87,19 @@ class Server:
         self.stats = stats if stats is not None else Stats()
         self.log = log if log is not None else structlog.get_logger("sbus_relay")
         self.clients: dict[int, Connection] = {}
-        self.index: SubscriptionIndex[Connection] = SubscriptionIndex(
+        self.index: SubscriptionIndex = SubscriptionIndex(
             on_first=self._first_subscriber, on_last=self._last_subscriber
         )
         self.interest: InterestTracker[Connection] = InterestTracker(self.index)
-        #: the index's key -> recipients cache, read directly on the hot path
-        #: (the dict object lives as long as the index; it is only ever cleared)
-        self._cached = self.index.cache.get
+        self.router = Router(
+            self.index,
+            self.stats,
+            self.log,
+            config.hard_limit_bytes,
+            config.hard_limit_messages,
+        )
+        #: traffic of the clients that have gone (``_traffic``), for the totals
+        self._gone = [0, 0, 0, 0]
         self.client_limits = config.client_limits()
         self._quotas = dict(config.user_quotas)
         self._default_quota = config.user_quota()
@@ -109,9 +115,16 @@ class Server:
         self.prefix: bytes | None = b""
         #: connections holding a packet until the prefix is known
         self._awaiting_prefix: list[Connection] = []
-        #: connections with packets routed by the current batch (``flush``)
-        self._dirty: list[Connection] = []
         self.stopped = Event()
+        #: set once a newer process has taken the bus over (``hand_over``): this
+        #: one leaves its socket file and pid file to it
+        self.handed_over = False
+        #: the metrics listening socket, handed over with the bus (set by the CLI)
+        self.web_listener: socket.socket | None = None
+        #: the socket file this bus owns (removed when it stops), handed over too
+        self.socket_file: str | None = None
+        #: where it listens, as said in its log (set by the CLI), handed over too
+        self.address = config.address
         self._next_cid = 0
         self._ever_connected = False
         self._allowed = frozenset(config.users) | {os.geteuid()} if config.users else None
@@ -122,7 +135,8 @@ class Server:
         self._backoff = ACCEPT_BACKOFF_MIN
         if config.upstream:
             self.prefix = None
-            self.upstream = UpstreamLink(self, config, self.stats, self.log)
+            self.upstream = UpstreamLink(self, config, self.log)
+            self.index.quiet = self.upstream.conn
 
     # --- lifecycle -------------------------------------------------------
 
@@ -133,7 +147,7 @@ class Server:
         self._accept_watcher.start(self._on_acceptable)
         if self.upstream is not None:
             self.upstream.start()
-        self.log.info("server.started", relay=self.upstream is not None)
+        self.log.info("server.started", relay=self.upstream is not None, hot_path=accel.mode())
 
     def serve_forever(self) -> None:
         """Start, then block until ``stop()``."""
@@ -141,13 +155,11 @@ class Server:
             self.start()
         self.stopped.wait()
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def stop(self) -> None:
         """Stop accepting, disconnect every client, drop the upstream link.
 
-        Nothing here waits: clients have no greenlets, so closing them is
-        immediate; ``timeout`` is kept for callers of gevent's server API.
+        Nothing here waits: clients have no greenlets, so closing them is immediate.
         """
-        del timeout
         if self.stopped.is_set():
             return
         for watcher in (self._accept_watcher, self._accept_timer):
@@ -190,9 +202,7 @@ class Server:
             self._accept_watcher.start(self._on_acceptable)
 
     def _admit(self, sock: socket.socket) -> None:
-        pid, uid, gid = struct.unpack(
-            _CRED_FMT, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        )
+        pid, uid, gid = peer_ucred(sock)
         account = self.accounts.get(uid)
         if account is None:
             account = quota.Account(self._quotas.get(uid, self._default_quota))
@@ -217,20 +227,25 @@ class Server:
         self.accounts[uid] = account
         account.connections += 1
         self._next_cid += 1
-        queue = OutboundQueue(
-            self.config.hard_limit_bytes, self.config.hard_limit_messages, account
-        )
         conn = Connection(
-            self, sock, self._next_cid, Credentials(gid, uid, pid), queue, account, self.log
+            self.router, self, sock, self._next_cid, Credentials(gid, uid, pid), account
         )
         self.clients[conn.cid] = conn
         self._ever_connected = True
         self.stats.connections_accepted += 1
-        conn.log.info("client.connected")
+        # said with the fields at hand: a bound logger is made only for a
+        # client that has something more to say
+        self.log.info("client.connected", **conn.who())
+
+    def lost(self, conn: Connection, reason: str, detail: str) -> None:
+        """A client failed (it closed, misbehaved, or its socket did): close it."""
+        conn.close(reason, detail)
 
     def forget(self, conn: Connection) -> None:
         """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
+        for i, n in enumerate(_traffic(conn)):
+            self._gone[i] += n
         if conn.interest:
             del self.interest.listeners[conn]
         for pattern in list(self.index.patterns_of(conn)):
@@ -248,100 +263,10 @@ class Server:
         if self.config.exit_when_empty and self._ever_connected and not self.clients:
             gevent.spawn(self.stop)
 
-    # --- routing: the hot path ------------------------------------------------
-
-    def publish(self, sender: Connection | None, packet: bytes, key: bytes) -> None:
-        """Route one MSG packet: to local subscribers, and upward on a relay.
-
-        ``sender`` is None for messages that came down from the upstream, which
-        are never sent back up.
-        """
-        if b"!" in key and not valid_key(key):
-            self.stats.drops["reserved_key"] += 1
-            return
-        recipients = self._cached(key)
-        if recipients is None:
-            recipients = self.index.match(key)
-        if recipients:
-            delivered = 0
-            drops = self.stats.drops
-            for conn in recipients:
-                if conn is sender and not sender.echo:
-                    continue
-                shed = conn.shed
-                if shed is not None:
-                    drops[shed] += 1
-                    conn.episode_drops += 1
-                    conn.dropped += 1
-                    continue
-                if not conn.queue.count:
-                    if conn.batch:  # sent with the rest of this batch by flush(),
-                        # which hands what the socket refuses to flood control
-                        # (so hard/block may pass its limit by one batch at most)
-                        pending = conn.pending
-                        if pending is None:
-                            conn.pending = [packet]
-                            self._dirty.append(conn)
-                        else:
-                            pending.append(packet)
-                        continue
-                    try:
-                        conn.send(packet)
-                        delivered += 1
-                        conn.msgs_out += 1
-                        conn.bytes_out += len(packet)
-                        continue
-                    except BlockingIOError:
-                        pass
-                    except OSError as e:
-                        conn.close("io_error", str(e))
-                        continue
-                conn.deliver(packet, sender)
-            if delivered:
-                stats = self.stats
-                stats.delivered += delivered
-                stats.bytes_out += delivered * len(packet)
-        upstream = self.upstream
-        if upstream is not None and sender is not None:
-            upstream.forward(key, packet)
-
-    def flush(self, sender: Connection | None = None) -> None:
-        """Send each recipient what this batch routed to it, in one call where
-        compiled (``batchio``); what its socket does not take goes through
-        ``Connection.deliver`` and so through flood control, in order
-        (``sender``, the batch's publisher, may be paused by a hard/block)."""
-        upstream = self.upstream
-        if upstream is not None:
-            upstream.flush()
-        dirty = self._dirty
-        if not dirty:
-            return
-        self._dirty = []
-        stats = self.stats
-        for conn in dirty:
-            pending, conn.pending = conn.pending, None
-            if pending is None or not conn.alive:
-                continue
-            try:
-                sent = send_all(conn.sock, conn.fd, pending)
-            except OSError as e:
-                conn.pending = pending  # counted as lost with the queue
-                conn.close("io_error", str(e))
-                continue
-            total = len(pending)
-            if sent:
-                nbytes = sum(map(len, pending if sent == total else pending[:sent]))
-                stats.delivered += sent
-                stats.bytes_out += nbytes
-                conn.msgs_out += sent
-                conn.bytes_out += nbytes
-            for i in range(sent, total):
-                conn.deliver(pending[i], sender)
-
     # --- everything but MSG ----------------------------------------------------
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """SUB, UNSUB and CMSG from a client (MSG goes through ``publish``)."""
+        """SUB, UNSUB and CMSG from a client (MSG goes through ``Router.publish``)."""
         event = codec.decode(packet)
         kind = type(event)
         if kind is codec.Subscribe:
@@ -378,7 +303,7 @@ class Server:
             if not conn.relay or e.reason != "secret_refused":
                 raise
             # A relay carries many clients: refuse the pattern, keep the relay.
-            conn.warn_repeated("client.pattern_refused", reason=e.reason, detail=e.detail)
+            conn.warn("client.pattern_refused", reason=e.reason, detail=e.detail)
             return
         if self.index.count_of(conn, stored) == 0:
             why = quota.refuse_pattern(
@@ -394,7 +319,7 @@ class Server:
                 if not conn.relay:
                     raise PeerError(why, "pattern of %d bytes refused" % len(stored))
                 # A relay carries many clients: refuse the pattern, keep the relay.
-                conn.warn_repeated("client.pattern_refused", reason=why)
+                conn.warn("client.pattern_refused", reason=why)
                 return
         self._change(conn, stored, add=True)
 
@@ -408,7 +333,7 @@ class Server:
             stored = pattern  # cannot be held; counted as unknown below
         if self.index.count_of(conn, stored) == 0:
             self.stats.unknown_unsubscribes += 1
-            conn.warn_repeated(
+            conn.warn(
                 "client.unknown_unsubscribe", pattern=pattern[:200].decode("utf-8", "replace")
             )
             return
@@ -470,23 +395,19 @@ class Server:
                 del self.interest.listeners[conn]
         elif key == _RELAY_NAME:
             self._name_relay(conn, packet)
+        elif key == codec.BATCH_ON:
+            # our packed batches extension: say yes, then pack what goes to it
+            conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
+            conn.packs = True
+        elif packet == handover.TAKE_OVER or packet.startswith(handover.TAKE_OVER + b"\0"):
+            self._take_over_asked(conn)
         elif key == _DROPS_COUNT:
             conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
         else:
             setting = parse_flood_control(key)
             if setting is None:
                 return  # unknown control messages are ignored
-            what, value = setting
-            conn.shed = None  # decide afresh on the next message
-            q = conn.queue
-            if what == "soft":
-                q.soft = value
-            elif what == "hard":
-                q.hard = value
-            else:
-                q.set_order(value)
-            # soft/block pauses the publisher at the very packet refused: never batched
-            conn.batch = q.soft != "block"
+            conn.set_flood(*setting)
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""
@@ -501,7 +422,7 @@ class Server:
         name = accounting.relay_name(raw)
         if name is None or not conn.relay:  # only a relay (after interest/on) is named
             shown = raw[: accounting.MAX_NAME].decode("utf-8", "replace")
-            conn.warn_repeated("client.relay_name_refused", name=shown, relay=conn.relay)
+            conn.warn("client.relay_name_refused", name=shown, relay=conn.relay)
             return
         self._relabel(conn, name)
         conn.log.info("client.relay_named", name=name)
@@ -516,14 +437,10 @@ class Server:
         if self.upstream is not None:
             self.upstream.unsubscribe(pattern)
 
-    def deliver(self, packet: bytes, key: bytes) -> None:
-        """A message came down from the upstream: deliver it here, never back up
-        (the link calls ``flush`` after each batch)."""
-        self.publish(None, packet, key)
-
     def local_patterns(self) -> Iterable[bytes]:
-        """Every distinct pattern held by a local client."""
-        return self.index.patterns()
+        """Every distinct pattern held by a local client (not by the upstream link)."""
+        quiet = self.index.quiet
+        return [p for p in self.index.patterns() if self.index.holders(p) != (quiet,)]
 
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream told us who we are: ``<whoami reply>/``.
@@ -557,31 +474,224 @@ class Server:
                     self._change(conn, renamed, add=True)
 
     def upstream_interest(self, pattern: bytes, present: bool) -> None:
-        """The upstream's interest changed: re-advertise it to our own listeners."""
-        self._notify(self.interest.set_upstream(pattern, present))
+        """The upstream link comes to hold ``pattern`` (or one hold of it goes):
+        what the upstream wants, so our own relays are told like of any pattern."""
+        link = self.index.quiet
+        assert link is not None
+        if present or self.index.count_of(link, pattern):
+            self._change(link, pattern, add=present)
 
-    def upstream_interest_lost(self) -> None:
-        """The upstream link went down: its interest is unknown again."""
-        self._notify(self.interest.clear_upstream())
+    # --- a live upgrade: the whole bus handed to a newer process ----------------------
+
+    def _take_over_asked(self, conn: Connection) -> None:
+        """``CMSG upgrade/take-over`` (``ops.handover``): hand everything to the
+        process behind ``conn`` if it runs as our own user, then end quietly."""
+        if not handover.allowed(conn.uid):
+            conn.warn("upgrade.refused", reason="not the bus's own user")
+            conn.reply(codec.encode_cmsg(b"upgrade/refused", b"not the bus's own user"))
+            return
+        others = len(self.clients) - 1
+        self.log.info("upgrade.handing_over", to_pid=conn.pid, clients=others)
+        started = time.monotonic()
+        self._freeze()
+        state, fds = self.export(skip=conn)
+        assert conn.sock is not None
+        try:
+            handover.send_state(conn.sock, state, fds)
+            handover.wait_done(conn.sock)
+        except (OSError, UpgradeError) as exc:
+            self._thaw()
+            self.log.warning("upgrade.failed", to_pid=conn.pid, reason=str(exc))
+            conn.close("upgrade_failed", str(exc))
+            return
+        self.handed_over = True
+        self.log.info(
+            "upgrade.handed_over",
+            to_pid=conn.pid,
+            clients=others,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        self._let_go()
+
+    def _freeze(self) -> None:
+        """Stop accepting and stop every connection (the link too): nothing is
+        read or written until the state is handed over or ``_thaw``."""
+        if self._accept_watcher is not None:
+            self._accept_watcher.stop()
+        for conn in self.clients.values():
+            conn.freeze()
+        if self.upstream is not None:
+            self.upstream.freeze()
+
+    def _thaw(self) -> None:
+        if self._accept_watcher is not None and not self.stopped.is_set():
+            self._accept_watcher.start(self._on_acceptable)
+        for conn in self.clients.values():
+            conn.thaw()
+        if self.upstream is not None:
+            self.upstream.thaw()
+
+    def _let_go(self) -> None:
+        """The bus lives on in the new process: close our copies of its sockets,
+        telling no one, and stop."""
+        for watcher in (self._accept_watcher, self._accept_timer):
+            if watcher is not None:
+                watcher.close()
+        for conn in list(self.clients.values()):
+            conn.let_go()
+        if self.upstream is not None:
+            self.upstream.let_go()
+        self.listener.close()  # (the metrics socket: the CLI's metrics server closes it)
+        self.stopped.set()
+
+    def export(self, skip: Connection | None = None) -> tuple[dict[str, Any], list[int]]:
+        """The whole bus as plain data, and the descriptors it refers to by position:
+        the listener first, then the metrics socket (if any), the clients', the link's."""
+        fds = [self.listener.fileno()]
+        web = None
+        if self.web_listener is not None:
+            web = len(fds)
+            fds.append(self.web_listener.fileno())
+        clients = []
+        for conn in self.clients.values():
+            if conn is skip:
+                continue
+            state = conn.export()
+            state["fd"] = len(fds)
+            fds.append(conn.fd)
+            state["patterns"] = self.index.patterns_of(conn)
+            state["waiters"] = [(p.cid, a.name) for p, a in conn.waiters or ()]
+            state["held"] = conn in self._awaiting_prefix
+            clients.append(state)
+        link = None
+        if self.upstream is not None:
+            link = self.upstream.export()
+            link["patterns"] = self.index.patterns_of(self.upstream.conn)
+            if self.upstream.conn.sock is not None:
+                link["fd"] = len(fds)
+                fds.append(self.upstream.conn.fd)
+        state = {
+            "version": __version__,
+            "socket_file": self.socket_file,
+            "address": self.address,
+            "web": web,
+            "stats": dataclasses.asdict(self.stats),
+            "gone": list(self._gone),
+            "next_cid": self._next_cid,
+            "started": self.started,
+            "prefix": self.prefix,
+            "ever_connected": self._ever_connected,
+            "by_relay": self.by_relay.export(),
+            "by_user": self.by_user.export(),
+            "clients": clients,
+            "upstream": link,
+        }
+        return state, fds
+
+    @classmethod
+    def adopt(
+        cls, config: ServerConfig, state: dict[str, Any], fds: list[int], log: Any = None
+    ) -> Server:
+        """The bus an earlier process handed over (``export``), on this config."""
+        listener = socket.socket(fileno=fds[0])
+        # listening again makes this process the one its clients' SO_PEERCRED names
+        listener.listen(LISTEN_BACKLOG)
+        server = cls(config, listener, log=log)
+        if state["web"] is not None:
+            server.web_listener = socket.socket(fileno=fds[state["web"]])
+        stats = server.stats
+        for name, value in state["stats"].items():
+            setattr(stats, name, value)
+        server._gone = list(state["gone"])
+        server._next_cid = state["next_cid"]
+        server.started = state["started"]
+        server.prefix = state["prefix"]
+        server._ever_connected = state["ever_connected"]
+        server.by_relay.restore(state["by_relay"])
+        server.by_user.restore(state["by_user"])
+        index = server.index
+        # the upstream and our relays know every pattern already: no SUB, no notice
+        index.on_first = index.on_last = None
+        byid: dict[int, Connection] = {}
+        for cstate in state["clients"]:
+            conn = server._adopt_client(cstate, socket.socket(fileno=fds[cstate["fd"]]))
+            byid[conn.cid] = conn
+        for cstate in state["clients"]:
+            conn = byid[cstate["cid"]]
+            for cid, action in cstate["waiters"]:
+                publisher = byid[cid]
+                if conn.waiters is None:
+                    conn.waiters = []
+                conn.waiters.append((publisher, Action[action]))
+                publisher.pause()
+            if cstate["held"]:
+                conn.pause()
+                server._awaiting_prefix.append(conn)
+        link = state["upstream"]
+        if link is not None and server.upstream is not None:
+            sock = socket.socket(fileno=fds[link["fd"]]) if "fd" in link else None
+            server.upstream.adopt(link, sock)
+            for pattern, count in link["patterns"].items():
+                for _ in range(count):
+                    index.add(server.upstream.conn, pattern)
+        index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
+        return server
+
+    def _adopt_client(self, state: dict[str, Any], sock: socket.socket) -> Connection:
+        gid, uid, pid = state["creds"]
+        account = self.accounts.get(uid)
+        if account is None:
+            account = self.accounts[uid] = quota.Account(self._quotas.get(uid, self._default_quota))
+        account.connections += 1
+        sock.setblocking(False)
+        conn = Connection(
+            self.router, self, sock, state["cid"], Credentials(gid, uid, pid), account
+        )
+        conn.adopt(state)
+        self.clients[conn.cid] = conn
+        for pattern, count in state["patterns"].items():
+            for _ in range(count):
+                self.index.add(conn, pattern)
+        account.patterns += len(state["patterns"])
+        account.pattern_bytes += conn.pattern_bytes
+        if conn.interest:
+            self.interest.listeners[conn] = None
+        return conn
 
     # --- observability ---------------------------------------------------
 
     def gauges(self) -> Gauges:
-        """A snapshot for the metrics collector (cost: one pass over the clients)."""
-        queued = qbytes = big = bigbytes = blocked = 0
+        """A snapshot for the metrics collector (cost: one pass over the clients).
+
+        The traffic counters are summed here from each connection's own counts
+        (and those of the clients that have gone): the hot path never touches
+        a shared counter.
+        """
+        queued = qbytes = big = bigbytes = blocked = dropping = 0
+        traffic = list(self._gone)
         soft: dict[str, int] = {}
         hard: dict[str, int] = {}
         for conn in self.clients.values():
-            q = conn.queue
-            queued += q.count
-            qbytes += q.nbytes
-            big = max(big, q.count)
-            bigbytes = max(bigbytes, q.nbytes)
-            soft[q.soft] = soft.get(q.soft, 0) + 1
-            hard[q.hard] = hard.get(q.hard, 0) + 1
+            for i, n in enumerate(_traffic(conn)):
+                traffic[i] += n
+            dropping += conn.dropping
+            count, nbytes = conn.queued
+            queued += count
+            qbytes += nbytes
+            big = max(big, count)
+            bigbytes = max(bigbytes, nbytes)
+            soft_mode, hard_mode = conn.modes
+            soft[soft_mode] = soft.get(soft_mode, 0) + 1
+            hard[hard_mode] = hard.get(hard_mode, 0) + 1
             blocked += conn.pauses > 0
         up = self.upstream
+        link = up.conn if up is not None else None
         return Gauges(
+            messages_in=traffic[0],
+            bytes_in=traffic[1],
+            delivered=traffic[2],
+            bytes_out=traffic[3],
+            dropping_clients=dropping,
             clients=len(self.clients),
             users=len(self.accounts),
             patterns=len(self.index),
@@ -596,7 +706,9 @@ class Server:
             is_relay=up is not None,
             upstream_connected=up is not None and up.connected,
             upstream_interest_patterns=up.interest_count if up is not None else 0,
-            upstream_queue_messages=up.queued if up is not None else 0,
+            upstream_queue_messages=link.queued[0] if link is not None else 0,
+            forwarded_up=link.msgs_out if link is not None else 0,
+            forwarded_down=link.msgs_in if link is not None else 0,
         )
 
     def who(self) -> dict[str, list[tuple[str, list[int], list[int]]]]:
@@ -606,7 +718,7 @@ class Server:
         by_user: dict[str, tuple[list[int], list[int]]] = {}
         for conn in self.clients.values():
             counts = _counters(conn)
-            q = conn.queue
+            count, nbytes = conn.queued
             for rows, key in ((by_relay, conn.label), (by_user, str(conn.creds.uid))):
                 row = rows.get(key)
                 if row is None:
@@ -614,8 +726,8 @@ class Server:
                 total, gauges = row
                 for i, v in enumerate(counts):
                     total[i] += v
-                gauges[0] += q.count
-                gauges[1] += q.nbytes
+                gauges[0] += count
+                gauges[1] += nbytes
                 gauges[2] += 1
         now = time.monotonic()
         return {
@@ -629,7 +741,9 @@ class Server:
         prefix = (self.prefix or b"").decode("utf-8", "replace")
         rows = []
         for conn in self.clients.values():
-            c, q = conn.creds, conn.queue
+            c = conn.creds
+            count, nbytes = conn.queued
+            soft_mode, hard_mode = conn.modes
             rows.append(
                 {
                     "cid": conn.cid,
@@ -640,17 +754,18 @@ class Server:
                     "relay": conn.label,
                     "is_relay": conn.relay,
                     "patterns": self.index.distinct_of(conn),
-                    "queued_messages": q.count,
-                    "queued_bytes": q.nbytes,
+                    "queued_messages": count,
+                    "queued_bytes": nbytes,
                     "msgs_in": conn.msgs_in,
                     "bytes_in": conn.bytes_in,
                     "msgs_out": conn.msgs_out,
                     "bytes_out": conn.bytes_out,
                     "dropped": conn.dropped,
                     "age": round(now - conn.since, 3),
-                    "soft": q.soft,
-                    "hard": q.hard,
+                    "soft": soft_mode,
+                    "hard": hard_mode,
                     "paused": conn.pauses > 0,
+                    "dropping": conn.dropping,
                 }
             )
         return rows

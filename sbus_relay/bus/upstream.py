@@ -1,23 +1,35 @@
 """The relay's link to its upstream bus (docs/protocol.md, "Relays").
 
 Theory of operation.  A relay is a full local bus that is also a client of
-its parent.  ``UpstreamLink`` owns that client connection, and reaches its
-own bus only through ``UpstreamHost``:
+its parent.  The link's traffic is carried by one ``Connection`` (``conn``),
+made once and kept across reconnects, so what it queues survives an outage.
+It reads, batches, queues and drops exactly as a client's connection does,
+and it is one more recipient in the subscription index: it holds the
+patterns the upstream wants, so a local publish is matched once for local
+subscribers and the upstream alike.  This class is the link's *controller*:
+it connects, speaks the handshake and the interest extension, and reaches
+its own bus only through ``UpstreamHost``.
 
-* one greenlet connects (with capped exponential back-off) and reads what
-  comes down; writing is a callback of the hub, like a client's;
-* on connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
-  ``CMSG interest/on`` and its name (``CMSG relay/name``); once whoami is
+* One greenlet connects (with capped exponential back-off) whenever the link
+  is down, and watches the upstream's socket file meanwhile: a restarted
+  upstream is reached as soon as it binds again, not after the back-off; the
+  connection's reading and writing are callbacks of the hub.
+* On connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
+  ``CMSG interest/on``, ``CMSG batch/on`` and its name (``CMSG relay/name``);
+  an upstream that answers ``batch/on`` is sent packed batches, and sends
+  them (docs/protocol.md, "Packed batches"); once whoami is
   answered (our identity is known, and so are the right secret patterns) it
-  sends ``SUB`` for every local pattern, and local publishes start to go up;
-* after that, pattern changes (the index's first/last callbacks) are kept as
-  the net change per pattern until they can be sent: a burst of SUB/UNSUB
-  churn costs memory per distinct pattern, never per packet;
-* local publishes go up only when they match the upstream's interest (all of
-  them until its snapshot is complete); they wait in a bounded queue while
-  the upstream is slow or away and beyond it are dropped and counted
-  (``flood.decide_upward``): the local bus never waits for its upstream;
-* an upstream that never answers whoami is warned about after
+  subscribes every local pattern, and the connection opens: what waits in
+  its queue goes up ``RESUBSCRIBE_GRACE`` later (a restarted upstream's other
+  relays subscribe again meanwhile), whatever is published behind it.
+* After that, pattern changes (the index's first/last callbacks) wait in the
+  connection as the net change per pattern until they can be sent: a burst
+  of SUB/UNSUB churn costs memory per distinct pattern, never per packet.
+* Until the upstream's interest is complete (``interest/ready``), and while
+  the link is down, the link holds ``EVERYTHING``: every local publish goes
+  up (or waits in the bounded queue, beyond which it is dropped and counted:
+  the local bus never waits for its upstream).
+* An upstream that never answers whoami is warned about after
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
   with this relay's own earlier identity is refused as a cycle.
@@ -27,50 +39,44 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
-from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 import gevent
+from gevent.event import Event
 
-from sbus_relay.ops.addresses import connect
+from sbus_relay.ops.addresses import connect, parse_address, peer_ucred
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec, flood
-from sbus_relay.protocol.errors import AddressError, PeerError
-from sbus_relay.protocol.flood import Action
-from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol import codec
+from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.interest import ADD, READY, REMOVE
-from sbus_relay.protocol.keys import WHOAMI
+from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials
 from sbus_relay.protocol.limits import (
-    DROP_EPISODE_QUIET,
-    NOTICE_BATCH,
-    READ_BATCH,
+    RESUBSCRIBE_GRACE,
     SEND_BUFFER,
+    UPSTREAM_WATCH,
     WHOAMI_TIMEOUT,
-    WRITE_BATCH,
 )
-from sbus_relay.protocol.stats import Stats
+from sbus_relay.protocol.quota import unlimited
 
-from .batchio import recv_many, send_all
+from .connection import Connection, Router
 
-_MSG = b"MSG "
-_UP = "upstream"  # the one holder in the interest index
 _HELLO = (
     codec.encode_cmsg(b"echo/off"),
     codec.encode_cmsg(WHOAMI),
     codec.encode_cmsg(b"interest/on"),
+    codec.encode_cmsg(codec.BATCH_ON),
 )
+#: What the link holds while the upstream's interest is unknown: every public
+#: key ("") and every secret one (the prefix pattern "!/cred/").
+EVERYTHING = (b"", CRED)
 
 
 class UpstreamHost(Protocol):
     """What the upstream link needs from its local bus (the server implements it)."""
 
-    def deliver(self, packet: bytes, key: bytes) -> None:
-        """A ``MSG`` came down: deliver it locally (never back up)."""
-
-    def flush(self) -> None:
-        """Send local clients what ``deliver`` routed since the last flush."""
+    router: Router
 
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream answered whoami: our identity prefix is ``<reply>/``."""
@@ -79,214 +85,191 @@ class UpstreamHost(Protocol):
         """Every distinct pattern a local client holds."""
 
     def upstream_interest(self, pattern: bytes, present: bool) -> None:
-        """The upstream's interest in ``pattern`` changed."""
-
-    def upstream_interest_lost(self) -> None:
-        """The link went down: the upstream's interest is unknown again."""
+        """The link comes to hold ``pattern`` (True), or lets one hold of it go."""
 
 
 class UpstreamLink:
-    """The client side of a relay: SUB/UNSUB and publishes up, deliveries down."""
+    """The client side of a relay: its handshake, its interest, its reconnects."""
 
-    def __init__(self, host: UpstreamHost, config: ServerConfig, stats: Stats, log: Any) -> None:
+    def __init__(self, host: UpstreamHost, config: ServerConfig, log: Any) -> None:
         assert config.upstream is not None
         self.host = host
-        self.stats = stats
         self.address = config.upstream
         self.log = log.bind(upstream=config.upstream)
         self._min = config.reconnect_min
         self._max = config.reconnect_max
-        self._max_messages = config.upstream_queue_messages
-        self._max_bytes = config.upstream_queue_bytes
         #: the hello: the last packet names this relay (its ``instance``), so the
         #: upstream's per-relay series and ``/clients`` say which relay it is
-        self._hello_packets = (
+        self._hello = (
             *_HELLO,
             codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace")),
+        )
+        queue = OutboundQueue(
+            config.upstream_queue_bytes, config.upstream_queue_messages, upward=True
+        )
+        self.conn = Connection(
+            host.router,
+            self,
+            None,
+            0,
+            Credentials(os.getegid(), os.geteuid(), os.getpid()),
+            unlimited(),
+            queue=queue,
+            log=self.log,
+            upward=True,
         )
         self.connected = False  # socket up, hello sent
         self.ready = False  # whoami answered: patterns synced, publishes flow
         #: the last whoami answer we took, kept across reconnects (cycle detection)
         self._identity_known: bytes | None = None
-        self.interest: SubscriptionIndex[str] = SubscriptionIndex()
+        #: patterns the upstream has said it wants (the interest extension)
+        self.interest_count = 0
         self.interest_complete = False
-        #: control packets to send before anything else (the hello)
-        self._hello: deque[bytes] = deque()
-        #: pattern -> wanted upstream (True: SUB, False: UNSUB), the net change not yet sent
-        self._pending: dict[bytes, bool] = {}
-        #: publishes waiting to go up, in order, bounded
-        self._outbox: deque[bytes] = deque()
-        #: publishes of the current local read batch, sent together by ``flush``
-        self._batch: list[bytes] | None = None
-        self._out_bytes = 0
-        self._episode_drops = 0
-        self._drop_timer: Any = None
-        self._sock: socket.socket | None = None
-        self._write_watcher: Any = None
-        self._read_watcher: Any = None
         self._whoami_timer: Any = None
+        self._release_timer: Any = None
         self._runner: gevent.Greenlet | None = None
+        self._down = Event()  # set when the link is lost: the runner reconnects
+        self._worked = False  # the link that was lost had got as far as ready
         self._stopping = False
         self._connections = 0
+        self._adopted = False  # taken over from an earlier process (``adopt``)
+        address = parse_address(config.upstream)
+        #: the upstream's socket file, watched while it is away (None: not a path)
+        self._watched_path = address.path if address.kind == "path" else None
 
     # --- what the server sees --------------------------------------------------
 
-    @property
-    def interest_count(self) -> int:
-        """Distinct patterns the upstream has told us it wants."""
-        return self.interest.distinct
-
-    @property
-    def queued(self) -> int:
-        """Messages waiting to go up."""
-        return len(self._outbox)
-
     def start(self) -> None:
-        """Connect (and keep reconnecting) in the background."""
+        """Connect (and keep reconnecting) in the background; until the upstream's
+        interest is known, hold everything (not when adopted: that is known)."""
+        if not self._adopted:
+            self._hold_everything()
         self._runner = gevent.spawn(self._run)
+
+    # --- a live upgrade -------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """Nothing more goes up or comes down until ``thaw`` or ``let_go``."""
+        self.conn.freeze()
+        if self._whoami_timer is not None:
+            self._whoami_timer.stop()
+
+    def thaw(self) -> None:
+        self.conn.thaw()
+        if self._whoami_timer is not None:
+            self._whoami_timer.start(self._whoami_late)
+
+    def let_go(self) -> None:
+        """The link lives on in a newer process: close our copy, quietly."""
+        self._stopping = True
+        if self._runner is not None:
+            self._runner.kill(block=False)
+        self._cancel_whoami()
+        self.conn.let_go()
+
+    def export(self) -> dict[str, Any]:
+        """The link's state (its connection's included), as plain data."""
+        return {
+            "conn": self.conn.export(),
+            "connected": self.connected,
+            "ready": self.ready,
+            "identity_known": self._identity_known,
+            "interest_count": self.interest_count,
+            "interest_complete": self.interest_complete,
+            "connections": self._connections,
+        }
+
+    def adopt(self, state: dict[str, Any], sock: socket.socket | None) -> None:
+        """Take up the link an earlier process handed over (before ``start``)."""
+        self._adopted = True
+        if sock is not None:
+            sock.setblocking(False)
+            self.conn.attach(sock)
+        self.conn.adopt(state["conn"])
+        self.connected = state["connected"] and sock is not None
+        self.ready = state["ready"] and self.connected
+        self._identity_known = state["identity_known"]
+        self.interest_count = state["interest_count"]
+        self.interest_complete = state["interest_complete"]
+        self._connections = state["connections"]
 
     def stop(self) -> None:
         """Drop the link for good."""
         self._stopping = True
         if self._runner is not None:
             self._runner.kill(block=False)
-        self._close()
-        self._end_drop_episode()
+        self._cancel_whoami()
+        self.connected = self.ready = False
+        self.conn.close("server_stopping")
 
     def subscribe(self, pattern: bytes) -> None:
         """A local pattern went 0 -> 1: SUB it upstream."""
-        self._want(pattern, True)
+        if self.ready:  # before that, the whole set is sent once whoami is answered
+            self.conn.notify(pattern, True)
 
     def unsubscribe(self, pattern: bytes) -> None:
         """A local pattern went 1 -> 0: UNSUB it upstream."""
-        self._want(pattern, False)
+        if self.ready:
+            self.conn.notify(pattern, False)
 
-    def _want(self, pattern: bytes, present: bool) -> None:
-        if not self.ready:
-            return  # the whole set is sent once whoami is answered
-        pending = self._pending
-        if pattern in pending:
-            del pending[pattern]  # SUB then UNSUB (or back): the upstream's view is right
-        else:
-            pending[pattern] = present
-        self._want_write()
+    # --- the connection's handler ------------------------------------------------
 
-    def forward(self, key: bytes, packet: bytes) -> None:
-        """A local publish: send it up if someone outside may want it.
+    def handle(self, conn: Connection, packet: bytes) -> None:
+        """A packet from the upstream that is not a MSG."""
+        event = codec.decode(packet)
+        if not isinstance(event, codec.Control):
+            return  # a server sends only MSG and CMSG; ignore anything else
+        payload = event.payload or b""
+        key = event.key
+        if key == WHOAMI:
+            self._identity(payload)
+        elif key == ADD:
+            self.interest_count += 1
+            self.host.upstream_interest(payload, True)
+        elif key == REMOVE:
+            self.interest_count -= 1
+            self.host.upstream_interest(payload, False)
+        elif key == READY:
+            if not self.interest_complete:
+                self.interest_complete = True
+                for pattern in EVERYTHING:
+                    self.host.upstream_interest(pattern, False)
+            self.log.info("upstream.interest_ready", patterns=self.interest_count)
+        elif key == codec.BATCH_ON:
+            conn.packs = True  # the upstream reads packed batches: send them
+        elif key == b"disconnect":
+            self.log.warning("upstream.disconnected_us", reason=payload.decode("utf-8", "replace"))
 
-        While the link is up and nothing waits before it, the packet joins this
-        read batch's ``_batch``, sent in one call by ``flush``.
-        """
-        if self.interest_complete and not self.interest.match(key):
-            return
-        if self.ready and not self._outbox and not self._pending:
-            batch = self._batch
-            if batch is None:
-                self._batch = [packet]
-            else:
-                batch.append(packet)
-            return
-        self._queue(packet)
+    def lost(self, conn: Connection, reason: str, detail: str) -> None:
+        """The link failed: what it queued stays (bounded); its interest is unknown again."""
+        was = self.connected
+        self._worked = self.ready
+        conn.detach()
+        self.connected = self.ready = False
+        self._cancel_whoami()
+        self._forget_interest()
+        if was:
+            self.log.warning("upstream.lost", reason=reason, detail=detail, waiting=conn.queued[0])
+        self._down.set()
 
-    def flush(self) -> None:
-        """Send this batch's publishes up; what the socket refuses waits in the queue."""
-        batch, self._batch = self._batch, None
-        sock = self._sock
-        if batch is None:
-            return
-        sent = 0
-        if sock is not None and self.ready:
-            try:
-                sent = send_all(sock, sock.fileno(), batch)
-            except OSError as e:
-                self._lost("send failed: %s" % e)
-            self.stats.forwarded_up += sent
-        for i in range(sent, len(batch)):
-            self._queue(batch[i])
+    def forget(self, conn: Connection) -> None:
+        """The link's connection closed for good (``stop``): nothing is held for it."""
 
-    def _queue(self, packet: bytes) -> None:
-        action = flood.decide_upward(
-            len(self._outbox), self._out_bytes, self._max_messages, self._max_bytes
-        )
-        if action is Action.QUEUE:
-            self._outbox.append(packet)
-            self._out_bytes += len(packet)
-            self._want_write()
-            return
-        self.stats.drops[action.value] += 1
-        self._episode_drops += 1
-        if self._drop_timer is None:
-            self.log.warning("upstream.queue_full", reason=action.value)
-            self._drop_timer = gevent.get_hub().loop.timer(DROP_EPISODE_QUIET, DROP_EPISODE_QUIET)
-            self._drop_timer.start(self._drop_tick, self._episode_drops)
+    # --- the upstream's interest ---------------------------------------------------
 
-    def _drop_tick(self, seen: int) -> None:
-        """Log the drop episode once a quiet interval passes without a drop."""
-        if self._episode_drops != seen:
-            self._drop_timer.stop()
-            self._drop_timer.start(self._drop_tick, self._episode_drops)
-            return
-        self._end_drop_episode()
+    def _hold_everything(self) -> None:
+        for pattern in EVERYTHING:
+            self.host.upstream_interest(pattern, True)
 
-    def _end_drop_episode(self) -> None:
-        if self._drop_timer is not None:
-            self._drop_timer.stop()
-            self._drop_timer = None
-        if self._episode_drops:
-            self.log.warning(
-                "upstream.dropped", count=self._episode_drops, reason=Action.DROP_UPWARD.value
-            )
-            self._episode_drops = 0
-
-    # --- writing: a callback of the hub --------------------------------------------
-
-    def _want_write(self) -> None:
-        watcher = self._write_watcher
-        if watcher is not None and not watcher.active:
-            watcher.start(self._on_writable)
-
-    def _on_writable(self) -> None:
-        """Send the hello, then the net pattern changes, then (once ready) publishes."""
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            hello = self._hello
-            while hello:
-                sock.send(hello[0])
-                hello.popleft()
-            if not self.ready:
-                self._write_watcher.stop()  # nothing more until whoami is answered
-                return
-            pending = self._pending
-            for _ in range(NOTICE_BATCH):
-                if not pending:
-                    break
-                pattern, present = pending.popitem()
-                try:
-                    sock.send((codec.SUB if present else codec.UNSUB) + pattern)
-                except BlockingIOError:
-                    pending[pattern] = present
-                    return
-            if pending:
-                return  # the rest on the next wake-up
-            outbox = self._outbox
-            sent = 0
-            try:
-                for _ in range(WRITE_BATCH):
-                    if not outbox:
-                        break
-                    sock.send(outbox[0])
-                    self._out_bytes -= len(outbox.popleft())
-                    sent += 1
-            finally:
-                self.stats.forwarded_up += sent
-            if not outbox:
-                self._write_watcher.stop()
-        except BlockingIOError:
-            return
-        except OSError as e:
-            self._lost("send failed: %s" % e)
+    def _forget_interest(self) -> None:
+        """Let go of every pattern the link holds, then hold everything again."""
+        index = self.host.router.index
+        for pattern, count in index.patterns_of(self.conn).items():
+            for _ in range(count):
+                self.host.upstream_interest(pattern, False)
+        self.interest_count = 0
+        self.interest_complete = False
+        self._hold_everything()
 
     # --- the connection's life ------------------------------------------------------
 
@@ -294,6 +277,15 @@ class UpstreamLink:
         delay = self._min
         failures = 0
         while not self._stopping:
+            if self.connected:  # up (an adopted link starts so): wait until it is lost
+                self._down.wait()
+                if self._stopping:
+                    return
+                if self._worked:
+                    delay = self._min  # it worked for a while: start the back-off afresh
+                gevent.sleep(delay)
+                delay = min(delay * 2, self._max)
+                continue
             try:
                 sock = connect(self.address)
             except (OSError, AddressError) as e:
@@ -302,57 +294,64 @@ class UpstreamLink:
                 failures += 1
                 say = self.log.warning if failures == 1 else self.log.info
                 say("upstream.connect_failed", error=str(e), retry_in=round(delay, 3))
-                gevent.sleep(delay)
-                delay = min(delay * 2, self._max)
+                if self._wait_for_upstream(delay):
+                    delay = self._min  # its socket changed: it is coming back, try at once
+                else:
+                    delay = min(delay * 2, self._max)
                 continue
             if self._is_self(sock):
                 sock.close()
                 self.log.error("upstream.refused", reason="upstream is this very server")
                 gevent.sleep(self._max)
                 continue
-            self._open(sock)
             failures = 0
+            self._down.clear()
             try:
-                self._read_loop(sock)
-            except PeerError as e:
-                self.log.warning("upstream.protocol_error", reason=e.reason, detail=e.detail)
+                self._open(sock)
             except OSError as e:
-                self.log.warning("upstream.io_error", error=str(e))
-            except gevent.GreenletExit:
-                raise
-            except Exception:  # a bug of ours must not end reconnection for good
-                self.log.exception("upstream.internal_error")
-            if self._stopping:
-                return
-            if self.ready:
-                delay = self._min  # it worked for a while: start the back-off afresh
-            self._lost("connection closed")
+                self.lost(self.conn, "io_error", str(e))
+                gevent.sleep(delay)
+
+    def _wait_for_upstream(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds, or less if the upstream's socket file changes
+        (it is being bound again: a restarted upstream is reached within
+        ``UPSTREAM_WATCH`` of listening, not after the back-off); True then."""
+        path = self._watched_path
+        if path is None:
             gevent.sleep(delay)
-            delay = min(delay * 2, self._max)
+            return False
+        changed = Event()
+        watcher = gevent.get_hub().loop.stat(path, UPSTREAM_WATCH)
+        watcher.start(changed.set)
+        try:
+            return changed.wait(delay)
+        finally:
+            watcher.close()
 
     def _is_self(self, sock: socket.socket) -> bool:
         """SO_PEERCRED tells whether we connected to our own listening socket."""
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        pid: int = struct.unpack("3i", creds)[0]
-        return pid == os.getpid()
+        return peer_ucred(sock)[0] == os.getpid()
 
     def _open(self, sock: socket.socket) -> None:
         """Start a connection: the hello goes out; patterns follow the whoami reply."""
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-        self._sock = sock
         self._connections += 1
         if self._connections > 1:
-            self.stats.upstream_reconnects += 1
-        loop = gevent.get_hub().loop
-        self._write_watcher = loop.io(sock.fileno(), 2)
-        self._hello = deque(self._hello_packets)
-        self._pending = {}
+            self.host.router.stats.upstream_reconnects += 1
+        self.conn.attach(sock)
+        for packet in self._hello:  # a fresh socket's buffer takes these few at once
+            sock.send(packet)
         self.connected = True
-        self._whoami_timer = loop.timer(WHOAMI_TIMEOUT)
+        self._whoami_timer = gevent.get_hub().loop.timer(WHOAMI_TIMEOUT)
         self._whoami_timer.start(self._whoami_late)
-        self.log.info("upstream.connected", waiting=len(self._outbox))
-        self._want_write()
+        self.log.info("upstream.connected", waiting=self.conn.queued[0])
+
+    def _cancel_whoami(self) -> None:
+        for timer in (self._whoami_timer, self._release_timer):
+            if timer is not None:
+                timer.close()
+        self._whoami_timer = self._release_timer = None
 
     def _whoami_late(self) -> None:
         if self.connected and not self.ready:
@@ -362,60 +361,6 @@ class UpstreamLink:
                 hint="the upstream does not answer whoami: is it a relay whose own upstream "
                 "leads back here (a relay cycle)?",
             )
-
-    def _read_loop(self, sock: socket.socket) -> None:
-        hub = gevent.get_hub()
-        fd = sock.fileno()
-        watcher = self._read_watcher = hub.loop.io(fd, 1)
-        stats = self.stats
-        deliver = self.host.deliver
-        flush = self.host.flush
-        try:
-            while not self._stopping and self._sock is sock:
-                packets = recv_many(sock, fd, READ_BATCH)
-                for packet in packets:
-                    if not packet:
-                        if packet is None:
-                            raise PeerError("protocol_error", "over-long packet from upstream")
-                        return  # the upstream closed (it never sends an empty packet)
-                    if packet.startswith(_MSG):
-                        nul = packet.find(b"\0", 4)
-                        if nul < 0:
-                            raise PeerError("protocol_error", "MSG without NUL")
-                        stats.forwarded_down += 1
-                        deliver(packet, packet[4:nul])
-                    else:
-                        flush()
-                        self._control(codec.decode(packet))
-                    if self._sock is not sock:
-                        return  # closed while handling (a cycle was found)
-                flush()
-                if len(packets) == READ_BATCH:
-                    gevent.sleep(0)  # a full batch: let the others in, then read on
-                else:
-                    hub.wait(watcher)
-        finally:
-            flush()
-            self._read_watcher = None
-            watcher.close()
-
-    def _control(self, event: codec.Event) -> None:
-        if not isinstance(event, codec.Control):
-            return  # a server sends only MSG and CMSG; ignore anything else
-        payload = event.payload or b""
-        if event.key == WHOAMI:
-            self._identity(payload)
-        elif event.key == ADD:
-            self.interest.add(_UP, payload)
-            self.host.upstream_interest(payload, True)
-        elif event.key == REMOVE:
-            if self.interest.remove(_UP, payload):
-                self.host.upstream_interest(payload, False)
-        elif event.key == READY:
-            self.interest_complete = True
-            self.log.info("upstream.interest_ready", patterns=self.interest.distinct)
-        elif event.key == b"disconnect":
-            self.log.warning("upstream.disconnected_us", reason=payload.decode("utf-8", "replace"))
 
     def _identity(self, reply: bytes) -> None:
         """The whoami reply: our prefix is ``<reply>/``; now send every pattern."""
@@ -431,43 +376,25 @@ class UpstreamLink:
                 reason="relay cycle detected",
                 identity=reply.decode("ascii", "replace"),
             )
-            self._lost("cycle")
+            self.lost(self.conn, "cycle", "")
             return
+        self._cancel_whoami()
         self.host.set_prefix(reply + b"/")
         self._identity_known = reply
-        self._pending = dict.fromkeys(self.host.local_patterns(), True)
+        patterns = list(self.host.local_patterns())
+        for pattern in patterns:
+            self.conn.notify(pattern, True)
         self.ready = True
+        # What was published while the upstream was away waits a moment more:
+        # the other relays of a restarted upstream reconnect within milliseconds
+        # and subscribe again, and then it reaches them too.
+        held = self.conn.queued[0] > 0
+        self.conn.opened(hold=held)
+        if held:
+            self._release_timer = gevent.get_hub().loop.timer(RESUBSCRIBE_GRACE)
+            self._release_timer.start(self.conn.release)
         self.log.info(
             "upstream.ready",
             identity=reply.decode("ascii", "replace"),
-            patterns=len(self._pending),
+            patterns=len(patterns),
         )
-        self._want_write()
-
-    def _lost(self, why: str) -> None:
-        """The link went down: forget its interest; queued publishes stay (bounded)."""
-        was = self.connected
-        self._close()
-        if self.interest.distinct:
-            self.interest = SubscriptionIndex()
-            self.host.upstream_interest_lost()
-        self.interest_complete = False
-        if was:
-            self.log.warning("upstream.lost", reason=why, waiting=len(self._outbox))
-
-    def _close(self) -> None:
-        """Close the socket, waking the reading greenlet (it then reconnects)."""
-        self.connected = False
-        self.ready = False
-        self._pending = {}
-        self._hello.clear()
-        for watcher in (self._write_watcher, self._whoami_timer):
-            if watcher is not None:
-                watcher.close()
-        self._write_watcher = self._whoami_timer = None
-        reading = self._read_watcher
-        if reading is not None and gevent.getcurrent() is not self._runner:
-            gevent.get_hub().cancel_wait(reading, OSError("upstream link closed"))
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()

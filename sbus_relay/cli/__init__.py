@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from sbus_relay import __version__
-from sbus_relay.protocol.errors import AddressError, ConfigError, UsageError
+from sbus_relay.protocol.errors import AddressError, ConfigError, UpgradeError, UsageError
 
 #: name -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 #: One entry per line: other commands are added here by their authors.
@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "sbus_relay.cli.analyze",
     "spark-server": "sbus_relay.cli.spark_server",
     "top": "sbus_relay.cli.top",
+    "upgrade": "sbus_relay.cli.upgrade",
 }
 
 #: Exit status for bad flags, config or addresses (argparse uses it too).
@@ -75,6 +76,10 @@ HELP: dict[str, tuple[str, str]] = {
     "spark-server": (
         "Run a long-lived Spark Connect server for analyze --remote (from the installed pyspark).",
         "sbus-relay spark-server --port 15002 --memory 4g",
+    ),
+    "upgrade": (
+        "Upgrade running buses in place: nobody is disconnected, nothing is lost.",
+        "sbus-relay upgrade -a /run/sbus.socket",
     ),
     "top": (
         "Watch buses live: their clients, rates, drops and queues, per client or per relay.",
@@ -127,6 +132,9 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
         # One line, no traceback: the user can fix this.
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except UpgradeError as exc:
+        print(f"{prog}: upgrade: {exc}", file=sys.stderr)
+        return 1
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]
         if top not in SPARK_EXTRA:

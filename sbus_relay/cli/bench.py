@@ -12,8 +12,15 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
+from sbus_relay.bench.reference import SOURCE_ENV, UPSTREAM
 from sbus_relay.bench.runner import SCENARIO_NAMES as SCENARIOS
+
+#: Exit status when a scenario failed or a program could not be built.
+EXIT_FAILED = 1
+#: Exit status with --check when a target is not met.
+EXIT_TARGETS_MISSED = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit with status {EXIT_TARGETS_MISSED} unless every target of the scenarios run"
+        " is met (a missed target, a figure that is noise, or one without a reference to"
+        " compare with: none counts as met)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         metavar="SVG",
@@ -48,8 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="the reference C sbusd binary to measure beside ours (default: built with gcc "
-        "from the reference sources, found via $SBUS_REFERENCE_SRC or a reference-sbus "
-        "directory near the checkout)",
+        "from the reference sources, see --reference-src)",
+    )
+    which.add_argument(
+        "--reference-src",
+        type=Path,
+        metavar="DIR",
+        help=f"build the reference from this source tree, a clone of {UPSTREAM} (default: "
+        f"${SOURCE_ENV}, else an 'sbus' or 'reference-sbus' directory near the checkout)",
     )
     which.add_argument(
         "--no-reference",
@@ -77,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default ~/.cache/sbus_relay/bench)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
+    parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="run our servers on the pure-Python path (SBUS_PURE_PYTHON=1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,16 +123,19 @@ def run(args: argparse.Namespace) -> int:
         profile_path=args.profile,
         sbusd=tuple(shlex.split(args.sbusd)) if args.sbusd else None,
         reference=args.reference,
+        reference_src=args.reference_src,
         no_reference=args.no_reference,
         cache_dir=args.cache_dir,
         keep=args.keep,
         only=tuple(args.only),
+        check=args.check,
+        pure=args.pure,
     )
     try:
         results = run_bench(options, say=lambda line: print(line, file=sys.stderr, flush=True))
     except BuildError as exc:
         print(f"sbus-relay bench: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(
             "sbus-relay bench: interrupted; every process it started was stopped", file=sys.stderr
@@ -119,6 +147,25 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(results["profile"]))
     if args.json:
         print(f"\nJSON: {args.json}")
-    # "unavailable" (e.g. no relay yet) is reported, not an error of the benchmark.
-    failed = [n for n, s in results["scenarios"].items() if s["status"] == "failed"]
-    return 1 if failed else 0
+    status, why = exit_status(results, args.check)
+    if why:
+        print(f"sbus-relay bench: {why}", file=sys.stderr)
+    return status
+
+
+def exit_status(results: dict[str, Any], check: bool) -> tuple[int, str]:
+    """The exit status of a run, and the line that explains a non-zero one.
+
+    A failed scenario is EXIT_FAILED ("unavailable", e.g. no relay, is only
+    reported); with ``check``, a target not met is EXIT_TARGETS_MISSED.
+    """
+    from sbus_relay.bench.report import MET
+
+    failed = [name for name, s in results["scenarios"].items() if s["status"] == "failed"]
+    if failed:
+        return EXIT_FAILED, f"{len(failed)} scenario(s) failed: {', '.join(failed)}"
+    summary = results["summary"]
+    short = sum(summary.values()) - summary[MET]
+    if check and short:
+        return EXIT_TARGETS_MISSED, f"--check: {short} of {sum(summary.values())} targets not met"
+    return 0, ""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_address_argument
+
 #: The usage line, as the reference prints it.
 USAGE = "sbusd [-a ADDRESS] [-f | -p PIDFILE] [-u USER]... [-cgor]"
 #: What ``sbusd -h`` says above the flags.
@@ -22,12 +24,7 @@ EPILOG = "example: sbusd -f -r -a /tmp/sbus.socket    (protocol: docs/protocol.m
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The reference flags; every unset flag is None so the defaults apply."""
-    parser.add_argument(
-        "-a",
-        dest="address",
-        metavar="ADDRESS",
-        help="a socket path, /dev/unix/abstract[/HEX] or /dev/fd/N (default /run/sbus.socket)",
-    )
+    add_address_argument(parser, listen=True, flags=("-a",))
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "-f",

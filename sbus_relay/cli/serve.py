@@ -4,7 +4,14 @@ The order matters (docs/protocol.md, Addresses): resolve the listener and bind i
 daemonising, so an address in use is reported on the terminal with a non-zero
 status; print a random abstract address before stdout is closed; fork before
 anything starts gevent's hub; and remove the socket file and pid file however
-the server stops.
+the server stops -- unless a newer process took the bus over.
+
+A live upgrade (docs/deploy.md, "Upgrade"): on SIGUSR2 a bus starts the
+installed version of itself, the same command line with ``$SBUS_TAKE_OVER``
+set; that process, fully initialised, takes the running bus over
+(``ops.handover``: every socket and connection's state) instead of binding,
+tells systemd its pid, and serves on.  A bus run by ``sbus-relay up`` leaves
+upgrades to ``up`` (``$SBUS_SUPERVISED``), which starts the new process itself.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, cast
@@ -30,16 +38,37 @@ from sbus_relay.ops.addresses import (
     printable_name,
     systemd_listeners,
 )
-from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS, ServerConfig, load_config
-from sbus_relay.ops.daemon import DaemonError, close_stdin_stdout, daemonize, remove_pidfile
-from sbus_relay.protocol.errors import AddressError, ConfigError
+from sbus_relay.ops.config import ServerConfig, load_config
+from sbus_relay.ops.daemon import (
+    DaemonError,
+    check_pidfile,
+    close_stdin_stdout,
+    daemonize,
+    notify,
+    remove_pidfile,
+    stderr_is_a_file,
+    write_pidfile,
+)
+from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV
+from sbus_relay.protocol.errors import AddressError
+from sbus_relay.protocol.limits import UPGRADE_WAIT
+
+from .options import (
+    add_address_argument,
+    add_config_argument,
+    add_logging_arguments,
+    add_metrics_argument,
+    configure_logging,
+)
 
 #: Signals that stop the server cleanly (docs/protocol.md, Addresses).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signal that upgrades a running bus in place (as nginx's binary upgrade).
+UPGRADE_SIGNAL = signal.SIGUSR2
 
-#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help).
+#: Flags of ServerConfig fields that take a value: field -> (flags, metavar, help);
+#: the address, metrics and logging flags are the shared ones (``options``).
 _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "address": (("-a", "--address"), "ADDRESS", "path, /dev/unix/abstract[/HEX] or /dev/fd/N"),
     "pidfile": (("-p", "--pidfile"), "PIDFILE", "pid file when daemonised (/dev/null: none)"),
     "hard_limit_bytes": (("--hard-limit-bytes",), "SIZE", "per-client queue limit, e.g. 16MiB"),
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
@@ -49,16 +78,12 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
     "reconnect_max": (("--reconnect-max",), "SECONDS", "largest upstream reconnect delay"),
-    "metrics": (("--metrics",), "HOST:PORT", "serve Prometheus /metrics and /healthz here"),
     "instance": (("--instance",), "NAME", "this server's name in metrics (default: hostname)"),
     "accounting_top": (
         ("--accounting-top",),
         "N",
         "relays and users named in the per-who series (the rest: other)",
     ),
-    "log_level": (("--log-level",), "LEVEL", "|".join(LOG_LEVELS)),
-    "log_format": (("--log-format",), "FORMAT", "|".join(LOG_FORMATS)),
-    "log_file": (("--log-file",), "FILE", "log to FILE (appended), or 'syslog' (default stderr)"),
     "max_patterns_per_client": (
         ("--max-patterns-per-client",),
         "N",
@@ -94,9 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     ``-c`` means "exit when the last client leaves", as it does for ``sbusd``.
     """
-    parser.add_argument(
-        "-C", "--config", metavar="CONFIG.yaml", help="YAML config file (flags override it)"
-    )
+    add_config_argument(parser)
+    add_address_argument(parser, listen=True)
+    add_metrics_argument(parser)
+    add_logging_arguments(parser)
     for name, (flags, metavar, text) in _VALUE_FLAGS.items():
         parser.add_argument(*flags, dest=name, metavar=metavar, help=text)
     for name, (flags, text) in _BOOL_FLAGS.items():
@@ -159,7 +185,7 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
 
 def run_server(config: ServerConfig) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves."""
-    _configure_logging(config, config.log_file)
+    configure_logging(config.log_level, config.log_format, config.log_file)
     import structlog
 
     log = structlog.get_logger("sbus_relay").bind(instance=config.instance)
@@ -167,6 +193,10 @@ def run_server(config: ServerConfig) -> int:
     # SIGTERM/SIGHUP must still mean "stop cleanly", not the default death.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
+    if os.environ.get(TAKE_OVER_ENV):
+        return _take_over(config, log)
+    if not config.foreground:
+        check_pidfile(os.path.abspath(config.pidfile))  # another bus's: one line, nothing bound
     # Bound first, before the bus socket and before daemonising: a busy port
     # is one line on the terminal, never a bus that listens for a moment and
     # dies, nor a daemon that dies out of sight.
@@ -174,43 +204,66 @@ def run_server(config: ServerConfig) -> int:
     sock, printable, socket_file = _listener(config, log)
     pidfile = None
     status = 0
+    handed_over = False
     try:
         if config.foreground:
             close_stdin_stdout()
             ready = None
         else:
             pidfile = os.path.abspath(config.pidfile)
-            on_terminal = os.isatty(2)
-            ready = daemonize(pidfile, keep_stderr=config.log_file is None)
-            if config.log_file is None and on_terminal:
-                # The terminal is no longer ours: the system log takes over.
-                _configure_logging(config, logsetup.SYSLOG)
-        _serve(config, sock, printable, log, ready, web_sock)
+            keep_stderr = config.log_file is None and stderr_is_a_file()
+            ready = daemonize(pidfile, keep_stderr=keep_stderr)
+            if config.log_file is None and not keep_stderr:
+                # The caller's terminal or pipe is not ours: the system log takes over.
+                configure_logging(config.log_level, config.log_format, logsetup.SYSLOG)
+        handed_over = _serve(
+            config, log, ready, socket_file, printable, listener=sock, web_sock=web_sock
+        )
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
     except DaemonError:
         status = 1  # the parent that is still on the terminal reports why
     finally:
-        if socket_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(socket_file)
-        if pidfile is not None:
-            remove_pidfile(pidfile, os.getpid())
-    log.info("exited", address=printable, status=status)
+        if not handed_over:
+            _clean_up(socket_file, pidfile)
+    log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
 
 
-def _configure_logging(config: ServerConfig, target: str | None) -> None:
+def _clean_up(socket_file: str | None, pidfile: str | None) -> None:
+    """Remove the socket file and pid file this bus owns (not if it handed them over)."""
+    if socket_file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_file)
+    if pidfile is not None:
+        remove_pidfile(pidfile, os.getpid())
+
+
+def _take_over(config: ServerConfig, log: Any) -> int:
+    """Be the bus on ``config.address``: take it over from the process serving it."""
+    from sbus_relay.ops.handover import take_over
+
+    state, fds, channel = take_over(config.address)  # UpgradeError: one line, exit 1
+    socket_file = state["socket_file"]
+    pidfile = None
+    if not config.foreground:
+        pidfile = os.path.abspath(config.pidfile)
+        write_pidfile(pidfile, os.getpid(), successor_of=state["from_pid"])
+    adopted = (state, fds, channel)
+    handed_over = False
     try:
-        logsetup.configure(config.log_level, config.log_format, target=target)
-    except OSError as exc:
-        raise ConfigError(
-            "config", "log_file", f"cannot open {target}: {exc.strerror or exc}"
-        ) from None
+        handed_over = _serve(config, log, None, socket_file, state["address"], adopted=adopted)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if not handed_over:
+            _clean_up(socket_file, pidfile)
+    log.info("exited", address=state["address"], status=0, handed_over=handed_over)
+    return 0
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:
-    from sbus_relay.ops.metrics import bind_metrics
+    from sbus_relay.ops.metrics_server import bind_metrics
 
     assert config.metrics is not None
     try:
@@ -235,18 +288,29 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 def _serve(
     config: ServerConfig,
-    sock: socket.socket,
-    printable: str,
     log: Any,
     ready: Callable[[], None] | None,
-    web_sock: socket.socket | None,
-) -> None:
+    socket_file: str | None,
+    printable: str,
+    *,
+    listener: socket.socket | None = None,
+    web_sock: socket.socket | None = None,
+    adopted: tuple[dict[str, Any], list[int], socket.socket] | None = None,
+) -> bool:
+    """Serve until stopped; True if a newer process took the bus over."""
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
 
     from sbus_relay.bus.server import Server
 
-    server = Server(config, sock, log=log)
+    if adopted is not None:
+        server = Server.adopt(config, adopted[0], adopted[1], log=log)
+        web_sock = server.web_listener
+    else:
+        assert listener is not None
+        server = Server(config, listener, log=log)
+        server.web_listener = web_sock
+    server.socket_file = socket_file
 
     def stop(signum: int) -> None:
         log.info("signal", signal=signal.Signals(signum).name)
@@ -254,21 +318,88 @@ def _serve(
 
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
+    gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log)
     web = None
     if web_sock is not None:
-        from sbus_relay.ops import (
-            metrics,  # only when asked: prometheus_client is not free to import
-        )
+        # Only when asked: prometheus_client is not free to import.
+        from sbus_relay.ops.metrics_server import serve_from_config
 
-        # cast: metrics declares its config protocol with settable attributes,
+        # cast: the server declares the config protocol with settable attributes,
         # which a frozen dataclass (rightly) does not satisfy for mypy.
-        web = metrics.serve_from_config(cast(Any, config), server, listener=web_sock)
+        web = serve_from_config(cast(Any, config), server, listener=web_sock)
     server.start()
-    if ready is not None:
-        ready()
+    if adopted is not None:
+        from sbus_relay.ops.handover import confirm
+
+        confirm(adopted[2])
+        notify(MAINPID=os.getpid(), READY=1)
+        log.info(
+            "upgrade.took_over",
+            from_pid=adopted[0]["from_pid"],
+            clients=len(server.clients),
+            version=adopted[0]["version"],
+        )
+    else:
+        if ready is not None:
+            ready()
+        notify(READY=1)
+    server.address = printable
     log.info("listening", address=printable, pid=os.getpid(), relay=bool(config.upstream))
     try:
         server.serve_forever()
     finally:
         if web is not None:
             web.stop()
+    return server.handed_over
+
+
+def _upgrade(server: Any, log: Any) -> None:
+    """SIGUSR2: start the installed version of this bus, to take it over."""
+    if os.environ.get(SUPERVISED_ENV):
+        log.warning(
+            "upgrade.supervised",
+            hint="this bus is run by `sbus-relay up`: upgrade the tree with `sbus-relay upgrade`",
+        )
+        return
+    import subprocess
+
+    import gevent
+
+    env = {**os.environ, TAKE_OVER_ENV: "1"}
+    try:
+        child = subprocess.Popen(
+            sys.orig_argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except OSError as exc:
+        log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
+        return
+    log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv))
+    gevent.spawn(_watch_successor, server, child, log)
+
+
+def _watch_successor(server: Any, child: Any, log: Any) -> None:
+    """Say why, in one line, if the new process ends before it took the bus over."""
+    import gevent
+
+    deadline = time.monotonic() + UPGRADE_WAIT
+    while not server.handed_over and time.monotonic() < deadline:
+        status = child.poll()
+        if status is not None:
+            log.warning(
+                "upgrade.failed",
+                reason=f"the new process (pid {child.pid}) exited with status {status} "
+                "before taking the bus over; this one serves on (its own log says why)",
+            )
+            return
+        gevent.sleep(0.1)
+    if not server.handed_over:
+        child.kill()
+        log.warning(
+            "upgrade.failed",
+            reason=f"the new process (pid {child.pid}) did not take the bus over within "
+            f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
+        )

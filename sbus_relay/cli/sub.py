@@ -15,7 +15,7 @@ import os
 import sys
 from typing import BinaryIO
 
-from .options import add_address_argument, bus_address
+from .options import add_address_argument, bus_address, configure_logging
 
 #: Seconds to wait for the whoami reply that confirms our subscriptions are in
 #: place; a relay whose upstream is away answers late, and we still print.
@@ -84,11 +84,10 @@ def run(args: argparse.Namespace) -> int:
     import structlog
 
     from sbus_relay.client import Client
-    from sbus_relay.ops import logsetup
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.protocol.errors import AddressError, BusClosed
 
-    logsetup.configure("info" if args.verbose else "warning")
+    configure_logging("info" if args.verbose else "warning")
     log = structlog.get_logger("sbus_relay.sub")
     address = parse_address(bus_address(args))
     out: BinaryIO = sys.stdout.buffer

@@ -30,6 +30,7 @@ from typing import Any
 from sbus_relay.protocol.errors import ConfigError, UsageError
 
 from . import topview
+from .options import add_metrics_argument
 from .topview import BusView, Snapshot, ViewState
 
 #: Most bytes read of one HTTP answer (1000 clients are well under 1 MiB).
@@ -58,13 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HIERARCHY.yaml",
         help="watch every bus of this file (the one `sbus-relay up` takes)",
     )
-    parser.add_argument(
-        "--metrics",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="watch the bus whose metrics server is here (repeatable)",
-    )
+    add_metrics_argument(parser, watch=True)
     parser.add_argument(
         "--interval", default="1", metavar="SECONDS", help="seconds between polls (default 1)"
     )
@@ -186,7 +181,7 @@ class Watch:
     """One bus: where its metrics server is, and its last snapshot (for rates)."""
 
     def __init__(self, name: str, address: str) -> None:
-        from sbus_relay.ops.metrics import parse_host_port
+        from sbus_relay.ops.config import parse_host_port
 
         self.name = name
         self.address = address

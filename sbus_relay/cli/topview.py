@@ -72,11 +72,27 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One line of a table: a client, or a group of them (``cid`` None).
+class Traffic:
+    """Rates over the last interval (per second, None while unknown), and now."""
 
-    Rates are per second over the last interval, None while unknown.
-    """
+    msgs_in: float | None
+    msgs_out: float | None
+    bytes_in: float | None
+    bytes_out: float | None
+    drops: float | None
+    dropped: int
+    queued_messages: int
+    queued_bytes: int
+
+
+@dataclass(frozen=True)
+class Totals(Traffic):
+    """A server's own totals."""
+
+
+@dataclass(frozen=True)
+class Row(Traffic):
+    """One line of a table: a client, or a group of them (``cid`` None), and its traffic."""
 
     label: str  # the cid as text, or the group's relay label or uid
     cid: int | None
@@ -85,29 +101,7 @@ class Row:
     pid: int | None
     conns: int
     patterns: int
-    msgs_in: float | None
-    msgs_out: float | None
-    bytes_in: float | None
-    bytes_out: float | None
-    drops: float | None
-    dropped: int
-    queued_messages: int
-    queued_bytes: int
     age: float  # a group's: its oldest connection's
-
-
-@dataclass(frozen=True)
-class Totals:
-    """A server's own totals: rates over the last interval (None: unknown), and now."""
-
-    msgs_in: float | None
-    msgs_out: float | None
-    bytes_in: float | None
-    bytes_out: float | None
-    drops: float | None
-    dropped: int
-    queued_messages: int
-    queued_bytes: int
 
 
 @dataclass(frozen=True)
@@ -350,18 +344,25 @@ def on_key(state: ViewState, key: str) -> ViewState | None:
 # --- formatting --------------------------------------------------------------------
 
 
+def _scaled(value: float, base: float, units: Sequence[str], tenths_below: float) -> str:
+    """``value`` in the first of ``units`` (each ``base`` times the one before)
+    that keeps it under ``base``: one decimal below ``tenths_below``, else none;
+    past the last unit, one decimal in it."""
+    for unit in units[:-1]:
+        if abs(value) < tenths_below - 0.05:
+            return f"{value:.1f}{unit}"
+        if abs(value) < base - 0.5:
+            return f"{value:.0f}{unit}"
+        value /= base
+    return f"{value:.1f}{units[-1]}"
+
+
 def human_bytes(count: float) -> str:
     """``512B``, ``1.5KiB``, ``12MiB``: binary units, at most three significant digits."""
     value = float(count)
     if abs(value) < 1024:
         return f"{value:.0f}B"
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if abs(value) < 9.95:
-            return f"{value:.1f}{unit}"
-        if abs(value) < 1023.5:
-            return f"{value:.0f}{unit}"
-    return f"{value / 1024:.1f}TiB"
+    return _scaled(value / 1024, 1024, ("KiB", "MiB", "GiB", "TiB"), 10)
 
 
 def human_rate(rate: float | None) -> str:
@@ -370,13 +371,7 @@ def human_rate(rate: float | None) -> str:
         return "-"
     if rate == 0:
         return "0"
-    for divisor, suffix in ((1.0, ""), (1e3, "k"), (1e6, "M")):
-        value = rate / divisor
-        if value < 99.95:
-            return f"{value:.1f}{suffix}"
-        if value < 999.5:
-            return f"{value:.0f}{suffix}"
-    return f"{rate / 1e9:.1f}G"
+    return _scaled(rate, 1000, ("", "k", "M", "G"), 100)
 
 
 def human_byte_rate(rate: float | None) -> str:

@@ -27,6 +27,7 @@ import os
 import secrets
 import socket
 import stat
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -40,6 +41,8 @@ from sbus_relay.protocol.limits import (
     SUN_PATH_SIZE,
 )
 
+#: The reference sbusd's default address (docs/protocol.md, Addresses).
+DEFAULT_ADDRESS = "/run/sbus.socket"
 #: Prefix of abstract addresses; alone it means "pick a random name".
 ABSTRACT_PREFIX = "/dev/unix/abstract"
 #: Prefix of inherited-descriptor addresses.
@@ -54,10 +57,14 @@ MODE_OTHER = 0o007
 SD_LISTEN_FDS_START = 3
 #: Random bytes in a generated abstract name, written as hex after "sbus-".
 _RANDOM_NAME_BYTES = 8
-#: Suffix of the lock file kept beside a socket path: with -r, checking the old
+#: Suffix of the lock file beside a socket path: with -r, checking the old
 #: file, removing it and binding happen under an flock on it, so that two
-#: servers started at once on one stale path can never both bind.
+#: servers started at once on one stale path can never both bind.  The holder
+#: removes it once bound (``_locked``), so none is left behind.
 LOCK_SUFFIX = ".lock"
+
+#: struct ucred, as SO_PEERCRED returns it: pid, uid, gid.
+_UCRED = struct.Struct("3i")
 
 Kind = Literal["path", "abstract", "fd"]
 
@@ -147,7 +154,7 @@ def listen(
     or a file of any other kind (``warn`` is told), is removed first, as the
     reference ``sbusd -r`` does; a live server's socket is never taken over.
     With ``remove_stale`` the check, the removal and the bind hold an flock on
-    ``<path>.lock``, which is left in place for the next start.
+    ``<path>.lock``, which is removed again once the socket is bound.
     The printable address of a path is absolute, so it can still be removed
     after the daemon has changed directory to ``/``.
     """
@@ -187,16 +194,41 @@ def _bind_path(given: str, path: str, mode: int) -> socket.socket:
 
 @contextlib.contextmanager
 def _locked(lock_path: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` (created if missing, never removed)."""
+    """Hold an exclusive flock on ``lock_path``; remove the file when done.
+
+    Removing a lock file is safe only because every taker checks, once it
+    holds the lock, that the file it locked is still the one at the path (a
+    taker that waited on a file its holder has since removed tries again).
+    """
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise AddressError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock_path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed or replaced while we waited: lock the current one
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise AddressError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)  # still under the lock: nobody holds this file
         os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open at ``fd``."""
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
 
 
 def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:
@@ -343,3 +375,14 @@ def printable_name(sock: socket.socket) -> str:
             return format_abstract(name)
         return os.fsdecode(name)
     return str(name)
+
+
+def peer_ucred(sock: socket.socket) -> tuple[int, int, int]:
+    """The peer's (pid, uid, gid) as the kernel saw them at connect (SO_PEERCRED).
+
+    The one reader of SO_PEERCRED: the server's admission, the relay's
+    self-connection check and the supervisor's "is it my child listening"."""
+    pid, uid, gid = _UCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    )
+    return int(pid), int(uid), int(gid)

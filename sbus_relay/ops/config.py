@@ -24,6 +24,8 @@ from sbus_relay.protocol.accounting import TOP_MAX, TOP_MIN
 from sbus_relay.protocol.errors import ConfigError, UsageError
 from sbus_relay.protocol.quota import ClientLimits, Quota
 
+from .addresses import DEFAULT_ADDRESS
+
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
 #: Log levels accepted (structlog's names).
@@ -47,7 +49,7 @@ def _hostname() -> str:
 class ServerConfig:
     """Everything a server needs; the field list is docs/design.md's."""
 
-    address: str = "/run/sbus.socket"
+    address: str = DEFAULT_ADDRESS
     foreground: bool = False
     pidfile: str = "/run/sbus.pid"
     users: tuple[int, ...] = ()
@@ -278,10 +280,18 @@ def _host_port(source: str, key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         raise ConfigError(source, key, f"expected HOST:PORT, got {_show(value)}")
-    match = _HOST_PORT_RE.match(value)
-    if not match or int(match.group(2)) > MAX_PORT:
-        raise ConfigError(source, key, f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    parse_host_port(value, source, key)
     return value
+
+
+def parse_host_port(text: str, source: str = "metrics", key: str = "metrics") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too) into a host without brackets and a port;
+    raises ``ConfigError`` naming ``source`` and ``key``."""
+    match = _HOST_PORT_RE.match(text)
+    if not match or int(match.group(2)) > MAX_PORT:
+        raise ConfigError(source, key, f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    host = match.group(1)
+    return host.removeprefix("[").removesuffix("]"), int(match.group(2))
 
 
 _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {

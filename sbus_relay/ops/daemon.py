@@ -7,6 +7,12 @@ socket is already listening (it is bound before the fork, so bind errors reach
 the terminal), the pid file is written and the server has started -- and only
 then exits, so that ``sbusd && sbus-relay pub ...`` works.  Call this before
 anything starts a gevent hub or threads: only the forking thread survives.
+
+A daemon keeps none of its caller's pipes or terminal: ``sbusd | tail`` and
+``$(sbusd)`` return once it is ready.  Only a stderr redirected to a regular
+file (``sbusd 2>>log``) is kept for the log; otherwise the log goes where
+``log_file`` says, or to syslog (the journal).  One pid file holds one bus:
+a pid file that names a running bus is never overwritten.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
 
-from sbus_relay.protocol.errors import SbusError
+from sbus_relay.protocol.errors import SbusError, UsageError
 from sbus_relay.protocol.limits import DAEMON_READY_TIMEOUT
 
 #: A pid file path that means "no pid file" (docs/protocol.md, Addresses).
@@ -27,6 +35,9 @@ _READY = b"\0"
 _FAILED = b"\1"
 #: Bytes of an error message the daemon passes back to the waiting parent.
 _MAX_REPORT = 4096
+#: Bytes read of a pid file (a pid and a newline) and of a process's command line.
+_MAX_PID_TEXT = 64
+_MAX_CMDLINE = 4096
 
 
 class DaemonError(SbusError):
@@ -38,8 +49,8 @@ def daemonize(
 ) -> Callable[[], None]:
     """Detach; returns only in the daemon, with a function to call once ready.
 
-    ``keep_stderr`` False points stderr at /dev/null too (the log goes
-    elsewhere); otherwise a stderr that is a file or pipe is kept.
+    ``keep_stderr`` keeps a stderr that is a regular file (``stderr_is_a_file``);
+    anything else -- a pipe, a socket, a terminal -- is pointed at /dev/null.
 
     The original process exits 0 when that function is called, or 1 (after
     printing the daemon's reason, if it gave one) when the daemon exits first
@@ -62,8 +73,10 @@ def daemonize(
     os.chdir("/")
     try:
         write_pidfile(pidfile, os.getpid())
-    except OSError as exc:
-        reason = f"cannot write pid file {pidfile}: {exc.strerror or exc}"
+    except (OSError, UsageError) as exc:
+        reason = str(exc)
+        if isinstance(exc, OSError):
+            reason = f"cannot write pid file {pidfile}: {exc.strerror or exc}"
         _report(write_fd, reason)
         # Raised, not _exit: the caller still removes the socket file it made.
         raise DaemonError(reason) from exc
@@ -107,17 +120,28 @@ def _wait_ready(fd: int, timeout: float) -> int:
     return 1
 
 
-def _detach_stdio(keep_stderr: bool) -> None:
-    """Point stdin and stdout at /dev/null; stderr too when it is a terminal.
+def stderr_is_a_file() -> bool:
+    """Whether stderr is a regular file: the one caller's stream a daemon keeps.
 
-    A stderr that is a file or pipe is kept (unless not ``keep_stderr``), so
-    ``sbusd 2>>log`` still logs.  The terminal is never kept: it is not ours.
+    A pipe or socket would hold its reader (``sbusd | tail``, ``$(sbusd)``, a
+    test's captured output) open for as long as the daemon lives; a terminal is
+    not the daemon's to write on.
     """
+    try:
+        return stat.S_ISREG(os.fstat(2).st_mode)
+    except OSError:
+        return False
+
+
+def _detach_stdio(keep_stderr: bool) -> None:
+    """Point stdin, stdout and stderr at /dev/null; stderr stays when it is a
+    regular file and ``keep_stderr`` (``sbusd 2>>log`` still logs)."""
     sys.stdout.flush()
+    sys.stderr.flush()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    if os.isatty(2) or not keep_stderr:
+    if not (keep_stderr and stderr_is_a_file()):
         os.dup2(null, 2)
     if null > 2:
         os.close(null)
@@ -137,15 +161,73 @@ def close_stdin_stdout() -> None:
         os.close(null)
 
 
-def write_pidfile(path: str, pid: int) -> None:
-    """Write ``pid`` to ``path`` atomically (``/dev/null`` means no pid file)."""
+def check_pidfile(path: str, successor_of: int = 0) -> None:
+    """Refuse (``UsageError``) a pid file that names another running bus (not
+    ``successor_of``: the bus this process takes over in a live upgrade).
+
+    Called before anything is bound, so that a second daemon started without
+    ``-p`` says so in one line instead of overwriting the first one's file.
+    """
+    if path == NO_PIDFILE:
+        return
+    holder = running_holder(path)
+    if holder is not None and holder not in (os.getpid(), successor_of):
+        raise UsageError(
+            f"pid file {path} belongs to a running bus (pid {holder}); "
+            "give this one its own with -p PIDFILE (or -p /dev/null for none)"
+        )
+
+
+def running_holder(path: str) -> int | None:
+    """The pid in the pid file ``path`` if that process is a running bus, else None.
+
+    A pid that is gone, or now belongs to a process that is not a bus (the
+    number was reused after a crash), leaves the file stale: None.
+    """
+    try:
+        with open(path, encoding="ascii", errors="replace") as stream:
+            text = stream.read(_MAX_PID_TEXT).strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) <= 0:
+        return None
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as stream:
+            command = stream.read(_MAX_CMDLINE)
+    except OSError:
+        return pid  # alive, and we cannot tell what it is: assume it is the bus
+    return pid if b"sbus" in command else None
+
+
+def write_pidfile(path: str, pid: int, successor_of: int = 0) -> None:
+    """Write ``pid`` to ``path`` atomically (``/dev/null`` means no pid file).
+
+    Never over a file that names another running bus (``UsageError``), unless
+    it is ``successor_of`` (the bus a live upgrade takes over): the file is
+    linked into place only if none is there, or replaces a stale one.
+    """
     if path == NO_PIDFILE:
         return
     temporary = f"{path}.{pid}.tmp"
     with open(temporary, "w", encoding="ascii") as stream:
         stream.write(f"{pid}\n")
     os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
+    try:
+        try:
+            os.link(temporary, path)
+        except OSError:  # a file is there (or links are not supported there)
+            check_pidfile(path, successor_of)
+            os.replace(temporary, path)  # stale, or none: ours now
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
 
 
 def remove_pidfile(path: str, pid: int) -> None:
@@ -160,3 +242,20 @@ def remove_pidfile(path: str, pid: int) -> None:
     if content == str(pid):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def notify(**fields: object) -> bool:
+    """Tell systemd (``sd_notify``): e.g. ``READY=1``, or ``MAINPID=`` when a newer
+    process takes a bus over.  False when not run by systemd (no $NOTIFY_SOCKET)."""
+    target = os.environ.get("NOTIFY_SOCKET", "")
+    if not target:
+        return False
+    if target.startswith("@"):  # an abstract socket
+        target = "\0" + target[1:]
+    message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message, target)
+        except OSError:
+            return False
+    return True

@@ -14,19 +14,15 @@ restarts reconnects by itself, docs/protocol.md, Relays).  ``stop()`` stops the 
 reverse order -- relays before their upstream, so no relay logs a needless
 outage -- with SIGTERM, then SIGKILL after a grace period.
 
-Children run in their own session so that a Ctrl-C on the terminal reaches
-only the supervisor, which then stops them in order; and each asks the kernel
-for SIGTERM if the supervisor dies (PR_SET_PDEATHSIG), so none is orphaned.
-No argv parsing and no exits here: ``commands/up.py`` does that.
+Children are started with ``children.spawn``: in their own session, so that a
+Ctrl-C on the terminal reaches only the supervisor, which then stops them in
+order; and each asks the kernel for SIGTERM if the supervisor dies, so none is
+orphaned.  No argv parsing and no exits here: ``cli/up.py`` does that.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -35,9 +31,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from sbus_relay.protocol.errors import AddressError, ConfigError, SbusError
+from sbus_relay.protocol.limits import UPGRADE_WAIT
 
-from .addresses import connect, parse_address
+from . import children
+from .addresses import connect, parse_address, peer_ucred
 from .config import config_from_mapping, read_yaml
+from .handover import SUPERVISED_ENV, TAKE_OVER_ENV
 
 #: Keys of the hierarchy file and of each bus entry.
 TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max")
@@ -62,10 +61,6 @@ LOG_LINE_QUOTED = 300
 #: Default restart back-off, seconds (first delay, cap).
 RESTART_MIN = 0.5
 RESTART_MAX = 10.0
-#: prctl(2) option: signal to get when the parent dies.
-_PR_SET_PDEATHSIG = 1
-#: struct ucred, as SO_PEERCRED returns it: pid, uid, gid.
-_UCRED = struct.Struct("3i")
 
 
 class SupervisorError(SbusError):
@@ -230,15 +225,6 @@ def _depth(specs: list[BusSpec], spec: BusSpec) -> int:
 # --- running ---------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM us if the supervisor dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: children may outlive a killed supervisor
-
-
 class Child:
     """One supervised bus process and its restart state."""
 
@@ -271,6 +257,7 @@ class Supervisor:
         self.err = err or _printer(sys.stderr)
         self.children = [Child(spec) for spec in hierarchy.buses]
         self._stopping = False
+        self._upgrade_asked = False
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -304,6 +291,9 @@ class Supervisor:
         Raises ``SupervisorError`` once every bus has been given up on.
         """
         while not self._stopping:
+            if self._upgrade_asked:
+                self._upgrade_asked = False
+                self.upgrade()
             now = time.monotonic()
             for child in self.children:
                 if self._stopping:
@@ -331,11 +321,79 @@ class Supervisor:
         """Ask ``run`` to return (safe to call from a signal handler)."""
         self._stopping = True
 
+    def request_upgrade(self) -> None:
+        """Ask ``run`` to upgrade every bus (safe to call from a signal handler)."""
+        self._upgrade_asked = True
+
+    # --- a live upgrade of the tree (docs/deploy.md, "Upgrade") ------------------------
+
+    def upgrade(self) -> int:
+        """Hand each running bus, the master first, to a new process of the installed
+        version; how many were not upgraded (each says why in one line)."""
+        failed = 0
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None and not self._stopping:
+                failed += not self._upgrade(child)
+        done = sum(1 for c in self.children if c.proc is not None) - failed
+        self.out(f"sbus-relay up: upgraded {done} bus(es)" + (f", {failed} not" if failed else ""))
+        return failed
+
+    def _upgrade(self, child: Child) -> bool:
+        old = child.proc
+        assert old is not None
+        spec = child.spec
+        env = {**os.environ, SUPERVISED_ENV: "1", TAKE_OVER_ENV: "1"}
+        try:
+            new = children.spawn(
+                self.argv(spec), log=self._log_path(spec), new_session=True, env=env
+            )
+        except OSError as exc:
+            self.err(f"sbus-relay up: {spec.name} not upgraded: {exc.strerror or exc}")
+            return False
+        address = parse_address(spec.address)
+        deadline = time.monotonic() + UPGRADE_WAIT
+        while True:
+            status = new.poll()
+            if status is not None:
+                why = self._why(child, None)
+                self.err(
+                    f"sbus-relay up: {spec.name} not upgraded: the new process exited with"
+                    f" status {status}{why}; pid {old.pid} serves on"
+                )
+                return False
+            if old.poll() is not None and listener_pid(address) == new.pid:
+                break
+            if time.monotonic() > deadline:
+                self._terminate_quietly_proc(new)
+                self.err(
+                    f"sbus-relay up: {spec.name} not upgraded within {UPGRADE_WAIT:g}s;"
+                    f" pid {old.pid} serves on"
+                )
+                return False
+            time.sleep(LISTEN_POLL)
+        child.proc = new
+        child.started_at = time.monotonic()
+        self.out(f"{spec.name} upgraded: pid {old.pid} -> pid {new.pid}")
+        return True
+
     def stop(self) -> None:
         """Stop every child: deepest relays first, the master last."""
         self._stopping = True
         for child in reversed(self.children):
             self._terminate(child)
+
+    def already_running(self) -> list[tuple[BusSpec, int]]:
+        """The buses whose address a process already answers on, with its pid.
+
+        Checked before anything starts: a second ``up`` of a running tree (or a
+        bus whose address another process holds) touches none of its files.
+        """
+        taken = []
+        for spec in self.hierarchy.buses:
+            pid = listener_pid(parse_address(spec.address))
+            if pid is not None:
+                taken.append((spec, pid))
+        return taken
 
     # --- one child ---------------------------------------------------------------
 
@@ -356,25 +414,19 @@ class Supervisor:
         spec = child.spec
         log_path = self._log_path(spec)
         try:
-            stderr: IO[bytes] | None = open(log_path, "ab") if log_path else None  # noqa: SIM115
-        except OSError as exc:
-            raise SupervisorError(
-                f"cannot open the log of {spec.name}, {log_path}: {exc.strerror or exc}"
-            ) from None
-        try:
-            child.proc = subprocess.Popen(
+            # Its own session: Ctrl-C is for us; we stop the children in order.
+            child.proc = children.spawn(
                 self.argv(spec),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                start_new_session=True,  # Ctrl-C is for us; we stop the children in order
-                preexec_fn=_die_with_parent,  # safe: the supervisor runs no threads
+                log=log_path,
+                new_session=True,
+                env={**os.environ, SUPERVISED_ENV: "1"},  # upgrades are ours to start
             )
-        except OSError as exc:  # the interpreter moved or vanished, fds exhausted ...
+        except OSError as exc:  # the log, the interpreter moved or vanished, fds exhausted ...
+            if log_path is not None and exc.filename == log_path:
+                raise SupervisorError(
+                    f"cannot open the log of {spec.name}, {log_path}: {exc.strerror or exc}"
+                ) from None
             raise SupervisorError(f"cannot start {spec.name}: {exc.strerror or exc}") from None
-        finally:
-            if stderr is not None:
-                stderr.close()  # the child has its own copy
         child.started_at = time.monotonic()
         child.restart_at = None
         self._wait_listening(child)
@@ -403,7 +455,7 @@ class Supervisor:
                     f"bus {child.spec.name} exited with status {status} before listening"
                     + self._why(child, other)
                 )
-            listener = _listener_pid(address)
+            listener = listener_pid(address)
             if listener == child.proc.pid:
                 return
             if listener is not None:
@@ -471,8 +523,12 @@ class Supervisor:
 
     def _terminate_quietly(self, child: Child) -> None:
         """Stop a child that failed to start (it may still be running)."""
-        proc = child.proc
-        if proc is not None and proc.poll() is None:
+        if child.proc is not None:
+            self._terminate_quietly_proc(child.proc)
+
+    @staticmethod
+    def _terminate_quietly_proc(proc: subprocess.Popen[Any]) -> None:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -480,30 +536,40 @@ class Supervisor:
         proc = child.proc
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.err(f"sbus-relay up: {child.spec.name} ignored SIGTERM; killing it")
-                proc.kill()
-                proc.wait()
+        child.proc = None  # stopped once, reported once
+        if proc.poll() is not None:
+            return  # it exited by itself (and said so, or failed to start): nothing to stop
+        if children.stop(proc, STOP_TIMEOUT):
+            self.err(f"sbus-relay up: {child.spec.name} ignored SIGTERM; it was killed")
         self.out(f"{child.spec.name} stopped")
 
 
-def _listener_pid(address: Any) -> int | None:
+def listener_pid(address: Any) -> int | None:
     """The pid of the process listening at ``address``, or None if none answers."""
     try:
         sock = connect(address)
     except (OSError, AddressError):
         return None
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        return int(_UCRED.unpack(raw)[0])
+        return peer_ucred(sock)[0]
     except OSError:
         return None
     finally:
         sock.close()
+
+
+def supervisor_of(pid: int) -> int | None:
+    """The pid of the ``sbus-relay up`` that runs bus ``pid``, if one does."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
+            parent = int(stream.read().rpartition(")")[2].split()[1])
+        with open(f"/proc/{parent}/cmdline", "rb") as stream:
+            argv = stream.read(LOG_TAIL_BYTES).split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    if any(b"sbus" in arg for arg in argv) and b"up" in argv:
+        return parent
+    return None
 
 
 def _last_line(path: str) -> str:

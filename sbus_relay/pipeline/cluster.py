@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from sbus_relay.ops import children
 
 #: Seconds the master and the worker get to start and register.
 START_TIMEOUT = 90.0
@@ -76,11 +77,8 @@ def _java() -> str:
 
 def _start(cls: str, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     cmd = [_java(), f"-Xmx{DAEMON_HEAP}", "-cp", f"{spark_home() / 'jars'}/*", cls, *args]
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,  # its own process group: stopped with its executors
-        )  # fmt: skip
+    # Its own process group: stopped with its executors.
+    return children.spawn(cmd, log=log, append=False, stdout="log", new_session=True, env=env)
 
 
 def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes]) -> None:
@@ -94,14 +92,7 @@ def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    children.stop(proc, STOP_TIMEOUT, group=True)
 
 
 @contextmanager

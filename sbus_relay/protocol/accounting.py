@@ -98,6 +98,33 @@ class Tally:
         #: totals per key at the previous scrape (``other`` has shown those)
         self._scraped: dict[str, list[int]] = {}
 
+    # --- a live upgrade hands the tally to the next process ---------------------------
+
+    def export(self) -> dict[str, object]:
+        """Everything it holds, as plain data (``restore`` takes it)."""
+        return {
+            "closed": self._closed,
+            "forgotten": self._forgotten,
+            "base": self._base,
+            "left": self._left,
+            "shown": self._shown,
+            "ranked": self._ranked,
+            "ranked_at": self._ranked_at,
+            "scraped": self._scraped,
+        }
+
+    def restore(self, state: Mapping[str, object]) -> None:
+        """Take up an earlier process's tally, so its series go on without a reset."""
+        self._closed = dict(state["closed"])  # type: ignore[call-overload]
+        self._forgotten = list(state["forgotten"])  # type: ignore[call-overload]
+        self._base = dict(state["base"])  # type: ignore[call-overload]
+        self._left = list(state["left"])  # type: ignore[call-overload]
+        self._shown = dict(state["shown"])  # type: ignore[call-overload]
+        self._ranked = dict(state["ranked"])  # type: ignore[call-overload]
+        ranked_at = state["ranked_at"]
+        self._ranked_at = float(ranked_at) if ranked_at is not None else None  # type: ignore[arg-type]
+        self._scraped = dict(state["scraped"])  # type: ignore[call-overload]
+
     # --- events from the server ---------------------------------------------------
 
     def closed(self, key: str, counters: Sequence[int]) -> None:

@@ -7,9 +7,11 @@ One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
     MSG <key>\\0<payload>            Publish (forwarded byte for byte)
     CMSG <key>[\\0<payload>]         Control (never forwarded)
 
+    CMSG batch\\0(<length><MSG>)...   Packed batch (our extension)
+
 Anything else raises ``PeerError`` -- the only error bad input can raise.
-The server's hot path calls ``publish_key`` directly, which allocates only the
-key; ``decode`` builds an event object and serves everything else.
+The server's read loop picks the key out of a ``MSG`` itself (allocating
+only the key); ``decode`` builds an event object and serves everything else.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from dataclasses import dataclass
 from .errors import PeerError, UsageError
 from .limits import MAX_PACKET
 
+#: The head of a packed batch: then, per MSG packet, its length in 4 bytes
+#: (big-endian) and the packet (docs/protocol.md, "Packed batches").
+BATCH_HEAD = b"CMSG batch\0"
+#: What a peer sends to be sent packed batches, and the answer that says it will be.
+BATCH_ON = b"batch/on"
 SUB = b"SUB "
 UNSUB = b"UNSUB "
 MSG = b"MSG "
@@ -50,19 +57,6 @@ class Control:
 
 
 Event = Subscribe | Unsubscribe | Publish | Control
-
-
-def publish_key(packet: bytes) -> bytes | None:
-    """Return the routing key if ``packet`` is a well-formed MSG, else None.
-
-    None means "not a MSG packet"; a MSG without its NUL raises ``PeerError``.
-    """
-    if packet[:4] != MSG:
-        return None
-    nul = packet.find(NUL, 4)
-    if nul < 0:
-        raise PeerError("protocol_error", "MSG without NUL")
-    return packet[4:nul]
 
 
 def _head(packet: bytes, start: int) -> bytes:
@@ -118,15 +112,14 @@ def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     return CMSG + key if payload is None else CMSG + key + NUL + payload
 
 
-def encode(event: Event) -> bytes:
-    """Encode any event (inverse of ``decode``)."""
-    if isinstance(event, Publish):
-        return encode_msg(event.key, event.payload)
-    if isinstance(event, Subscribe):
-        return encode_sub(event.pattern)
-    if isinstance(event, Unsubscribe):
-        return encode_unsub(event.pattern)
-    return encode_cmsg(event.key, event.payload)
+def encode_batch(packets: list[bytes]) -> bytes:
+    """One packed batch of MSG packets (at most ``BATCH_MESSAGES``, and a frame
+    within ``MAX_PACKET``: the caller splits)."""
+    parts = [BATCH_HEAD]
+    for packet in packets:
+        parts.append(len(packet).to_bytes(4, "big"))
+        parts.append(packet)
+    return b"".join(parts)
 
 
 def _check_field(value: bytes) -> None:

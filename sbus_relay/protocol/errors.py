@@ -55,3 +55,7 @@ class BusClosed(SbusError):
     def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class UpgradeError(SbusError):
+    """A live upgrade could not hand the bus over: the old process serves on."""

@@ -21,27 +21,39 @@ Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing key
 * A leaf holds a tuple of the clients that subscribe there (each once); how
   many times each client subscribed is kept per client (a set of its
   patterns, and counts only for the duplicates).
-  The pattern's global count therefore goes 0 -> 1 exactly when the tuple
-  becomes non-empty: the ``on_first``/``on_last`` callbacks fire then.
+  The ``on_first``/``on_last`` callbacks fire when the first client comes to a
+  pattern and when the last one leaves.  One holder may be *quiet*: on a
+  relay that is the upstream link, which holds the patterns the upstream
+  wants, so that one ``match`` finds local subscribers and the upstream
+  alike; its patterns never fire the callbacks (a relay subscribes upstream
+  to what its own clients want, not to what the upstream wants).
 * ``match`` answers from a bounded key -> recipients cache, cleared whole on
   any change of the recipient sets, so a publish costs a dict lookup and the
-  fan-out, whatever the number of patterns.
+  fan-out, whatever the number of patterns.  Keys that never repeat (an id
+  in every key) would only churn it: a cache that filled up without paying
+  for itself stores one miss in ``MATCH_CACHE_SAMPLE`` until keys repeat again.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sbus_relay.accel import load_compiled
 
 from .keys import CRED, is_secret
-from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_SIZE
+from .limits import MATCH_CACHE_KEY_MAX, MATCH_CACHE_PAYS, MATCH_CACHE_SAMPLE, MATCH_CACHE_SIZE
+from .scan import cut, find_byte
 
-C = TypeVar("C", bound=Hashable)
+#: A subscriber: any hashable object (the bus stores its connections).
+C = Any
 #: The clients holding one pattern (each once); ``Any`` because trie nodes are
 #: shared by every index, whatever its client type.
 Holders = tuple[Any, ...]
 _EMPTY: Holders = ()
+_SLASH = 0x2F  # '/'
+_STAR = 0x2A  # '*': as numbers, ``in`` is a plain scan (see ``keys.BANG``)
 _STARS = re.compile(rb"\*{2,}")
 
 
@@ -78,7 +90,7 @@ def _split(pattern: bytes) -> tuple[list[bytes], bool] | None:
     return segs, tail
 
 
-class SubscriptionIndex(Generic[C]):
+class SubscriptionIndex:
     """Patterns per client, with counted duplicates, matched through a trie.
 
     ``on_first(pattern)`` runs when the first client subscribes to a pattern and
@@ -108,6 +120,10 @@ class SubscriptionIndex(Generic[C]):
         #: key -> recipients; bounded, cleared on every change of a recipient set
         self.cache: dict[bytes, Holders] = {}
         self.cache_size = cache_size
+        #: whether every miss is stored, or (keys that do not repeat) one in
+        #: MATCH_CACHE_SAMPLE, enough to notice when they start repeating
+        self._keeping = True
+        self._hits = self._misses = 0
         #: longest prefix pattern and deepest wildcard pattern ever stored: how
         #: far a match looks into a key (high-water marks: bounds, not rules)
         self._prefix_longest = 0
@@ -116,6 +132,8 @@ class SubscriptionIndex(Generic[C]):
         self._total = 0
         self.on_first = on_first
         self.on_last = on_last
+        #: the holder whose patterns do not fire ``on_first``/``on_last``
+        self.quiet: C | None = None
 
     # --- queries ---------------------------------------------------------
 
@@ -130,6 +148,7 @@ class SubscriptionIndex(Generic[C]):
         cache = self.cache
         hit = cache.get(key)
         if hit is not None:
+            self._hits += 1
             return hit
         secret = key.startswith(CRED)
         parts: list[Holders] = []
@@ -139,13 +158,13 @@ class SubscriptionIndex(Generic[C]):
         prefixes = self._prefix
         if prefixes:
             longest = self._prefix_longest
-            slash = key.find(b"/")
+            slash = find_byte(key, _SLASH, 0)
             while 0 <= slash < longest:
-                head = key[: slash + 1]
+                head = cut(key, 0, slash + 1)
                 hit = prefixes.get(head)
                 if hit and (not secret or head.startswith(CRED)):
                     parts.append(hit)
-                slash = key.find(b"/", slash + 1)
+                slash = find_byte(key, _SLASH, slash + 1)
         if secret:
             if self._secret.children is not None:
                 _walk(self._secret, key.split(b"/", self._depth), 0, parts)
@@ -164,9 +183,15 @@ class SubscriptionIndex(Generic[C]):
                 merged.update(dict.fromkeys(part))
             result = tuple(merged)
         if len(key) <= MATCH_CACHE_KEY_MAX:
-            if len(cache) >= self.cache_size:
-                cache.clear()  # never a scan: whole, then it refills with what is hot
-            cache[key] = result
+            self._misses += 1
+            if self._keeping or not self._misses % MATCH_CACHE_SAMPLE:
+                if len(cache) >= self.cache_size:
+                    # never a scan: whole, then it refills with what is hot; and
+                    # filled in full again only if it paid (keys that repeat)
+                    self._keeping = self._hits * MATCH_CACHE_PAYS >= len(cache)
+                    self._hits = 0
+                    cache.clear()
+                cache[key] = result
         return result
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
@@ -209,11 +234,11 @@ class SubscriptionIndex(Generic[C]):
 
     @property
     def distinct(self) -> int:
-        """Distinct patterns held."""
+        """Distinct patterns held (by anyone but the quiet holder)."""
         return self._distinct
 
     def __len__(self) -> int:
-        """Stored subscriptions, duplicates counted."""
+        """Stored subscriptions, duplicates counted (the quiet holder's are not)."""
         return self._total
 
     # --- changes ---------------------------------------------------------
@@ -224,15 +249,16 @@ class SubscriptionIndex(Generic[C]):
         owned = self._owned.get(client)
         if owned is None:
             owned = self._owned[client] = set()
-        self._total += 1
+        heard = client is not self.quiet
+        self._total += heard
         if pattern in owned:  # a duplicate: recipients unchanged, only counted
             extra = self._extra.setdefault(client, {})
             extra[pattern] = extra.get(pattern, 0) + 1
             return
         owned.add(pattern)
-        first = self._attach(client, pattern)
+        before = self._attach(client, pattern)
         self.cache.clear()
-        if first:
+        if heard and not self._heard(before):
             self._distinct += 1
             if self.on_first is not None:
                 self.on_first(pattern)
@@ -243,7 +269,7 @@ class SubscriptionIndex(Generic[C]):
         owned = self._owned.get(client)
         if owned is None or pattern not in owned:
             return False
-        self._total -= 1
+        self._total -= client is not self.quiet
         extra = self._extra.get(client)
         if extra and pattern in extra:
             if extra[pattern] > 1:
@@ -259,19 +285,6 @@ class SubscriptionIndex(Generic[C]):
             del self._owned[client]
             self._solo.pop(client, None)
         return True
-
-    def remove_client(self, client: C) -> int:
-        """Drop every pattern of ``client``; returns how many subscriptions went."""
-        owned = self._owned.pop(client, None)
-        extra = self._extra.pop(client, {})
-        if not owned:
-            return 0
-        removed = len(owned) + sum(extra.values())
-        self._total -= removed
-        for pattern in owned:
-            self._detach_and_notify(client, pattern)
-        self._solo.pop(client, None)
-        return removed
 
     # --- trie plumbing ---------------------------------------------------
 
@@ -292,10 +305,15 @@ class SubscriptionIndex(Generic[C]):
             return self._with(_EMPTY, left[0])
         return left
 
+    def _heard(self, holders: Holders) -> bool:
+        """Whether ``holders`` has anyone but the quiet holder."""
+        quiet = self.quiet
+        return any(h is not quiet for h in holders)
+
     def _detach_and_notify(self, client: C, pattern: bytes) -> None:
-        last = self._detach(client, pattern)
+        left = self._detach(client, pattern)
         self.cache.clear()
-        if last:
+        if client is not self.quiet and not self._heard(left):
             self._distinct -= 1
             if self.on_last is not None:
                 self.on_last(pattern)
@@ -309,7 +327,7 @@ class SubscriptionIndex(Generic[C]):
         with kind "everything", "exact", "prefix" (no '*') or "dead" (never matches)."""
         if pattern == b"":
             return None, "everything"
-        if b"*" not in pattern:
+        if _STAR not in pattern:
             return None, "prefix" if pattern.endswith(b"/") else "exact"
         split = _split(pattern)
         if split is None:
@@ -347,7 +365,8 @@ class SubscriptionIndex(Generic[C]):
             node = nxt
         return node, "tail" if tail else "exact"
 
-    def _attach(self, client: C, pattern: bytes) -> bool:
+    def _attach(self, client: C, pattern: bytes) -> Holders:
+        """Store one more holder; the holders before it came."""
         slot = self._slot(pattern, create=True)
         assert slot is not None
         node, attr = slot
@@ -363,22 +382,23 @@ class SubscriptionIndex(Generic[C]):
         else:
             before = getattr(node, attr)
             setattr(node, attr, self._with(before, client))
-        return not before
+        return before
 
-    def _detach(self, client: C, pattern: bytes) -> bool:
+    def _detach(self, client: C, pattern: bytes) -> Holders:
+        """Remove one holder; the holders left."""
         if pattern == b"":
             self._everything = self._without(self._everything, client)
-            return not self._everything
-        split = None if b"*" not in pattern else _split(pattern)
+            return self._everything
+        split = None if _STAR not in pattern else _split(pattern)
         if split is None:
-            kind = "dead" if b"*" in pattern else "prefix" if pattern.endswith(b"/") else "exact"
+            kind = "dead" if _STAR in pattern else "prefix" if pattern.endswith(b"/") else "exact"
             flat = self._flat(kind)
             left = self._without(flat.get(pattern, _EMPTY), client)
             if left:
                 flat[pattern] = left
             else:
                 flat.pop(pattern, None)
-            return not left
+            return left
         segs, tail = split
         root = self._secret if is_secret(pattern) else self._public
         path: list[tuple[_Node, bytes]] = []
@@ -412,7 +432,7 @@ class SubscriptionIndex(Generic[C]):
                 if not parent.children:
                     parent.children = None
             node = parent
-        return not left
+        return left
 
 
 def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:
@@ -438,3 +458,6 @@ def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:
         for prefix, child in node.prefixed.items():
             if seg.startswith(prefix):
                 _walk(child, segs, i + 1, out)
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_index")

@@ -1,10 +1,11 @@
 """Who needs to hear about which patterns: the interest extension.  No I/O.
 
 docs/protocol.md, "Relays": a client that sends ``CMSG interest/on`` (a relay) is told every
-pattern held by *some other* client, or by this server's own upstream
-interest, as it goes 0 -> 1 (``interest/add``) and 1 -> 0 (``interest/remove``).
-Excluding the listener's own patterns is what keeps a relay from attracting
-its own subscriptions back.
+pattern held by *some other* holder, as it goes 0 -> 1 (``interest/add``) and
+1 -> 0 (``interest/remove``).  On a relay the upstream link is one of those
+holders (it holds what the upstream wants), so the upstream's interest is
+passed down like any client's.  Excluding the listener's own patterns is
+what keeps a relay from attracting its own subscriptions back.
 
 ``InterestTracker`` computes those notices; the server sends them.  Around every
 change to the index the server calls ``before(pattern)`` and then
@@ -28,23 +29,17 @@ READY = b"interest/ready"
 class InterestTracker(Generic[C]):
     """Tracks what each interest listener is entitled to know."""
 
-    def __init__(self, index: SubscriptionIndex[C]) -> None:
+    def __init__(self, index: SubscriptionIndex) -> None:
         self._index = index
         self.listeners: dict[C, None] = {}  # ordered set
-        #: patterns this server's upstream wants (a relay re-advertises them)
-        self.upstream: dict[bytes, None] = {}
 
     def visible(self, listener: C, pattern: bytes) -> bool:
-        """Does anyone but ``listener`` (or our upstream) want ``pattern``?"""
-        if pattern in self.upstream:
-            return True
+        """Does anyone but ``listener`` want ``pattern``?"""
         return any(h != listener for h in self._index.holders(pattern))
 
     def snapshot(self, listener: C) -> list[bytes]:
         """Every pattern ``listener`` should know of right now."""
-        seen = dict.fromkeys(p for p in self._index.patterns() if self.visible(listener, p))
-        seen.update(self.upstream)
-        return list(seen)
+        return [p for p in self._index.patterns() if self.visible(listener, p)]
 
     def before(self, pattern: bytes) -> list[bool]:
         """Visibility of ``pattern`` to each listener, taken before a change."""
@@ -56,19 +51,3 @@ class InterestTracker(Generic[C]):
             now = self.visible(r, pattern)
             if now != was:
                 yield r, ADD if now else REMOVE, pattern
-
-    def set_upstream(self, pattern: bytes, present: bool) -> list[tuple[C, bytes, bytes]]:
-        """Our upstream's interest in ``pattern`` changed; notices to send."""
-        was = self.before(pattern)
-        if present:
-            self.upstream[pattern] = None
-        else:
-            self.upstream.pop(pattern, None)
-        return list(self.after(pattern, was))
-
-    def clear_upstream(self) -> list[tuple[C, bytes, bytes]]:
-        """Forget all upstream interest (the upstream link was lost)."""
-        notices: list[tuple[C, bytes, bytes]] = []
-        for pattern in list(self.upstream):
-            notices.extend(self.set_upstream(pattern, False))
-        return notices

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sbus_relay.accel import load_compiled
+
 from .errors import PeerError
 
 CRED = b"!/cred/"
 WHOAMI = b"!/cred/whoami"
 _BANG = b"!"
+#: '!' as a number: ``int in bytes`` is a plain scan, while ``bytes in bytes``
+#: first fails as a number, at the cost of a formatted exception each time
+BANG = 0x21
 _CRED_SEG = b"cred"
 #: segments in one credential group: '!', 'cred', gid, uid, pid
 _GROUP = 5
@@ -73,7 +78,7 @@ def _chain_end(segs: list[bytes], *, digits: bool) -> int | None:
 
 def valid_key(key: bytes) -> bool:
     """False if a publish key uses '!' in a reserved way (docs/protocol.md)."""
-    if _BANG not in key:  # the common case costs one scan in C
+    if BANG not in key:  # the common case costs one scan in C
         return True
     return _chain_end(key.split(b"/"), digits=True) is not None
 
@@ -88,7 +93,7 @@ def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> by
     PID namespace) holds no secret pattern.  Raises ``PeerError`` with reason
     ``secret_refused`` or ``reserved_pattern``.
     """
-    if _BANG not in pattern:
+    if BANG not in pattern:
         return pattern
     segs = pattern.split(b"/")
     if not is_secret(pattern):
@@ -113,6 +118,9 @@ def check_pattern(pattern: bytes, creds: Credentials, prefix: bytes = b"") -> by
             raise PeerError("secret_refused", "credentials are not the subscriber's")
         filled.append(b"%d" % mine)
     rest = parts[_GROUP]
-    if _BANG in rest and _chain_end(rest.split(b"/"), digits=False) is None:
+    if BANG in rest and _chain_end(rest.split(b"/"), digits=False) is None:
         raise PeerError("reserved_pattern", "'!' is reserved")
     return prefix + CRED + b"/".join(filled) + b"/" + rest
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_keys")

@@ -10,6 +10,11 @@ from __future__ import annotations
 #: packets are detected with MSG_TRUNC and treated as a misbehaving client.
 MAX_PACKET = 409_600
 
+#: Messages in one packed batch (docs/protocol.md, "Packed batches"): a
+#: frame with more is a protocol error, so one packet read never costs more
+#: than this many deliveries (the C helper packs with the same bound).
+BATCH_MESSAGES = 256
+
 # --- per-client outbound queues (docs/protocol.md, "Flood control") ------------
 #: (config) Hard limit on bytes queued for one client before its hard mode applies.
 HARD_LIMIT_BYTES = 16 * 1024 * 1024
@@ -35,6 +40,11 @@ MAX_PATTERN_SEGMENTS = 128
 #: Entries in the key -> recipients cache; cleared whole when full or on any
 #: subscription change, so it bounds memory, not correctness.
 MATCH_CACHE_SIZE = 4096
+#: A full match cache is filled again with every miss only if it was hit at
+#: least once per this many entries since it was last cleared...
+MATCH_CACHE_PAYS = 8
+#: ... else one miss in this many is stored: enough to notice keys repeating.
+MATCH_CACHE_SAMPLE = 16
 #: Longest key the match cache keeps: a long key is matched afresh rather than
 #: pinning its bytes in the cache.
 MATCH_CACHE_KEY_MAX = 256
@@ -70,8 +80,6 @@ LISTEN_BACKLOG = 128
 #: is smaller than MAX_PACKET.  The kernel doubles the value and caps it at
 #: 2 x net.core.wmem_max (425,984 by default), which still fits MAX_PACKET.
 SEND_BUFFER = MAX_PACKET + 4096
-#: Seconds ``Server.stop`` waits for client greenlets before killing them.
-STOP_TIMEOUT = 2.0
 
 # --- relays (docs/protocol.md, "Relays") ----------------------------------------
 #: (config) Upward messages a relay keeps while its upstream is slow or away,
@@ -86,16 +94,36 @@ WHOAMI_TIMEOUT = 5.0
 #: Interest notices or upstream SUB/UNSUBs sent per wake-up: a snapshot of a
 #: large pattern set goes out in batches, between other work.
 NOTICE_BATCH = 512
+#: Seconds between looks at a relay's upstream socket file while it is away,
+#: where the kernel cannot tell us at once (libev uses inotify where it can).
+UPSTREAM_WATCH = 0.02
+#: Seconds a relay holds what it queued during an outage once its upstream is
+#: back: the upstream's other relays reconnect (watching its socket file) and
+#: subscribe again within milliseconds, and then the held messages reach them.
+RESUBSCRIBE_GRACE = 0.1
 #: (config) Reconnect back-off: first delay and cap, seconds.
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
 
-# --- logging -----------------------------------------------------------------
-#: Seconds of quiet after which a slow client's drop episode is logged as over.
-DROP_EPISODE_QUIET = 1.0
-#: Seconds over which repeated misbehaviour log lines of one client are
-#: summarised: the first is logged, then one line with the count per interval.
-LOG_REPEAT_INTERVAL = 10.0
+# --- live upgrade (``ops.handover``, docs/deploy.md "Upgrade") -------------------
+#: Seconds each step of a hand-over may take (a packet sent, the new process's
+#: answer) before the old process gives up on it and serves on.
+UPGRADE_TIMEOUT = 10.0
+#: Bytes of state in one packet of the hand-over (well within SEND_BUFFER).
+UPGRADE_CHUNK = 64 * 1024
+#: Descriptors passed in one packet (SCM_MAX_FD is 253).
+FDS_PER_PACKET = 250
+#: Seconds a signalled bus gives the process it started to take over, and
+#: ``sbus-relay upgrade`` waits for a new process to answer on the address.
+UPGRADE_WAIT = 30.0
+
+# --- logging (``protocol.episodes``) -----------------------------------------
+#: Seconds without an occurrence after which an episode (a slow consumer's
+#: drops, a client's repeated misbehaviour) is over and logged as ended.
+EPISODE_QUIET = 1.0
+#: Seconds between two "still going" lines of one episode: a subscriber that
+#: never reads is named once when its drops begin, then once per interval.
+EPISODE_REPORT_INTERVAL = 10.0
 
 # --- addresses, daemon and client (docs/protocol.md, "Addresses and ...") ------
 #: Size of sun_path in struct sockaddr_un on Linux; abstract names are printed

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sbus_relay.accel import load_compiled
+
 from . import limits
 
 
@@ -94,3 +96,6 @@ def refuse_pattern(
     if account.patterns >= quota.patterns or account.pattern_bytes + size > quota.pattern_bytes:
         return "user_pattern_quota"
     return None
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_quota")

@@ -1,16 +1,19 @@
 """Plain-integer counters of one server, read by the metrics collector on scrape.
 
-The hot path increments attributes and dict entries here; nothing takes a lock
-per message.  ``sbus_relay.metrics`` turns a ``Stats`` plus a
-``Gauges`` snapshot into Prometheus families at scrape time.
+Each connection counts its own traffic; what is counted here happens off the
+hot path (drops, disconnects, refusals, control packets), and nothing takes a
+lock.  ``ops.metrics`` turns a ``Stats`` plus a ``Gauges`` snapshot (which
+also carries the traffic totals, summed from the connections on scrape) into
+Prometheus families.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Packet types counted in ``Stats.packets_in``.
-PACKET_TYPES = ("sub", "unsub", "msg", "cmsg", "invalid")
+#: Packet types counted in ``Stats.packets_in`` (MSG packets are counted by
+#: each connection and summed on scrape: ``Gauges.messages_in``).
+PACKET_TYPES = ("sub", "unsub", "cmsg", "invalid")
 
 #: Why a message was not delivered to a client (``Stats.drops`` keys).
 DROP_REASONS = (
@@ -62,10 +65,6 @@ class Stats:
     """Counters only ever increase; gauges are taken from ``Gauges`` on scrape."""
 
     packets_in: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PACKET_TYPES, 0))
-    bytes_in: int = 0
-    bytes_out: int = 0
-    #: copies of MSG packets handed to a client's socket
-    delivered: int = 0
     drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     disconnects: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(DISCONNECT_REASONS, 0)
@@ -84,8 +83,6 @@ class Stats:
     queue_wait_sum: float = 0.0
     # relay side (docs/protocol.md, "Relays")
     upstream_reconnects: int = 0
-    forwarded_up: int = 0
-    forwarded_down: int = 0
 
     def observe_queue_wait(self, seconds: float) -> None:
         """Record how long one message waited in a client's queue (slow path only)."""
@@ -102,6 +99,17 @@ class Stats:
 class Gauges:
     """A point-in-time view of a server, computed on scrape by ``Server.gauges()``."""
 
+    # counters, summed on scrape from every connection's own counts
+    messages_in: int = 0  # MSG packets read from clients
+    bytes_in: int = 0
+    #: copies of MSG packets handed to a client's socket
+    delivered: int = 0
+    bytes_out: int = 0
+    forwarded_up: int = 0  # relay: messages sent to the upstream
+    forwarded_down: int = 0  # relay: messages that came from it
+    # gauges
+    #: clients whose messages are being dropped now (an open drop episode)
+    dropping_clients: int = 0
     clients: int = 0
     users: int = 0  # distinct uids connected
     patterns: int = 0  # stored patterns, duplicates counted

@@ -22,6 +22,7 @@ from sbus_relay.bench.build import BuildError
 from sbus_relay.bench.reference import build_reference, find_sources
 from sbus_relay.bench.report import TARGETS
 from sbus_relay.bench.runner import SCENARIO_NAMES
+from sbus_relay.cli.bench import EXIT_TARGETS_MISSED
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 3_000
@@ -33,7 +34,9 @@ RUN_TIMEOUT = 240
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
-def bench(tmp: Path, *args: str, timeout: float = RUN_TIMEOUT) -> tuple[dict[str, Any], str, str]:
+def bench(
+    tmp: Path, *args: str, timeout: float = RUN_TIMEOUT, status: int = 0
+) -> tuple[dict[str, Any], str, str]:
     """Run ``sbus-relay bench --quick ARGS --json``; return the JSON, stdout and stderr."""
     out = tmp / "out.json"
     cmd = [sys.executable, "-m", "sbus_relay", "bench", "--quick", "--json", str(out)]
@@ -42,7 +45,7 @@ def bench(tmp: Path, *args: str, timeout: float = RUN_TIMEOUT) -> tuple[dict[str
         [*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT
     )
     assert out.exists(), f"no JSON written (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == status, proc.stderr[-4000:]
     return json.loads(out.read_text()), proc.stdout, proc.stderr
 
 
@@ -117,6 +120,21 @@ def test_stalled_reference_reported_as_stalled(live: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_every_target_has_a_verdict_a_script_can_read(live: dict[str, Any]) -> None:
+    verdicts = live["targets"]
+    assert [v["label"] for v in verdicts] == [t.label for t in TARGETS if t.scenario in SMOKE]
+    for v in verdicts:
+        assert v["verdict"] in ("met", "missed", "noise", "unmeasured"), v
+        assert v["met"] is (
+            None if v["verdict"] in ("noise", "unmeasured") else v["verdict"] == "met"
+        )
+        if v["verdict"] in ("met", "missed"):
+            assert v["value"] > 0 and not (v["metric"] == "overhead" and v["value"] > 1), v
+    assert sum(live["summary"].values()) == len(verdicts)
+    assert live["meta"]["load_before"] >= 0 and live["meta"]["load_after"] >= 0
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_relay_compared_with_direct_path(live: dict[str, Any]) -> None:
     s = live["scenarios"]["relay_up"]
     assert set(s["sides"]) == {"ours", "direct"}
@@ -143,6 +161,22 @@ def test_no_reference_leaves_the_column_out_with_a_reason(tmp_path: Path) -> Non
     assert data["meta"]["reference"] is None
     assert "--no-reference given; its column is left out" in stderr
     assert "reference left out: --no-reference given" in stdout
+
+
+@pytest.mark.timeout(120)
+def test_check_exits_non_zero_when_a_target_is_not_met(tmp_path: Path) -> None:
+    # Without a reference the 1 -> 1 ratio cannot be judged: under --check that
+    # is a target not met, in the exit status, on stderr and in the JSON.
+    data, stdout, stderr = bench(
+        tmp_path, "--check", "--no-reference", "--only", "1to1", status=EXIT_TARGETS_MISSED
+    )
+    assert stderr.splitlines()[-1] == "sbus-relay bench: --check: 1 of 1 targets not met"
+    (verdict,) = data["targets"]
+    assert verdict["label"] == "1 -> 1, ours / reference"
+    assert (verdict["verdict"], verdict["met"]) == ("unmeasured", None)
+    assert data["summary"] == {"met": 0, "missed": 0, "noise": 0, "unmeasured": 1}
+    assert data["meta"]["check"] is True and data["meta"]["only"] == ["1to1"]
+    assert "targets: 0 met, 1 not measured of 1" in stdout
 
 
 @pytest.mark.timeout(120)

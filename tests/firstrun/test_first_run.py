@@ -21,6 +21,7 @@ bus already uses them -- except under CI, where it must run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from sbus_relay.ops.addresses import answers
 from tests.support import VENV_BIN
 
 pytestmark = pytest.mark.timeout(600)
@@ -81,6 +83,12 @@ def in_use() -> list[str]:
     return busy
 
 
+def _as_on_a_terminal() -> None:
+    """In the child: Ctrl-C does what it does for a command typed at a terminal,
+    even when this suite was started with SIGINT ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Session:
     """A shell-like session in the clone: runs README lines, keeps every output."""
 
@@ -104,6 +112,7 @@ class Session:
             done = subprocess.run(
                 ["bash", "-c", line], cwd=self.clone, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=o, stderr=e, timeout=timeout, check=False,
+                preexec_fn=_as_on_a_terminal,
             )  # fmt: skip
         return done.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
 
@@ -114,7 +123,7 @@ class Session:
             proc = subprocess.Popen(
                 ["bash", "-c", f"exec {line}" if not line.startswith("make") else line],
                 cwd=self.clone, env=self.env, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_as_on_a_terminal,
             )  # fmt: skip
         self.background.append(proc)
         return proc, out, err
@@ -139,6 +148,14 @@ class Session:
             for path in sorted(self.logs.iterdir())
             if "Traceback" in path.read_text("utf-8", "replace")
         ]
+
+
+def answering(path: str) -> bool:
+    """Whether a bus accepts connections at ``path`` now."""
+    try:
+        return answers(path)
+    except OSError:
+        return False
 
 
 def wait_for(check: object, what: str, timeout: float = WAIT) -> None:
@@ -211,7 +228,8 @@ def _first_run(session: Session, readme: str) -> None:
     top = readme_block(readme, "# sbus_relay")
     run_line = line_starting(top, "make run").split("#")[0].strip()
     bus, _, bus_err = session.start(run_line, "make-run")
-    wait_for(lambda: os.path.exists("/tmp/sbus.socket") or bus.poll() is not None, "make run")
+    # Answering, not only there: a bus killed earlier may have left its socket file.
+    wait_for(lambda: answering("/tmp/sbus.socket") or bus.poll() is not None, "make run")
     assert bus.poll() is None, bus_err.read_text()
     status, _, err = session.run("make -n " + line_starting(top, "make test").split()[1], "make-n")
     assert status == 0, err
@@ -242,6 +260,17 @@ def _first_run(session: Session, readme: str) -> None:
     example = "\n".join(readme_block(readme, "From Python", "python"))
     status, out, err = session.run(f".venv/bin/python - <<'EOF'\n{example}\nEOF", "python")
     assert status == 0 and "Message(" in out, err
+
+    # 3b. The README's /clients example, against the one bus running: `make run`'s.
+    curl_line = re.search(r"`(curl '([^`']*/clients[^`']*)')`", readme)
+    assert curl_line is not None, "the README has no /clients curl example"
+    if shutil.which("curl"):
+        status, out, err = session.run(f"{curl_line.group(1)} --silent --show-error", "curl")
+        assert status == 0, f"{curl_line.group(1)}: {err}"
+    else:  # the same request without curl
+        with urllib.request.urlopen(curl_line.group(2), timeout=WAIT) as response:
+            out = response.read().decode()
+    assert json.loads(out)["server"]["role"] == "master", out
 
     # 4. record, then analyze, as the README shows (record runs for a few seconds).
     pipeline = readme_block(readme, "## Traffic pipeline")
@@ -282,3 +311,7 @@ def _first_run(session: Session, readme: str) -> None:
     assert session.interrupt(up) == 0, up_err.read_text()
     session.interrupt(bus)  # make reports the interrupt; the bus must clean up
     wait_for(lambda: not os.path.exists("/tmp/sbus.socket"), "the bus to remove its socket")
+    # ... and leaves nothing behind: no lock files beside the sockets either.
+    leftovers = [p for p in ("/tmp/sbus.socket.lock",) if os.path.exists(p)]
+    leftovers += [str(p) for p in Path("/tmp/sbus-dev").glob("*.lock")]
+    assert leftovers == []

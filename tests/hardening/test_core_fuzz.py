@@ -39,7 +39,7 @@ class ServerCore(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.index: SubscriptionIndex[int] = SubscriptionIndex(cache_size=8)
+        self.index: SubscriptionIndex = SubscriptionIndex(cache_size=8)
         self.creds: list[Credentials] = []
         self.prefix = b""
         self.published: list[bytes] = []
@@ -52,7 +52,7 @@ class ServerCore(RuleBasedStateMachine):
         self.prefix = prefix
 
     def _feed(self, client: int, packet: bytes) -> None:
-        """What Connection._read_loop and Server.handle/publish do with one packet."""
+        """What Connection._on_readable, Router.publish and Server.handle do with one packet."""
         if client in self.closed:
             return
         me = self.creds[client]
@@ -76,7 +76,9 @@ class ServerCore(RuleBasedStateMachine):
                 assert setting is None or setting[0] in ("soft", "hard", "order")
         except PeerError:
             self.closed.add(client)  # the server closes that one client
-            self.index.remove_client(client)
+            for pattern, count in self.index.patterns_of(client).items():
+                for _ in range(count):
+                    self.index.remove(client, pattern)
 
     @rule(client=st.integers(0, 3), rnd=st.randoms(use_true_random=False))
     def hostile(self, client: int, rnd: random.Random) -> None:

@@ -1,4 +1,4 @@
-"""The short versions of every ``sbus-relay harden`` run (docs/reliability.md).
+"""The short versions of every ``python -m tests.hardening.harness`` run (docs/reliability.md).
 
 Each test calls the same function the command runs, with small parameters,
 and fails on the run's ``failures`` (each a broken promise) and on figures that

@@ -28,7 +28,7 @@ def server() -> Iterator[ServerProc]:
 def test_unsub_while_a_relay_disconnects_keeps_the_client_alive(server: ServerProc) -> None:
     """protocol.md interest: a relay vanishing must not harm any other client.
 
-    Found by ``harden fuzz`` (secret rounds: the relay stopped while children left).
+    Found by the harness's ``fuzz`` run (secret rounds: the relay stopped while children left).
     Expected: the client's whoami is answered and the log has no traceback.
     Actual: the whoami is never answered; the log shows the RuntimeError.
     """

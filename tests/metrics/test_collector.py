@@ -1,4 +1,4 @@
-"""Unit tests of ``sbus_relay.metrics``: no bus server, a fresh registry per test.
+"""Unit tests of ``ops.collector`` and ``ops.metrics_server``: no bus, a fresh registry each.
 
 Each counter is checked by diffing the whole exposition before and after one
 bump: exactly one sample may change, by exactly the bump.  That catches a
@@ -23,13 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from sbus_relay import __version__
-from sbus_relay.ops.metrics import (
-    MetricsCollector,
-    build_registry,
-    parse_host_port,
-    serve,
-    serve_from_config,
-)
+from sbus_relay.ops.collector import MetricsCollector, build_registry
+from sbus_relay.ops.config import parse_host_port
+from sbus_relay.ops.metrics_server import serve, serve_from_config
 from sbus_relay.protocol.errors import ConfigError
 from sbus_relay.protocol.stats import (
     DISCONNECT_REASONS,
@@ -124,9 +120,6 @@ def test_each_packet_type_increments_exactly_its_counter(ptype: str) -> None:
 
 
 SCALAR_COUNTERS = [
-    ("delivered", "sbus_messages_delivered_total"),
-    ("bytes_in", "sbus_received_bytes_total"),
-    ("bytes_out", "sbus_sent_bytes_total"),
     ("connections_accepted", "sbus_connections_accepted_total"),
     ("connections_refused", "sbus_connections_refused_total"),
     ("accept_errors", "sbus_accept_errors_total"),
@@ -145,8 +138,6 @@ def test_each_scalar_counter_is_exported_once(attr: str, metric: str) -> None:
 
 UPSTREAM_COUNTERS = [
     ("upstream_reconnects", key("sbus_upstream_reconnects_total")),
-    ("forwarded_up", key("sbus_upstream_forwarded_messages_total", direction="up")),
-    ("forwarded_down", key("sbus_upstream_forwarded_messages_total", direction="down")),
 ]
 
 
@@ -156,6 +147,28 @@ def test_each_upstream_counter_on_a_relay(attr: str, sample: SampleKey) -> None:
         setattr(stats, attr, getattr(stats, attr) + 1)
 
     assert bump_and_diff(bump, Gauges(is_relay=True)) == {sample: 1}
+
+
+#: Counters the server sums from its connections on scrape (``Gauges``), with
+#: the sample each one must move, on a relay.
+TRAFFIC_COUNTERS = [
+    ("messages_in", key("sbus_packets_received_total", type="msg")),
+    ("bytes_in", key("sbus_received_bytes_total")),
+    ("delivered", key("sbus_messages_delivered_total")),
+    ("bytes_out", key("sbus_sent_bytes_total")),
+    ("forwarded_up", key("sbus_upstream_forwarded_messages_total", direction="up")),
+    ("forwarded_down", key("sbus_upstream_forwarded_messages_total", direction="down")),
+    ("dropping_clients", key("sbus_clients_dropping")),
+]
+
+
+@pytest.mark.parametrize(("attr", "sample"), TRAFFIC_COUNTERS)
+def test_each_traffic_figure_moves_exactly_its_sample(attr: str, sample: SampleKey) -> None:
+    current = [Gauges(is_relay=True)]
+    registry = sbus_registry(Stats(), lambda: current[0])
+    before = samples(registry)
+    current[0] = Gauges(is_relay=True, **{attr: 7})
+    assert changed(before, samples(registry)) == {sample: 7}
 
 
 def test_master_exports_no_upstream_families() -> None:
@@ -273,10 +286,10 @@ def test_failing_gauges_keep_counters_and_drop_gauges() -> None:
         raise RuntimeError("server half torn down")
 
     stats = Stats()
-    stats.delivered = 9
+    stats.drops["soft_discard"] = 9
     with capture_logs() as logs:
         got = samples(sbus_registry(stats, broken))
-    assert got[key("sbus_messages_delivered_total")] == 9
+    assert got[key("sbus_messages_dropped_total", reason="soft_discard")] == 9
     assert key("sbus_clients_connected") not in got
     assert [e["event"] for e in logs] == ["metrics.gauges_failed"]
 
@@ -325,16 +338,26 @@ def busy_stats() -> Stats:
         stats.drops[r] = 1 + i
     for i, r in enumerate(DISCONNECT_REASONS):
         stats.disconnects[r] = 2 + i
-    stats.delivered, stats.bytes_in, stats.bytes_out = 100, 5000, 9000
     for w in (0.00005, 0.003, 0.2, 99.0):
         stats.observe_queue_wait(w)
-    stats.upstream_reconnects, stats.forwarded_up, stats.forwarded_down = 2, 30, 40
+    stats.upstream_reconnects = 2
     return stats
 
 
 def test_promtool_check_metrics_passes() -> None:
     promtool = find_promtool()
-    g = Gauges(clients=2, soft_modes={"discard": 1}, is_relay=True, upstream_connected=True)
+    g = Gauges(
+        messages_in=100,
+        bytes_in=5000,
+        delivered=100,
+        bytes_out=9000,
+        forwarded_up=30,
+        forwarded_down=40,
+        clients=2,
+        soft_modes={"discard": 1},
+        is_relay=True,
+        upstream_connected=True,
+    )
     text = generate_latest(build_registry(busy_stats(), lambda: g, "h"))
     result = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, timeout=20

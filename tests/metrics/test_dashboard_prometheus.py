@@ -610,18 +610,26 @@ def test_every_dashboard_panel_returns_data(
     # -- logs: stable event names, drops logged per episode not per message ------
     for client in held:
         client.close()
-    time.sleep(1.5)  # past DROP_EPISODE_QUIET, so open episodes are logged
+    time.sleep(2.5)  # past two EPISODE_QUIET ticks, so ended episodes are logged
     for bus in (master, relay):
         events = bus.events()
         names = {e.get("event") for e in events}
-        for name in ("metrics.listening", "client.connected", "client.disconnected", "flood.drop"):
+        for name in (
+            "metrics.listening",
+            "client.connected",
+            "client.disconnected",
+            "flood.drop",
+            "flood.drop.ended",
+        ):
             assert name in names, f"{bus.name}: no {name!r} event in\n{bus.log()[-2000:]}"
         reasons = {e.get("reason") for e in events if e.get("event") == "client.disconnected"}
         assert "protocol_error" in reasons, reasons
-        drops = [e for e in events if e.get("event") == "flood.drop"]
-        assert all(isinstance(e.get("count"), int) and e["count"] > 0 for e in drops), drops
+        began = [e for e in events if e.get("event") == "flood.drop"]
+        assert all(e.get("reason") and e.get("soft") for e in began), began
+        ended = [e for e in events if e.get("event") == "flood.drop.ended"]
+        assert all(isinstance(e.get("count"), int) and e["count"] > 0 for e in ended), ended
         # Hundreds of messages were discarded; a line per message would show here.
-        assert len(drops) < 20, f"{bus.name}: {len(drops)} flood.drop lines"
+        assert len(began) + len(ended) < 20, f"{bus.name}: {len(began + ended)} drop lines"
     for name in ("upstream.connected", "upstream.lost"):
         assert name in {e.get("event") for e in relay.events()}, (
             f"relay: no {name!r} event in\n{relay.log()[-2000:]}"

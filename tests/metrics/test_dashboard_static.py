@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sbus_relay.ops.metrics import build_registry
+from sbus_relay.ops.collector import build_registry
 from sbus_relay.protocol.accounting import COUNTERS, GAUGES
 from sbus_relay.protocol.stats import Gauges, Stats
 from tests.metrics.dashboard_queries import (
@@ -30,7 +30,7 @@ from tests.metrics.dashboard_queries import (
 
 pytestmark = pytest.mark.timeout(30)
 
-#: Metric names a PromQL expression may mention, from sbus_relay.metrics.
+#: Metric names a PromQL expression may mention, from sbus_relay.ops.collector.
 METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
 
 

@@ -9,6 +9,7 @@ they see is exactly what the relay put on the wire.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -16,7 +17,7 @@ import urllib.request
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.support import BusProcess, start_bus
 
@@ -97,6 +98,11 @@ class Bus:
 
     def log(self) -> str:
         return self.process.stderr_text()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON log lines whose event is exactly ``name``."""
+        lines = (json.loads(line) for line in self.log().splitlines() if line.startswith("{"))
+        return [e for e in lines if e.get("event") == name]
 
     def wait_log(self, needle: str, timeout: float = WAIT) -> None:
         """Wait until the server has logged ``needle`` (an event name)."""

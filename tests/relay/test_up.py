@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,12 @@ import pytest
 import yaml
 
 from sbus_relay.ops.config import load_config
-from sbus_relay.ops.supervisor import hierarchy_from_mapping, load_hierarchy
+from sbus_relay.ops.supervisor import (
+    Supervisor,
+    SupervisorError,
+    hierarchy_from_mapping,
+    load_hierarchy,
+)
 from sbus_relay.protocol.errors import ConfigError
 from tests.relay.helpers import WAIT, Peer, free_port, wait_until
 from tests.support import VENV_BIN, read_line, run_cli, short_dir
@@ -152,6 +158,7 @@ def test_up_runs_the_hierarchy_restarts_the_dead_and_stops_all_on_sigint(up: Up)
     for name, pid in up.pids.items():
         assert gone(pid), f"{name} (pid {pid}) survived the supervisor"
     wait_until(lambda: not any(os.path.exists(a) for a in up.addresses.values()), "sockets removed")
+    assert sorted(os.listdir(up.dir)) == ["master.log", "relay-a.log", "relay-b.log"]  # no .lock
 
 
 def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
@@ -175,8 +182,22 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
         ('["--upstream-queue-messages", "lots"]', "--upstream-queue-messages: expected an integer"),
         ('["--no-such-flag"]', "unrecognized arguments: --no-such-flag"),
         ('["-C", "/nonexistent/sbus.yaml"]', "/nonexistent/sbus.yaml"),
+        ('["-a", "/tmp/x/b"]', "-a/--address is not for args: its 'address' key sets it"),
+        ('["--upstream", "/tmp/x/a"]', "--upstream is not for args: its 'upstream' key sets it"),
+        ('["--metrics", "127.0.0.1:0"]', "--metrics is not for args: its 'metrics' key sets it"),
+        ('["--instance", "b"]', "--instance is not for args: its 'name' key sets it"),
+        ('["--no-foreground"]', "up runs every bus in the foreground"),
     ],
-    ids=["bad value", "unknown flag", "missing config"],
+    ids=[
+        "bad value",
+        "unknown flag",
+        "missing config",
+        "address",
+        "upstream",
+        "metrics",
+        "instance",
+        "daemon",
+    ],
 )
 def test_up_check_refuses_serve_flags_serve_would_refuse(
     tmp_path: Path, args: str, reason: str
@@ -193,6 +214,85 @@ def test_up_check_refuses_serve_flags_serve_would_refuse(
         err = result.stderr.decode()
         assert err.count("\n") == 1, err
         assert f"{bad}: buses[a].args: " in err and reason in err, err
+
+
+def test_up_refuses_a_config_file_in_args_that_moves_a_bus_in_the_tree(tmp_path: Path) -> None:
+    # A -C file given in args must not make the master a relay (of itself's
+    # relay: a cycle the file's own check never saw).
+    sneaky = tmp_path / "sneaky.yaml"
+    sneaky.write_text("upstream: /tmp/x/a\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "buses:\n"
+        f"  - {{name: master, address: /tmp/x/m, args: [-C, {sneaky}]}}\n"
+        "  - {name: a, address: /tmp/x/a, upstream: master}\n"
+    )
+    result = run_cli("up", str(bad), "--check")
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        f"sbus-relay up: {bad}: buses[master].args: its config file sets upstream /tmp/x/a:"
+        " the bus's own 'upstream' key decides that"
+    ]
+
+
+def test_a_second_up_of_a_running_tree_says_so_and_leaves_it_alone(up: Up, tmp_path: Path) -> None:
+    up.read_until(b"buses running")
+    logs_dir = Path(up.dir)
+    settled = ('"listening"', '"upstream.interest_ready"')  # each relay's link is up too
+    wait_until(
+        lambda: all(
+            all(e in (logs_dir / f"{n}.log").read_text() for e in settled[: 1 + (n != "master")])
+            for n in up.pids
+        ),
+        "every bus up and linked",
+    )
+    sockets = {name: os.stat(address).st_ino for name, address in up.addresses.items()}
+    logs = {p.name: p.read_text() for p in Path(up.dir).glob("*.log")}
+    again = run_cli("up", str(up.config), timeout=WAIT)
+    assert again.returncode == 1
+    assert again.stdout == b""
+    assert again.stderr.decode().splitlines() == [
+        f"sbus-relay up: {up.config} is already up: sbus-relay up pid {up.proc.pid} runs it"
+        f" (master answers at {up.addresses['master']}, pid {up.pids['master']}; 2 more of"
+        f" its buses answer too); stop that one first (Ctrl-C where it runs, or kill"
+        f" {up.proc.pid})"
+    ]
+    # The running tree is untouched: same processes, same sockets, and its logs
+    # hold nothing but what its own buses wrote (e.g. the probes' connections):
+    # no second bus started, failed or exited there.
+    assert up.proc.poll() is None
+    assert {n: os.stat(a).st_ino for n, a in up.addresses.items()} == sockets
+    assert all(not gone(pid) for pid in up.pids.values())
+    for path in Path(up.dir).glob("*.log"):
+        added = path.read_text()[len(logs[path.name]) :]
+        events = {json.loads(line)["event"] for line in added.splitlines()}
+        assert not events & {"server.started", "listening", "exited"}, added
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(WAIT) == 0
+    assert up.read_until(b"master stopped")
+
+
+def test_a_failed_start_reports_each_stopped_bus_once(tmp_path: Path) -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+
+    def busy_relay_port(document: dict[str, Any]) -> None:
+        document["buses"][1]["metrics"] = f"127.0.0.1:{port}"
+
+    running = Up(tmp_path, busy_relay_port)
+    try:
+        assert running.proc.wait(WAIT) == 1
+        assert running.proc.stdout is not None
+        out = running.proc.stdout.read().decode()
+        err = running.err.read_text()
+        assert out.count("master stopped") == 1, out
+        assert "relay-a stopped" not in out and "relay-b" not in out, out
+        assert "relay-a exited with status 2 before listening" in err, err
+    finally:
+        blocker.close()
+        running.close()
 
 
 @pytest.mark.parametrize(
@@ -332,15 +432,22 @@ def test_up_checks_that_the_bus_itself_listens(tmp_path: Path) -> None:
     hierarchy = tmp_path / "h.yaml"
     hierarchy.write_text(f"buses:\n  - {{name: master, address: {address}}}\n")
     try:
+        # Found before anything starts ...
         result = run_cli("up", str(hierarchy), timeout=WAIT * 2)
+        # ... and, should it appear between that check and the start, while starting.
+        supervisor = Supervisor(load_hierarchy(str(hierarchy)), out=lambda _: None)
+        with pytest.raises(SupervisorError) as starting:
+            supervisor.start()
     finally:
         squatter.close()
         shutil.rmtree(directory, ignore_errors=True)
-    err = result.stderr.decode()
-    assert result.returncode == 1, err
-    assert "master exited with status 2 before listening" in err
-    assert f"another process (pid {os.getpid()}) listens at {address}" in err
-    assert "Traceback" not in err
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.decode().splitlines() == [
+        f"sbus-relay up: {hierarchy}: master's address {address} is in use by pid"
+        f" {os.getpid()}, which no sbus-relay up runs; stop it or give the bus another address"
+    ]
+    assert "master exited with status 2 before listening" in str(starting.value)
+    assert f"another process (pid {os.getpid()}) listens at {address}" in str(starting.value)
 
 
 def test_up_gives_up_on_a_bus_that_keeps_failing_at_start(tmp_path: Path) -> None:

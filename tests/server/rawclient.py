@@ -37,7 +37,7 @@ class RawClient(RawConnection):
     """One connection to the bus, speaking raw packets.
 
     The socket work (receiving with truncation detection, whoami with packets
-    held pending) is ``sbus_relay.rawclient.RawConnection``, shared with the
+    held pending) is ``tests.rawsocket.RawConnection``, shared with the
     hardening runs; this adds what tests need.
     """
 

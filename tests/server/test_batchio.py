@@ -18,10 +18,10 @@ from tests.server.rawclient import RawClient, running_bus
 pytestmark = pytest.mark.timeout(60)
 
 IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    "python": (batchio._recv_many_py, batchio._send_many_py),
+    "python": (batchio._recv_many_py, batchio._send_all_py),
 }
 if batchio.COMPILED:
-    IMPLEMENTATIONS["compiled"] = (batchio._recv_many_c, batchio._send_many_c)
+    IMPLEMENTATIONS["compiled"] = (batchio.recv_many, batchio.send_all)
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -48,26 +48,35 @@ def test_the_compiled_helper_is_built_where_a_compiler_is() -> None:
 
 
 def test_packets_come_and_go_whole_and_in_order(impl: Any, pair: Any) -> None:
-    recv_many, send_many = impl
+    recv_many, send_all = impl
     a, b = pair
-    packets = [b"MSG k/%d\0" % i + b"x" * i for i in range(100)]
-    assert send_many(a, a.fileno(), packets, 0) == 100
+    packets = [b"MSG k/%d\0" % i + b"x" * i for i in range(300)]  # more than one sendmmsg
+    assert send_all(a, a.fileno(), packets) == 300
     got: list[bytes] = []
-    while len(got) < 100:
+    while len(got) < 300:
         got += recv_many(b, b.fileno(), 64)
     assert got == packets
     assert recv_many(b, b.fileno(), 64) == []  # nothing waiting: no error
 
 
-def test_send_many_stops_where_the_socket_is_full(impl: Any, pair: Any) -> None:
-    recv_many, send_many = impl
+def test_send_all_stops_where_the_socket_is_full(impl: Any, pair: Any) -> None:
+    recv_many, send_all = impl
     a, b = pair
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
     packets = [b"y" * 4000] * 1000
-    sent = send_many(a, a.fileno(), packets, 0)
+    sent = send_all(a, a.fileno(), packets)
     assert 0 < sent < 1000
-    assert send_many(a, a.fileno(), packets, sent) == 0  # still full: 0, not an error
+    assert send_all(a, a.fileno(), packets[sent:]) == 0  # still full: 0, not an error
     assert len(recv_many(b, b.fileno(), 64)) == min(sent, 64)
+
+
+def test_send_all_reports_what_went_before_an_error(impl: Any, pair: Any) -> None:
+    """Packets that went are counted; the error comes with the next call."""
+    _, send_all = impl
+    a, b = pair
+    b.close()
+    with pytest.raises(OSError):
+        send_all(a, a.fileno(), [b"x"])
 
 
 def test_an_over_long_packet_is_none_and_an_empty_one_ends_the_batch(impl: Any, pair: Any) -> None:

@@ -130,6 +130,17 @@ def test_an_empty_address_is_refused_not_taken_for_the_default(
         assert done.stderr.strip().endswith(b"empty address"), done.stderr
 
 
+def test_an_empty_sbus_address_is_refused_not_taken_for_the_default(sbusd: BusProcess) -> None:
+    env = {**os.environ, "SBUS_ADDRESS": ""}  # set, but empty: a mistake, not "the default"
+    for args in (("pub", "k", "v"), ("sub", "k"), ("record", "--count", "1")):
+        done = run_cli(*args, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.decode().splitlines() == [
+            f"sbus-relay {args[0]}: $SBUS_ADDRESS is set but empty: unset it, or set it to"
+            " the bus's address"
+        ]
+
+
 def test_pub_refuses_a_payload_over_the_packet_limit(sbusd: BusProcess) -> None:
     done = run_cli("pub", "-a", sbusd.address, "k", "-", input=b"x" * 409_600)
     assert done.returncode == 1

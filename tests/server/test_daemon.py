@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -350,7 +351,7 @@ def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(tmp_path: P
             assert proc.wait(10) == 0
     finally:
         os.close(lock_fd)
-    assert os.path.exists(path + ".lock")  # kept for the next start
+    assert not os.path.exists(path + ".lock")  # removed by the server once bound
 
 
 def test_two_servers_started_with_r_on_one_stale_path_never_both_bind(tmp_path: Path) -> None:
@@ -466,6 +467,124 @@ def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone() -> None:
     finally:
         if pid and _alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def _stop_pid_in(pidfile: str) -> None:
+    """Stop the daemon named by ``pidfile``, if it is there (also after a failure)."""
+    with contextlib.suppress(OSError, ValueError):
+        _stop_daemon(int(Path(pidfile).read_text()))
+
+
+def _stop_daemon(pid: int) -> None:
+    """SIGTERM a daemon and wait until it is gone (SIGKILL after 10 s)."""
+    if not _alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+
+
+def test_a_daemon_lets_go_of_its_callers_pipes() -> None:
+    # `sbus-relay serve ... | tail -2` returns once the daemon is up: the daemon
+    # keeps neither end of the caller's stdout nor its stderr.
+    directory = short_dir()
+    path = os.path.join(directory, "bus")
+    pidfile = os.path.join(directory, "bus.pid")
+    serve = os.path.join(VENV_BIN, "sbus-relay")
+    line = f"{serve} serve -a {path} -p {pidfile} --metrics 127.0.0.1:0 2>&1 | tail -2"
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", line],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=20,  # on a daemon that kept the pipe: never returns
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout == b"" and done.stderr == b""  # its log is not the caller's
+        pubsub_works(path)
+    finally:
+        _stop_pid_in(pidfile)
+
+
+def test_a_daemon_logs_to_its_log_file_not_to_its_caller(tmp_path: Path) -> None:
+    # Without --log-file its log goes to syslog (the journal), with it to the file.
+    directory = short_dir()
+    path = os.path.join(directory, "bus")
+    pidfile = os.path.join(directory, "bus.pid")
+    log = tmp_path / "bus.log"
+    try:
+        done = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", pidfile],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+        assert done.returncode == 0 and done.stdout == done.stderr == b""
+        _stop_pid_in(pidfile)
+        done = subprocess.run(
+            [os.path.join(VENV_BIN, "sbus-relay"), "serve", "-a", path, "-p", pidfile,
+             "--log-file", str(log)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and done.stdout == done.stderr == b""
+        pubsub_works(path)
+        assert '"event": "listening"' in log.read_text()
+    finally:
+        _stop_pid_in(pidfile)
+
+
+def test_a_second_daemon_on_a_live_pid_file_is_refused_in_one_line() -> None:
+    directory = short_dir()
+    first, second = os.path.join(directory, "one"), os.path.join(directory, "two")
+    pidfile = os.path.join(directory, "sbus.pid")
+    sbusd = os.path.join(VENV_BIN, "sbusd")
+    try:
+        started = subprocess.run(
+            [sbusd, "-a", first, "-p", pidfile], capture_output=True, timeout=20, check=False
+        )
+        assert started.returncode == 0, started.stderr
+        pid = int(Path(pidfile).read_text())
+        again = subprocess.run(
+            [sbusd, "-a", second, "-p", pidfile], capture_output=True, timeout=20, check=False
+        )
+        assert again.returncode == 2
+        assert again.stderr.decode().splitlines() == [
+            f"sbusd: pid file {pidfile} belongs to a running bus (pid {pid}); give this one"
+            " its own with -p PIDFILE (or -p /dev/null for none)"
+        ]
+        assert not os.path.exists(second)  # nothing was bound
+        assert Path(pidfile).read_text().strip() == str(pid)  # the first one's file is intact
+        pubsub_works(first)
+    finally:
+        _stop_pid_in(pidfile)
+
+
+def test_a_stale_pid_file_is_taken_over() -> None:
+    directory = short_dir()
+    path = os.path.join(directory, "bus")
+    pidfile = os.path.join(directory, "sbus.pid")
+    Path(pidfile).write_text("2147483646\n")  # no such process
+    try:
+        started = subprocess.run(
+            [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", pidfile],
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+        assert started.returncode == 0, started.stderr
+        assert int(Path(pidfile).read_text()) == _owner_of(path)
+        pubsub_works(path)
+    finally:
+        _stop_pid_in(pidfile)
 
 
 def _owner_of(path: str) -> int:

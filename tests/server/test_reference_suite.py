@@ -4,9 +4,10 @@ The reference's ``test`` starts ``./sbusd`` from its working directory in every
 address mode, with and without ``-c``, ``-r``, ``-g`` and ``-o`` (a plain file
 left at the socket path included), and checks ordered delivery and socket
 modes, each step within one second.  Here ``./sbusd`` is a script that execs
-ours.  The C sources are found through ``$SBUS_REFERENCE_SRC``, else as a
-``reference-sbus`` directory (holding ``sbusd.c``) beside this checkout; without
-them the test skips, except under CI, where it must run.
+ours.  The C sources (a clone of the sbus project) are found as the benchmark
+finds them (``sbus_relay.bench.reference``: ``$SBUS_REFERENCE_SRC``, else beside
+the checkout); without them the test skips and says where to get them, except
+under CI, where it must run.
 """
 
 from __future__ import annotations
@@ -19,25 +20,10 @@ from typing import NoReturn
 
 import pytest
 
+from sbus_relay.bench.reference import HOW_TO_GET, find_sources
 from tests.support import VENV_BIN
 
 pytestmark = pytest.mark.timeout(180)
-
-#: Environment variable naming the reference's source directory.
-SOURCE_ENV = "SBUS_REFERENCE_SRC"
-#: The checkout's root directory (this file is tests/server/...).
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def reference_sources() -> Path | None:
-    """The reference's C sources, or None when they are not on this machine."""
-    given = os.environ.get(SOURCE_ENV)
-    if given:
-        return Path(given) if (Path(given) / "sbusd.c").is_file() else None
-    for candidate in sorted(ROOT.parent.glob("*/reference-sbus")):
-        if (candidate / "sbusd.c").is_file() and (candidate / "test.c").is_file():
-            return candidate
-    return None
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -48,12 +34,11 @@ def unavailable(reason: str) -> NoReturn:
 
 
 def test_the_reference_test_program_passes_against_our_sbusd(tmp_path: Path) -> None:
-    sources = reference_sources()
+    sources, reason = find_sources()
     if sources is None:
-        unavailable(
-            f"no reference sources: ${SOURCE_ENV} names no directory with sbusd.c, and"
-            " there is no reference-sbus directory beside the checkout"
-        )
+        unavailable(reason)
+    if not (sources / "test.c").is_file():
+        unavailable(f"{sources} has no test.c, the reference's test program; {HOW_TO_GET}")
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         unavailable("no C compiler to build the reference's test program")
     build = tmp_path / "ref"

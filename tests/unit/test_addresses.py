@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,11 +163,44 @@ def test_remove_stale_removes_any_other_file_with_a_warning(sockdir: Path) -> No
         sock.close()
 
 
-def test_remove_stale_keeps_its_lock_file_beside_the_socket(sockdir: Path) -> None:
+def test_remove_stale_leaves_no_lock_file_behind(sockdir: Path) -> None:
     path = sockdir / "bus"
     sock, _ = listen(parse_address(str(path)), remove_stale=True)
     sock.close()
-    assert (sockdir / ("bus" + LOCK_SUFFIX)).is_file()
+    assert not (sockdir / ("bus" + LOCK_SUFFIX)).exists()
+
+
+def test_a_lock_file_removed_while_waiting_for_it_is_not_trusted(sockdir: Path) -> None:
+    # A taker that waited on a lock file its holder then removed must lock the
+    # file now at the path, or two takers could hold "the" lock at once.
+    path = sockdir / "bus"
+    lock_path = str(path) + LOCK_SUFFIX
+    first = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(first, fcntl.LOCK_EX)
+    second = -1
+    taken: list[socket.socket] = []
+    waiter = threading.Thread(
+        target=lambda: taken.append(listen(parse_address(str(path)), remove_stale=True)[0])
+    )
+    waiter.start()
+    try:
+        time.sleep(0.3)  # the waiter has opened the first file and waits for its lock
+        assert not taken
+        os.unlink(lock_path)  # the holder is done: it removes the file ...
+        second = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(second, fcntl.LOCK_EX)  # ... and a newcomer locks a fresh one
+        fcntl.flock(first, fcntl.LOCK_UN)
+        time.sleep(0.3)
+        assert not taken, "the waiter bound while the newcomer held the lock"
+        fcntl.flock(second, fcntl.LOCK_UN)
+        waiter.join(10)
+        assert taken and not os.path.exists(lock_path)
+    finally:
+        os.close(first)
+        if second >= 0:
+            os.close(second)
+        for sock in taken:
+            sock.close()
 
 
 def test_relative_paths_print_absolute(sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -74,7 +75,7 @@ README_CASES = [
 
 @pytest.mark.parametrize(("pattern", "key", "expected"), README_CASES)
 def test_readme_cases(pattern: bytes, key: bytes, expected: bool) -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     ix.add("c", pattern)
     assert bool(ix.match(key)) is expected
     assert ref_match(pattern, key) is expected
@@ -90,7 +91,7 @@ keys = st.lists(st.sampled_from([b"a", b"b", b"/", b"ab", b"!/cred/1/2/3/"]), ma
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), patterns), max_size=12), st.lists(keys, max_size=8))
 def test_match_equals_reference(subs: list[tuple[int, bytes]], probe: list[bytes]) -> None:
-    ix: SubscriptionIndex[int] = SubscriptionIndex(cache_size=4)
+    ix: SubscriptionIndex = SubscriptionIndex(cache_size=4)
     for client, pattern in subs:
         ix.add(client, pattern)
     for key in probe:
@@ -105,7 +106,7 @@ def test_match_equals_reference(subs: list[tuple[int, bytes]], probe: list[bytes
 def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) -> None:
     """Counted duplicates, first/last callbacks and the cache stay consistent."""
     events: list[tuple[str, bytes]] = []
-    ix: SubscriptionIndex[int] = SubscriptionIndex(
+    ix: SubscriptionIndex = SubscriptionIndex(
         on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
     )
     model: dict[tuple[int, bytes], int] = {}
@@ -133,12 +134,44 @@ def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) ->
         (state.add if verb == "+" else state.discard)(p)
     assert state == live
     for client in (0, 1, 2):
-        ix.remove_client(client)
+        drop_client(ix, client)
     assert len(ix) == 0 and ix.distinct == 0 and not ix.match(key)
 
 
+def drop_client(ix: SubscriptionIndex, client: Any) -> None:
+    """Remove every subscription of ``client``, as the server does when it goes."""
+    for pattern, count in ix.patterns_of(client).items():
+        for _ in range(count):
+            assert ix.remove(client, pattern)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), patterns), max_size=30))
+def test_the_quiet_holder_never_fires_the_callbacks(ops: list[tuple[bool, int, bytes]]) -> None:
+    """Holder 0 is quiet (a relay's upstream link): the callbacks follow the
+    other holders only, whatever the quiet one holds meanwhile."""
+    events: list[tuple[str, bytes]] = []
+    ix: SubscriptionIndex = SubscriptionIndex(
+        on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
+    )
+    ix.quiet = 0
+    for add, client, pattern in ops:
+        if add:
+            ix.add(client, pattern)
+        else:
+            ix.remove(client, pattern)
+    heard = {p for c in (1, 2) for p in ix.patterns_of(c)}
+    assert ix.distinct == len(heard)
+    assert len(ix) == sum(n for c in (1, 2) for n in ix.patterns_of(c).values())
+    state: set[bytes] = set()
+    for verb, p in events:
+        assert (p in state) is (verb == "-")
+        (state.add if verb == "+" else state.discard)(p)
+    assert state == heard
+
+
 def test_duplicates_counted_and_unknown_remove() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     ix.add("c", b"x")
     ix.add("c", b"x")
     assert ix.distinct_of("c") == 1 and ix.distinct_of("nobody") == 0
@@ -151,7 +184,7 @@ def test_duplicates_counted_and_unknown_remove() -> None:
 
 
 def test_cache_is_bounded() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex(cache_size=8)
+    ix: SubscriptionIndex = SubscriptionIndex(cache_size=8)
     ix.add("c", b"")
     for i in range(100):
         ix.match(b"k%d" % i)
@@ -159,21 +192,21 @@ def test_cache_is_bounded() -> None:
 
 
 def test_trie_pruned_after_removal() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     for i in range(50):
         ix.add("c", b"a/%d/b*/*/" % i)
-    ix.remove_client("c")
+    drop_client(ix, "c")
     assert ix._public.empty()
 
 
 @pytest.mark.parametrize("pattern", [b"", b"a/b", b"a/", b"a/*/c", b"a*b"])
 def test_holders_for_every_kind_of_pattern(pattern: bytes) -> None:
     """Interest notices are built from holders(): every kind must answer."""
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     ix.add("c", pattern)
     ix.add("d", pattern)
     assert set(ix.holders(pattern)) == {"c", "d"}
-    ix.remove_client("c")
+    drop_client(ix, "c")
     assert ix.holders(pattern) == ("d",)
 
 
@@ -181,7 +214,7 @@ def test_equivalent_spellings_are_one_pattern() -> None:
     """'*' and '**' match the same keys: one pattern, counted twice, so the relay's
     upstream UNSUB waits for the last of them (docs/protocol.md)."""
     events: list[tuple[str, bytes]] = []
-    ix: SubscriptionIndex[str] = SubscriptionIndex(
+    ix: SubscriptionIndex = SubscriptionIndex(
         on_first=lambda p: events.append(("+", p)), on_last=lambda p: events.append(("-", p))
     )
     ix.add("c", b"a/*")
@@ -192,3 +225,26 @@ def test_equivalent_spellings_are_one_pattern() -> None:
     assert events == [("+", b"a/*")]  # still held through 'a/**'
     assert ix.remove("c", b"a/**")
     assert events == [("+", b"a/*"), ("-", b"a/*")]
+
+
+def test_the_cache_stops_filling_with_keys_that_never_repeat() -> None:
+    """An id in every key: once a full cache proves useless, one miss in
+    MATCH_CACHE_SAMPLE is stored; when keys repeat again it fills in full."""
+    from sbus_relay.protocol.limits import MATCH_CACHE_SAMPLE
+
+    ix = SubscriptionIndex(cache_size=64)
+    ix.add("c", b"k/")
+    for i in range(64):  # fills the cache once, never hit
+        ix.match(b"k/%d" % i)
+    for i in range(64, 64 + 10 * MATCH_CACHE_SAMPLE):
+        assert ix.match(b"k/%d" % i) == ("c",)
+    assert len(ix.cache) <= 11  # sampled: one entry per MATCH_CACHE_SAMPLE keys
+    hot = [b"k/hot%d" % i for i in range(8)]
+    for _ in range(MATCH_CACHE_SAMPLE * 4):  # keys that repeat end up cached, and hit
+        for key in hot:
+            ix.match(key)
+    assert all(key in ix.cache for key in hot)
+    for _ in range(64):  # the hits count: a cache that fills up again is kept filling
+        for i in range(64):
+            ix.match(b"k/more%d" % i)
+    assert len(ix.cache) > 32

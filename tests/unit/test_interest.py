@@ -10,14 +10,14 @@ from sbus_relay.protocol.interest import ADD, REMOVE, InterestTracker
 pytestmark = pytest.mark.timeout(30)
 
 
-def change(ix: SubscriptionIndex[str], tr: InterestTracker[str], who: str, p: bytes, add: bool):
+def change(ix: SubscriptionIndex, tr: InterestTracker[str], who: str, p: bytes, add: bool):
     before = tr.before(p)
     (ix.add if add else ix.remove)(who, p)
     return list(tr.after(p, before))
 
 
 def test_listener_never_sees_its_own_patterns() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     tr = InterestTracker(ix)
     tr.listeners["relay"] = None
     assert change(ix, tr, "relay", b"x", True) == []
@@ -29,7 +29,7 @@ def test_listener_never_sees_its_own_patterns() -> None:
 
 
 def test_two_relays_see_each_other() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    ix: SubscriptionIndex = SubscriptionIndex()
     tr = InterestTracker(ix)
     tr.listeners["a"] = None
     tr.listeners["b"] = None
@@ -39,10 +39,13 @@ def test_two_relays_see_each_other() -> None:
 
 
 def test_upstream_interest_is_readvertised() -> None:
-    ix: SubscriptionIndex[str] = SubscriptionIndex()
+    """On a relay the upstream link holds what the upstream wants: one more
+    holder, so our own relays hear of it like of any other client's pattern."""
+    ix: SubscriptionIndex = SubscriptionIndex()
+    ix.quiet = "up"
     tr = InterestTracker(ix)
     tr.listeners["sub"] = None
-    assert tr.set_upstream(b"u", True) == [("sub", ADD, b"u")]
+    assert change(ix, tr, "up", b"u", True) == [("sub", ADD, b"u")]
     assert tr.snapshot("sub") == [b"u"]
     ix.add("sub", b"u")
-    assert tr.clear_upstream() == [("sub", REMOVE, b"u")]
+    assert change(ix, tr, "up", b"u", False) == [("sub", REMOVE, b"u")]

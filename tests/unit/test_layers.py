@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sbus_relay"
 #: Layer of each top-level part of the package, lowest first.
 LAYERS = {
     "sbus_relay": 0,  # the package's own __init__: a version string
+    "accel": 0,  # which of the hot path's modules run compiled
     "protocol": 1,
     "ops": 2,
     "bus": 3,

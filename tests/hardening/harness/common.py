@@ -1,7 +1,7 @@
 """What every hardening run needs: server processes, raw clients, forked children.
 
 Servers are real processes (``sbusd``, ``sbus-relay serve`` or the reporting
-``hardening.host``) started from this interpreter's venv and waited on until
+``harness.host``) started from this interpreter's venv and waited on until
 ``/proc/net/unix`` shows them listening.  Clients are bare SOCK_SEQPACKET
 sockets speaking the wire protocol, so nothing here trusts ``sbus_relay.client``.
 Children are plain ``os.fork()`` processes that send a JSON result back through

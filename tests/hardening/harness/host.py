@@ -1,4 +1,4 @@
-"""``python -m sbus_relay.hardening.host --stats FILE [serve flags]``: a bus that reports.
+"""``python -m tests.hardening.harness.host --stats FILE [serve flags]``: a bus that reports.
 
 The same ``Server`` the CLI runs, in the foreground, with one addition: on
 SIGUSR1 (and at exit) it writes its ``Stats`` counters and ``Gauges`` as JSON to

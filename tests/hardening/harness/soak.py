@@ -1,6 +1,6 @@
 """Soak: steady traffic with a stalled subscriber, memory and fds sampled throughout.
 
-A ``hardening.host`` server runs with a small hard limit (``--hard-limit-bytes``,
+A ``harness.host`` server runs with a small hard limit (``--hard-limit-bytes``,
 ``--hard-limit-messages``).  A stalled subscriber takes everything and never
 reads (default modes: soft/queue, hard/discard), a reading subscriber must get
 every message, publishers send at a steady rate, and short-lived clients come

@@ -1,4 +1,4 @@
-"""Prometheus metrics and a health check for one server, served by gevent.
+"""The Prometheus collector of one server: its counters and gauges as metric families.
 
 The hot path only bumps plain integers in ``Stats``.  On each scrape
 ``MetricsCollector.collect`` reads those integers and a ``Gauges`` snapshot and
@@ -11,22 +11,17 @@ the name (``_bytes``, ``_seconds``), ``_total`` on counters, and only labels
 with a small fixed set of values (``type``, ``reason``, ``mode``,
 ``direction``), or a bounded one: the per-relay and per-user families carry
 ``relay``/``uid`` for the top N plus ``other`` (``protocol.accounting``) --
-never one per client, key or pattern.  ``/clients`` lists the connections
-themselves, bounded per answer (``ops.clients``).  The full list is in
-``docs/observability.md``.
+never one per client, key or pattern.  The full list is in
+``docs/observability.md``; ``metrics_server`` serves it over HTTP.
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TypeVar
 
 import structlog
-from gevent.pywsgi import WSGIServer
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -38,17 +33,13 @@ from prometheus_client.utils import floatToGoString
 
 from sbus_relay import __version__
 from sbus_relay.protocol.accounting import COUNTERS, GAUGES
-from sbus_relay.protocol.errors import AddressError, ConfigError
 from sbus_relay.protocol.flood import HARD_MODES, SOFT_MODES
-from sbus_relay.protocol.limits import LISTEN_BACKLOG
 from sbus_relay.protocol.stats import QUEUE_WAIT_BUCKETS, Gauges, Stats
 
-from . import clients, logsetup
-
-if TYPE_CHECKING:
-    from wsgiref.types import StartResponse, WSGIEnvironment
+from . import logsetup
 
 log = structlog.get_logger("sbus_relay.metrics")
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
 
 #: One exported row of a per-who dimension: label, counters, gauges (``accounting``).
 WhoRow = tuple[str, Sequence[int], Sequence[int]]
@@ -68,34 +59,6 @@ _WHO_HELP = {
 
 #: ``le`` label values of the queue-wait histogram, formatted once.
 _QUEUE_WAIT_LE = [floatToGoString(b) for b in QUEUE_WAIT_BUCKETS] + ["+Inf"]
-
-
-class _EventLike(Protocol):
-    def is_set(self) -> bool: ...
-
-
-# Read-only properties, so that a frozen ``ServerConfig`` satisfies them.
-class _ServerLike(Protocol):
-    """What ``serve_from_config`` needs of a ``Server`` (design.md, server)."""
-
-    @property
-    def stats(self) -> Stats: ...
-    @property
-    def stopped(self) -> _EventLike: ...
-    def gauges(self) -> Gauges: ...
-    def who(self) -> Mapping[str, Sequence[WhoRow]]: ...
-    def client_rows(self) -> list[dict[str, Any]]: ...
-    @property
-    def started(self) -> float: ...
-
-
-class _ConfigLike(Protocol):
-    """What ``serve_from_config`` needs of a ``ServerConfig``."""
-
-    @property
-    def metrics(self) -> str | None: ...
-    @property
-    def instance(self) -> str: ...
 
 
 class MetricsCollector(Collector):
@@ -137,6 +100,7 @@ class MetricsCollector(Collector):
         yield from self._counters(self._stats)
         yield self._queue_wait(self._stats)
         if gauges is not None:
+            yield from self._traffic(self._stats, gauges)
             # Every known flood mode is exported, at 0 when no client uses it, so
             # a series exists before the first client switches (docs/protocol.md, Flood control).
             yield from self._gauges(gauges)
@@ -164,20 +128,29 @@ class MetricsCollector(Collector):
         return info
 
     @staticmethod
-    def _counters(stats: Stats) -> Iterator[Metric]:
+    def _traffic(stats: Stats, g: Gauges) -> Iterator[Metric]:
+        """The traffic counters: each connection counts its own, summed on scrape."""
         yield _labelled_counter(
             "sbus_packets_received_total",
             "Packets read from clients, by type (invalid = protocol error).",
             "type",
-            stats.packets_in,
+            {**stats.packets_in, "msg": g.messages_in},
         )
         yield _counter(
             "sbus_messages_delivered_total",
             "Copies of MSG packets handed to a client's socket.",
-            stats.delivered,
+            g.delivered,
         )
-        yield _counter("sbus_received_bytes_total", "Bytes read from clients.", stats.bytes_in)
-        yield _counter("sbus_sent_bytes_total", "Bytes written to clients.", stats.bytes_out)
+        yield _counter("sbus_received_bytes_total", "Bytes read from clients.", g.bytes_in)
+        yield _counter("sbus_sent_bytes_total", "Bytes written to clients.", g.bytes_out)
+        yield _gauge(
+            "sbus_clients_dropping",
+            "Clients whose messages are being dropped now (a slow consumer's drop episode).",
+            g.dropping_clients,
+        )
+
+    @staticmethod
+    def _counters(stats: Stats) -> Iterator[Metric]:
         yield _labelled_counter(
             "sbus_messages_dropped_total",
             "Messages not delivered to a client, by reason.",
@@ -319,7 +292,7 @@ class MetricsCollector(Collector):
             "sbus_upstream_forwarded_messages_total",
             "Messages forwarded to the upstream (up) and from it to local clients (down).",
             "direction",
-            {"up": stats.forwarded_up, "down": stats.forwarded_down},
+            {"up": g.forwarded_up, "down": g.forwarded_down},
         )
         yield _gauge(
             "sbus_upstream_interest_patterns",
@@ -344,16 +317,16 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 def _labelled_counter(
     name: str, doc: str, label: str, values: Mapping[str, int]
 ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=[label])
-    for key, value in values.items():
-        family.add_metric([key], value)
-    return family
+    return _labelled(CounterMetricFamily(name, doc, labels=[label]), values)
 
 
 def _labelled_gauge(
     name: str, doc: str, label: str, values: Mapping[str, int]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, doc, labels=[label])
+    return _labelled(GaugeMetricFamily(name, doc, labels=[label]), values)
+
+
+def _labelled(family: _Family, values: Mapping[str, int]) -> _Family:
     for key, value in values.items():
         family.add_metric([key], value)
     return family
@@ -383,157 +356,3 @@ def build_registry(
     registry.register(MetricsCollector(stats, gauges_fn, instance, who_fn))
     ProcessCollector(registry=registry)
     return registry
-
-
-# -- HTTP ----------------------------------------------------------------------
-
-_Body = list[bytes]
-
-
-#: ``/clients``' source: the server's own block and one row per connection.
-ClientsFn = Callable[[], tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]]
-
-
-def _wsgi_app(
-    registry: CollectorRegistry, health_fn: Callable[[], bool], clients_fn: ClientsFn | None
-) -> Callable[[WSGIEnvironment, StartResponse], _Body]:
-    metrics_app = make_wsgi_app(registry)
-
-    def clients_answer(environ: WSGIEnvironment, start_response: StartResponse) -> _Body:
-        status = "200 OK"
-        try:
-            query = clients.parse(environ.get("QUERY_STRING", ""))
-            assert clients_fn is not None
-            server, rows = clients_fn()
-            doc: Any = clients.answer(query, server, rows)
-        except clients.QueryError as e:
-            status, doc = "400 Bad Request", {"error": str(e)}
-        except Exception:
-            log.exception("metrics.clients_failed")
-            status, doc = "500 Internal Server Error", {"error": "snapshot failed"}
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        start_response(status, [("Content-Type", "application/json")])
-        return [body]
-
-    def app(environ: WSGIEnvironment, start_response: StartResponse) -> _Body:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            body: Any = metrics_app(environ, start_response)
-            return list(body)
-        if path == "/healthz":
-            try:
-                healthy = bool(health_fn())
-            except Exception:
-                log.exception("metrics.health_failed")
-                healthy = False
-            status = "200 OK" if healthy else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if healthy else b"unhealthy\n"]
-        if path == "/clients" and clients_fn is not None:
-            return clients_answer(environ, start_response)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"sbus_relay: /metrics /healthz /clients\n"]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found\n"]
-
-    return app
-
-
-def bind_metrics(text: str) -> socket.socket:
-    """A TCP socket listening at ``HOST:PORT`` for the metrics endpoint.
-
-    Bound before the server daemonises, so that a busy or forbidden port is
-    one ``AddressError`` naming the address.
-    """
-    host, port = parse_host_port(text)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}") from None
-    family, kind, proto, _name, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}") from None
-    sock.set_inheritable(False)
-    sock.setblocking(False)  # gevent's server accepts only when it is readable
-    return sock
-
-
-def serve(
-    host: str | socket.socket,
-    port: int,
-    registry: CollectorRegistry,
-    health_fn: Callable[[], bool],
-    clients_fn: ClientsFn | None = None,
-) -> WSGIServer:
-    """Start serving ``/metrics`` and ``/healthz`` in the current gevent hub.
-
-    Returns the started ``WSGIServer``; ``server.server_port`` is the bound port
-    (useful with port 0), ``server.stop()`` stops it.  Access logging is off:
-    Prometheus scrapes every few seconds and would drown the bus's own events.
-    """
-    listener: Any = host if isinstance(host, socket.socket) else (host, port)
-    server = WSGIServer(listener, _wsgi_app(registry, health_fn, clients_fn), log=None)
-    server.start()
-    return server
-
-
-def parse_host_port(text: str, source: str = "metrics") -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6]:PORT`` too); raises ``ConfigError`` naming ``source``."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(source, "metrics", f"expected HOST:PORT, got {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(source, "metrics", f"port is not a number in {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(source, "metrics", f"port out of range in {text!r}")
-    return host, port
-
-
-def serve_from_config(
-    config: _ConfigLike, server: _ServerLike, *, listener: socket.socket | None = None
-) -> WSGIServer:
-    """Serve metrics for ``server`` at ``config.metrics``; the CLI stops the result.
-
-    Healthy means the server has not stopped and can still produce its gauges
-    snapshot; a relay whose upstream is away is still healthy (it keeps
-    the local bus running, docs/protocol.md, Relays) and says so in ``sbus_upstream_connected``.
-    """
-    if not config.metrics:
-        raise ConfigError("config", "metrics", "no HOST:PORT to serve metrics on")
-    host, port = parse_host_port(config.metrics)
-    registry = build_registry(server.stats, server.gauges, config.instance, server.who)
-
-    def healthy() -> bool:
-        if server.stopped.is_set():
-            return False
-        server.gauges()  # raises (-> 503) if the server's state is broken
-        return True
-
-    def clients_now() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        gauges = server.gauges()
-        now = time.time()
-        block = {
-            "instance": config.instance,
-            "role": "relay" if gauges.is_relay else "master",
-            "version": __version__,
-            "time": round(now, 3),
-            "uptime": round(now - server.started, 3),
-            "clients": gauges.clients,
-            "upstream_connected": gauges.upstream_connected if gauges.is_relay else None,
-        }
-        return block, server.client_rows()
-
-    wsgi = serve(listener if listener is not None else host, port, registry, healthy, clients_now)
-    log.info("metrics.listening", host=host, port=wsgi.server_port)
-    return wsgi

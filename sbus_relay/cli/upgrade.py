@@ -1,0 +1,91 @@
+"""Upgrade running buses in place: sbus-relay upgrade [-a ADDRESS | TREE.yaml].
+
+Nobody is disconnected (docs/deploy.md, "Upgrade"): the bus is sent SIGUSR2
+and starts the installed version of itself, which takes every socket and
+connection over.  A bus run by ``sbus-relay up`` is upgraded by its ``up``,
+the whole tree at once (the master first).  This command waits until a new
+process answers on each address and says, in one line per bus, which pid
+serves it now, or why the old one still does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from .options import add_address_argument, bus_address
+
+#: Seconds between two looks at who answers on an address.
+POLL = 0.1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """-a ADDRESS (one bus), or a hierarchy file (every bus ``up`` runs from it)."""
+    add_address_argument(parser)
+    parser.add_argument(
+        "tree",
+        nargs="?",
+        metavar="TREE.yaml",
+        help="a hierarchy file of `sbus-relay up`: upgrade every bus it runs",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.ops.supervisor import listener_pid, load_hierarchy, supervisor_of
+    from sbus_relay.protocol.errors import UsageError
+    from sbus_relay.protocol.limits import UPGRADE_WAIT
+
+    if args.tree is not None and args.address is not None:
+        raise UsageError("give -a ADDRESS or a hierarchy file, not both")
+    if args.tree is not None:
+        addresses = [(spec.name, spec.address) for spec in load_hierarchy(args.tree).buses]
+    else:
+        address = bus_address(args)
+        addresses = [(address, address)]
+    before: dict[str, int] = {}
+    for name, address in addresses:
+        pid = listener_pid(parse_address(address))
+        if pid is None:
+            print(f"sbus-relay upgrade: no bus answers on {address}", file=sys.stderr)
+            return 1
+        if pid == 0:
+            raise UsageError(
+                f"the bus on {address} runs in another PID namespace: send it SIGUSR2 there"
+            )
+        before[name] = pid
+    # Whom to signal: a bus run by `up` is upgraded by its `up` (the whole tree).
+    owners = {supervisor_of(pid) or pid for pid in before.values()}
+    for pid in owners:
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except PermissionError:
+            raise UsageError(f"not allowed to signal pid {pid}: run this as its user") from None
+        except ProcessLookupError:
+            pass  # it ended meanwhile: reported below as not answering
+    if owners != set(before.values()):
+        print(f"sbus-relay upgrade: asked sbus-relay up (pid {', '.join(map(str, owners))})")
+    status = 0
+    deadline = time.monotonic() + UPGRADE_WAIT
+    for name, address in addresses:
+        old = before[name]
+        now = old
+        while time.monotonic() < deadline:
+            now = listener_pid(parse_address(address)) or 0
+            if now not in (old, 0):
+                break
+            time.sleep(POLL)
+        if now in (old, 0):
+            still = f"is still pid {old}" if now == old else "answers no more"
+            print(
+                f"sbus-relay upgrade: {name}: the bus on {address} {still}: no new process took"
+                " it over (its log says why)",
+                file=sys.stderr,
+            )
+            status = 1
+        else:
+            print(f"{name}: pid {old} -> pid {now}")
+    return status

@@ -1,0 +1,117 @@
+"""Child processes: started one way, tied to their parent's life, stopped one way.
+
+Every process the package starts -- a bus under ``sbus-relay up``, the
+benchmark's servers and load generators, a standalone Spark master and worker
+-- goes through ``spawn`` and ``stop``:
+
+* stdin is /dev/null unless the caller asks for a pipe; stdout is /dev/null, a
+  pipe, or the log; stderr goes to the log file (appended, or fresh) or stays
+  the parent's;
+* the child asks the kernel for SIGTERM when its parent dies
+  (``PR_SET_PDEATHSIG``), so a killed parent leaves no orphan;
+* ``new_session`` puts it in a session (and process group) of its own: a
+  Ctrl-C on the terminal reaches only the parent, which stops its children in
+  its own order, and ``stop(group=True)`` reaches the child's own children too;
+* ``stop`` sends SIGTERM, waits a grace period, then SIGKILLs.
+
+No argv parsing and no exits here; callers word their own errors from the
+``OSError`` that ``spawn`` raises (``filename`` is the log when it could not
+be opened).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Literal
+
+#: prctl(2) option: the signal a child gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+try:
+    # Loaded once, before any fork: the child only makes one call into it.
+    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not on Linux
+    _libc = None
+
+#: Where a child's stdout goes: nowhere, a pipe the caller reads, or the log.
+Stdout = Literal["null", "pipe", "log"]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGTERM this child when its parent dies (Linux; else nothing).
+
+    Only a prctl, on a library loaded before the fork: safe in a parent that
+    runs threads.
+    """
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: str | os.PathLike[str] | None = None,
+    append: bool = True,
+    stdin_pipe: bool = False,
+    stdout: Stdout = "null",
+    new_session: bool = False,
+    env: Mapping[str, str] | None = None,
+    text: bool = False,
+) -> subprocess.Popen[Any]:
+    """Start ``argv``; stderr goes to ``log`` (appended, or fresh unless ``append``)
+    or, without one, stays the parent's.  Raises ``OSError`` (from the log, or
+    from the exec)."""
+    if stdout == "log" and log is None:
+        raise ValueError("stdout='log' needs a log file")
+    err: IO[bytes] | None = None
+    if log is not None:
+        err = open(log, "ab" if append else "wb")  # noqa: SIM115 - the child keeps its copy
+    try:
+        out: Any = {"null": subprocess.DEVNULL, "pipe": subprocess.PIPE, "log": err}[stdout]
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=None if env is None else dict(env),
+            text=text,
+            start_new_session=new_session,
+            preexec_fn=die_with_parent,
+        )
+    finally:
+        if err is not None:
+            err.close()
+
+
+def stop(
+    proc: subprocess.Popen[Any],
+    grace: float,
+    *,
+    group: bool = False,
+    sig: int = signal.SIGTERM,
+) -> bool:
+    """Signal ``proc`` (its whole process group with ``group``), wait ``grace``
+    seconds, then SIGKILL it; returns True when it had to be killed."""
+    if proc.poll() is not None:
+        return False
+    _signal(proc, sig, group)
+    try:
+        proc.wait(grace)
+        return False
+    except subprocess.TimeoutExpired:
+        _signal(proc, signal.SIGKILL, group)
+        proc.wait()
+        return True
+
+
+def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)

@@ -1,0 +1,150 @@
+"""A live upgrade's wire: one process hands its bus to the next (docs/deploy.md, "Upgrade").
+
+Theory of operation, after HAProxy's seamless reload and Envoy's hot restart,
+but for every *established* connection too.  The new process starts, fully
+initialised, and connects to the running bus as an ordinary client; it sends
+``CMSG upgrade/take-over``.  The bus (``bus.server``), if that client runs as
+the bus's own user (or root), freezes: it stops accepting and stops reading
+and writing everyone.  Then, over that one connection:
+
+1. ``CMSG upgrade/state\\0<header>``: JSON, how many parts and descriptors follow;
+2. the parts, ``CMSG upgrade/part\\0<bytes>``, carrying the state (every
+   connection's identity, subscriptions, modes, queued packets and counters:
+   plain data, pickled) and, ``SCM_RIGHTS``, the descriptors themselves: the
+   listening socket, the metrics socket, each client's socket, the upstream
+   link's -- at most ``FDS_PER_PACKET`` a part;
+3. the new process builds its bus from them, starts serving, and answers
+   ``CMSG upgrade/done``; the old one closes its copies (the sockets live on
+   in the new process: no peer sees a disconnect) and exits.
+
+A new process that does not answer within ``UPGRADE_TIMEOUT`` (it crashed,
+or hangs) leaves the old one in charge: it thaws and serves on, and says why.
+The state is unpickled by an unpickler that knows only plain data types,
+and only from the bus's own process (checked with SO_PEERCRED).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import socket
+from typing import Any
+
+from sbus_relay.protocol.errors import UpgradeError
+from sbus_relay.protocol.limits import (
+    FDS_PER_PACKET,
+    UPGRADE_CHUNK,
+    UPGRADE_TIMEOUT,
+)
+
+from .addresses import connect, peer_ucred
+
+#: Set in the environment of a process that is to take a running bus over.
+TAKE_OVER_ENV = "SBUS_TAKE_OVER"
+#: Set by ``sbus-relay up`` in its buses' environment: their upgrades are its to start.
+SUPERVISED_ENV = "SBUS_SUPERVISED"
+
+TAKE_OVER = b"CMSG upgrade/take-over"
+_STATE = b"CMSG upgrade/state\0"
+_PART = b"CMSG upgrade/part\0"
+_DONE = b"CMSG upgrade/done"
+#: Longest packet of the exchange: a part and its head.
+_LONGEST = UPGRADE_CHUNK + len(_PART)
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, bytes, str, numbers, None: nothing that runs code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UpgradeError(f"the hand-over held a {module}.{name}, not plain data")
+
+
+def allowed(uid: int) -> bool:
+    """Whether a client of this user may take the bus over (its own user, or root)."""
+    return uid in (os.geteuid(), 0)
+
+
+def send_state(sock: socket.socket, state: dict[str, Any], fds: list[int]) -> None:
+    """Send ``state`` and ``fds`` to the process taking over (blocking, bounded by
+    ``UPGRADE_TIMEOUT`` a packet)."""
+    data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    parts = [data[i : i + UPGRADE_CHUNK] for i in range(0, len(data), UPGRADE_CHUNK)] or [b""]
+    while len(parts) * FDS_PER_PACKET < len(fds):
+        parts.append(b"")  # one more part to carry descriptors
+    sock.settimeout(UPGRADE_TIMEOUT)
+    header = {"parts": len(parts), "fds": len(fds), "bytes": len(data)}
+    sock.sendall(_STATE + json.dumps(header).encode())
+    for i, part in enumerate(parts):
+        carried = fds[i * FDS_PER_PACKET : (i + 1) * FDS_PER_PACKET]
+        socket.send_fds(sock, [_PART + part], carried)
+
+
+def wait_done(sock: socket.socket) -> None:
+    """Wait for the new process to say it serves the bus now; ``UpgradeError`` if
+    it does not within ``UPGRADE_TIMEOUT`` (it failed: the old process serves on)."""
+    sock.settimeout(UPGRADE_TIMEOUT)
+    try:
+        answer = sock.recv(_LONGEST)
+    except TimeoutError:
+        raise UpgradeError(f"no answer within {UPGRADE_TIMEOUT:g} s") from None
+    if not answer.startswith(_DONE):
+        why = "it closed the connection" if not answer else f"it answered {answer[:60]!r}"
+        raise UpgradeError(f"the new process did not take over: {why}")
+
+
+def take_over(address: str) -> tuple[dict[str, Any], list[int], socket.socket]:
+    """Ask the bus at ``address`` for itself: its state, its descriptors, and the
+    connection to answer ``done`` on (``confirm``)."""
+    try:
+        sock = connect(address)
+    except OSError as exc:
+        raise UpgradeError(f"no bus answers on {address}: {exc.strerror or exc}") from None
+    fds: list[int] = []
+    try:
+        pid, uid, _ = peer_ucred(sock)
+        if not allowed(uid):
+            raise UpgradeError(f"the bus on {address} runs as uid {uid}, not as this user")
+        sock.settimeout(UPGRADE_TIMEOUT)
+        sock.sendall(TAKE_OVER)
+        head = sock.recv(_LONGEST)
+        if not head.startswith(_STATE):
+            raise UpgradeError(_refusal(head, address))
+        header = json.loads(head[len(_STATE) :])
+        data = io.BytesIO()
+        for _ in range(header["parts"]):
+            packet, got, _flags, _addr = socket.recv_fds(sock, _LONGEST, FDS_PER_PACKET)
+            fds += got
+            if not packet.startswith(_PART):
+                raise UpgradeError("the hand-over was cut short")
+            data.write(packet[len(_PART) :])
+        if len(fds) != header["fds"] or data.tell() != header["bytes"]:
+            raise UpgradeError("the hand-over was cut short")
+        state = _PlainData(io.BytesIO(data.getvalue())).load()
+        state["from_pid"] = pid
+        return state, fds, sock
+    except (OSError, ValueError, UpgradeError) as exc:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+        if isinstance(exc, UpgradeError):
+            raise
+        raise UpgradeError(f"the hand-over failed: {exc}") from None
+
+
+def confirm(sock: socket.socket) -> None:
+    """Tell the old process that this one serves the bus now (it then exits)."""
+    sock.sendall(_DONE)
+    sock.close()
+
+
+def _refusal(head: bytes, address: str) -> str:
+    if not head:
+        return f"the bus on {address} closed the connection (too old to hand itself over?)"
+    text = head.decode("utf-8", "replace")
+    if text.startswith("CMSG upgrade/refused\0"):
+        return f"the bus on {address} refused: {text.split(chr(0), 1)[1]}"
+    if text.startswith("CMSG disconnect\0"):
+        return f"the bus on {address} disconnected us: {text.split(chr(0), 1)[1]}"
+    return f"the bus on {address} answered {text[:80]!r}: it does not hand itself over"

@@ -1,0 +1,118 @@
+"""The compiled parts of sbus_relay; everything else is in pyproject.toml.
+
+* ``sbus_relay.bus._batchio`` (C): many packets per system call.
+* The hot path's Python modules, compiled by Cython each into a module of its
+  own beside its source (``sbus_relay/accel.py`` lists them and explains).
+
+Both are optional.  Without a C compiler, or without Cython, the install goes
+on and the bus runs its pure-Python path.  What was compiled, and from which
+sources, is recorded in ``sbus_relay/_compiled.json``, so that a checkout
+edited since is never run with stale compiled code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+#: Cython's settings: the .pxd files say the C types, the annotations are for mypy.
+DIRECTIVES = {
+    "language_level": "3",
+    "annotation_typing": False,
+    "always_allow_keywords": False,
+    "nonecheck": False,
+    # the pure-Python branch of ``if cython.compiled:`` is unreachable, by design
+    "warn.unreachable": False,
+}
+
+
+def _accel():  # type: ignore[no-untyped-def]
+    """sbus_relay/accel.py, loaded alone (the package itself is not imported)."""
+    spec = importlib.util.spec_from_file_location("_sbus_accel", ROOT / "sbus_relay" / "accel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+accel = _accel()
+
+
+def _compiled_extensions() -> list[Extension]:
+    """The hot path's modules for Cython, or none (one line says why)."""
+    if os.environ.get(accel.PURE_PYTHON_ENV, "") not in ("", "0"):
+        print(f"sbus_relay: {accel.PURE_PYTHON_ENV} is set: not compiling the hot path")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("sbus_relay: Cython is not installed: the hot path stays pure Python")
+        return []
+    extensions = []
+    for name in accel.COMPILED:
+        source, pxd = accel.source_files(name)
+        extensions.append(
+            Extension(
+                name,
+                [str(source.relative_to(ROOT))],
+                depends=[str(pxd.relative_to(ROOT))],
+                optional=True,
+            )
+        )
+    # force: a module's C layout depends on every .pxd it cimports, so all
+    # are regenerated together, never some against older declarations
+    compiled = cythonize(
+        extensions,
+        compiler_directives=DIRECTIVES,
+        build_dir="build/cython",
+        quiet=True,
+        force=True,
+    )
+    for ext in compiled:
+        ext.optional = True  # cythonize makes new Extensions: without a compiler, go on
+    return list(compiled)
+
+
+class BuildExt(build_ext):
+    """Builds what it can, then records the sources of what was compiled."""
+
+    def run(self) -> None:
+        super().run()
+        built = [
+            ext.name
+            for ext in self.extensions
+            if ext.name in accel.COMPILED and os.path.exists(self.get_ext_fullpath(ext.name))
+        ]
+        target = Path(self.get_ext_fullpath("sbus_relay._compiled")).parent
+        record = target / accel.DIGESTS_FILE
+        if built:
+            target.mkdir(parents=True, exist_ok=True)
+            data = {"modules": sorted(built), "sources": accel.digest()}
+            record.write_text(json.dumps(data, indent=1) + "\n")
+        elif record.exists():
+            record.unlink()
+        missing = sorted(set(accel.COMPILED) - set(built))
+        if missing:
+            print(
+                "sbus_relay: not compiled (the bus runs the pure-Python path): "
+                + ", ".join(missing),
+                file=sys.stderr,
+            )
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "sbus_relay.bus._batchio", ["sbus_relay/bus/_batchio.c"], optional=True
+        ),
+        *_compiled_extensions(),
+    ],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,99 @@
+"""The benchmark's verdicts and exit status, from figures made up here (no servers).
+
+A figure no real run can give (a stalled subscriber that made the others
+faster, memory that shrank) is noise and judges nothing; every target of the
+scenarios run has a verdict in the JSON; ``--check`` turns a target not met
+into a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+
+from sbus_relay.bench import report
+from sbus_relay.bench.report import MET, MISSED, NOISE, TARGETS, UNMEASURED
+from sbus_relay.cli.bench import EXIT_FAILED, EXIT_TARGETS_MISSED, exit_status
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def side(rate: float, **more: Any) -> dict[str, Any]:
+    return {"median": rate, "p50_us": 10.0, "p99_us": 20.0, "cpu_us_per_delivery": 1.0,
+            "rss_bytes": 1 << 20, "stalled": False, **more}  # fmt: skip
+
+
+def stalled_entry(ours: float, clean: float) -> dict[str, Any]:
+    entry = {
+        "title": "stalled",
+        "status": "ok",
+        "compare": "clean",
+        "sides": {"ours": side(ours), "clean": side(clean), "reference": side(1, stalled=True)},
+    }
+    report.evaluate("stalled", entry)
+    return entry
+
+
+def results_of(**entries: dict[str, Any]) -> dict[str, Any]:
+    results = {"meta": {"only": list(entries), "repeat": 1, "payload_bytes": 64, "cpus": 2},
+               "scenarios": entries}  # fmt: skip
+    results["targets"] = report.all_verdicts(results)
+    results["summary"] = report.summarize(results["targets"])
+    return results
+
+
+def test_a_stalled_subscriber_that_speeds_the_others_up_is_noise_not_a_negative_cost() -> None:
+    entry = stalled_entry(ours=203_000, clean=100_000)  # ours 2.03x the clean side
+    (verdict,) = entry["targets"]
+    assert verdict["verdict"] == NOISE and verdict["met"] is None
+    assert "ours ran 2.03x the clean side" in verdict["note"]
+    table = "\n".join(report.format_targets(results_of(stalled=entry)))
+    line = next(x for x in table.splitlines() if x.startswith("stalled subscriber"))
+    assert " noise " in line and not re.search(r"-\d", line), line  # no "-103.0 %"
+    assert "targets: 0 met, 1 noise of 1" in table
+
+
+def test_a_real_cost_is_judged() -> None:
+    assert stalled_entry(ours=97_000, clean=100_000)["targets"][0]["verdict"] == MET
+    missed = stalled_entry(ours=50_000, clean=100_000)["targets"][0]
+    assert (missed["verdict"], missed["met"]) == (MISSED, False)
+    assert missed["value"] == pytest.approx(0.5)
+
+
+def test_memory_that_shrank_is_noise() -> None:
+    ours = {"per_client_bytes": 430.0, "per_pattern_bytes": -3.0}
+    entry = {"title": "memory", "status": "ok", "sides": {"ours": ours}}
+    report.evaluate("memory", entry)
+    verdicts = {v["label"]: v["verdict"] for v in entry["targets"]}
+    assert verdicts == {"memory per idle client": MET, "memory per stored pattern": NOISE}
+
+
+def test_every_target_of_the_scenarios_run_has_a_verdict() -> None:
+    entry = stalled_entry(ours=97_000, clean=100_000)
+    failed = {"title": "1to1", "status": "failed", "reason": "boom"}
+    results = results_of(stalled=entry, **{"1to1": failed})
+    assert [v["label"] for v in results["targets"]] == [
+        t.label for t in TARGETS if t.scenario in ("stalled", "1to1")
+    ]
+    one = next(v for v in results["targets"] if v["scenario"] == "1to1")
+    assert one["verdict"] == UNMEASURED and one["note"] == "scenario failed: boom"
+    assert results["summary"] == {MET: 1, MISSED: 0, NOISE: 0, UNMEASURED: 1}
+
+
+def test_exit_status_fails_on_a_missed_target_only_with_check() -> None:
+    met = results_of(stalled=stalled_entry(ours=97_000, clean=100_000))
+    missed = results_of(stalled=stalled_entry(ours=50_000, clean=100_000))
+    noisy = results_of(stalled=stalled_entry(ours=300_000, clean=100_000))
+    assert exit_status(met, check=True) == (0, "")
+    assert exit_status(missed, check=False) == (0, "")
+    assert exit_status(missed, check=True) == (
+        EXIT_TARGETS_MISSED,
+        "--check: 1 of 1 targets not met",
+    )
+    assert exit_status(noisy, check=True)[0] == EXIT_TARGETS_MISSED
+    broken = copy.deepcopy(met)
+    broken["scenarios"]["1to1"] = {"status": "failed", "reason": "boom"}
+    assert exit_status(broken, check=False) == (EXIT_FAILED, "1 scenario(s) failed: 1to1")

@@ -1,0 +1,274 @@
+"""The README and docs say what the code does: paths, modules, ports and figures.
+
+* every path of this tree that the README, the docs, the configs' comments,
+  the tests or the package cite exists, and every ``sbus_relay.x.y`` names a
+  module (or a name in one);
+* every metrics port the docs use is a shipped config's, or set on the same
+  line; a line that names one config file and ports gives that file's; the
+  README's ``/clients`` example asks ``make run``'s bus;
+* docs/performance.md's tables are printed from the JSON of the one run it
+  states, whose targets are the code's, and every figure its prose quotes is
+  in those tables; the scenario table's targets are the code's;
+* the README says how to get the reference, and that ``make test`` runs the
+  slow tests too, and for how long.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sbus_relay.bench import report
+from sbus_relay.bench.profile import format_summary
+from sbus_relay.bench.reference import UPSTREAM
+from sbus_relay.bench.runner import DEFAULT_MESSAGES, DEFAULT_REPEAT, SCENARIO_NAMES
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "grafana" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Files whose text may cite paths and modules of the tree.
+CITING = [
+    *DOCS,
+    *sorted(ROOT.glob("configs/**/*.y*ml")),
+    *sorted((ROOT / "sbus_relay").rglob("*.py")),
+    *sorted((ROOT / "tests").rglob("*.py")),
+]
+#: A path into this tree: from a top-level directory of it, not part of a longer path or URL.
+TREE_PATH = re.compile(r"(?<![\w./:-])((?:sbus_relay|tests|docs|configs|grafana|\.ci)/[\w./@-]*)")
+#: ``sbus_relay.x.y`` as a module, or a name in one.
+DOTTED = re.compile(r"(?<![\w./])(sbus_relay(?:\.\w+)+)")
+#: Dotted names that are not modules, and why.
+NOT_MODULES = {
+    "sbus_relay.metrics": "the name of the metrics server's logger",
+    "sbus_relay.sub": "the name of sub's logger",
+    "sbus_relay.capture": "the Parquet metadata key that marks a capture file",
+    "sbus_relay.egg": "setuptools' metadata directory",
+}
+#: Path-like words that are not paths of this tree.
+NOT_PATHS = {"grafana/grafana"}  # the Grafana container image
+HOST_PORT = re.compile(r"\b(?:127\.0\.0\.1|0\.0\.0\.0|localhost):(\d{2,5})\b")
+#: Ports of other programs the docs name, and whose.
+OTHER_PROGRAMS = {9090: "Prometheus", 3000: "Grafana"}
+PERFORMANCE = ROOT / "docs" / "performance.md"
+RUN_JSON = ROOT / "docs" / "performance-run.json"
+
+
+def _cited(pattern: re.Pattern[str]) -> list[tuple[str, int, str]]:
+    found = []
+    for path in CITING:
+        if path.resolve() == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in pattern.finditer(line):
+                found.append((str(path.relative_to(ROOT)), number, match.group(1)))
+    return found
+
+
+def test_every_cited_path_exists() -> None:
+    missing = []
+    for where, number, text in _cited(TREE_PATH):
+        path = text.split("#")[0].rstrip(".,:;)")
+        if "*" in path or "<" in path or path in NOT_PATHS:
+            continue
+        if not (ROOT / path).exists():
+            missing.append(f"{where}:{number}: {path}")
+    assert missing == []
+
+
+def _top_level_names(source: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """A module, or one name defined (or imported) at the top of a module."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:cut])
+        if base.with_suffix(".c").is_file() and cut == len(parts):
+            return True  # a compiled module, built from its C source
+        if base.with_suffix(".pxd").is_file() and cut == len(parts):
+            return True  # the compiled build of a Python module (sbus_relay.accel)
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else None
+        if module is None and (base / "__init__.py").is_file():
+            module = base / "__init__.py"
+        if module is None:
+            continue
+        rest = parts[cut:]
+        return not rest or (len(rest) == 1 and rest[0] in _top_level_names(module))
+    return False
+
+
+def test_every_cited_module_exists() -> None:
+    unknown = [
+        f"{where}:{number}: {name}"
+        for where, number, name in _cited(DOTTED)
+        if name not in NOT_MODULES and not _resolves(name)
+    ]
+    assert unknown == []
+
+
+def _shipped_ports() -> dict[str, set[int]]:
+    """Metrics (and scrape) ports per shipped config file."""
+    ports: dict[str, set[int]] = {}
+    for path in sorted(ROOT.glob("configs/**/*.y*ml")):
+        text = path.read_text()
+        found = {int(p) for p in HOST_PORT.findall(text)}
+        document = yaml.safe_load(text)
+        if isinstance(document, dict) and isinstance(document.get("metrics"), str):
+            found.add(int(document["metrics"].rsplit(":", 1)[1]))
+        for bus in document.get("buses", []) if isinstance(document, dict) else []:
+            if bus.get("metrics"):
+                found.add(int(bus["metrics"].rsplit(":", 1)[1]))
+        ports[str(path.relative_to(ROOT))] = found
+    return ports
+
+
+def _metrics_port(config: str) -> int:
+    document = yaml.safe_load((ROOT / config).read_text())
+    return int(document["metrics"].rsplit(":", 1)[1])
+
+
+def test_every_port_in_the_docs_is_one_the_configs_serve_or_the_line_sets() -> None:
+    shipped = _shipped_ports()
+    every = set().union(*shipped.values())
+    wrong = []
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            where = f"{doc.relative_to(ROOT)}:{number}"
+            sets_its_own = "--metrics" in line or "metrics:" in line
+            for port in map(int, HOST_PORT.findall(line)):
+                if port not in every and port not in OTHER_PROGRAMS and not sets_its_own:
+                    wrong.append(f"{where}: port {port} is no shipped config's")
+            named = set(re.findall(r"configs/[\w/.-]+\.ya?ml", line))
+            if len(named) != 1:
+                continue
+            (config,) = named
+            said = {int(p) for p in HOST_PORT.findall(line)}
+            for low, high in re.findall(r"metrics on (\d+)(?:-(\d+))?", line):
+                said.update(range(int(low), int(high or low) + 1))
+            if said - shipped.get(config, set()):
+                wrong.append(f"{where}: {config} serves {sorted(shipped.get(config, ()))},"
+                             f" not {sorted(said)}")  # fmt: skip
+    assert wrong == []
+
+
+def test_the_readme_clients_example_asks_the_bus_make_run_starts() -> None:
+    readme = (ROOT / "README.md").read_text()
+    make_run = re.search(r"^run: .*\n\t.*-C (\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert make_run is not None
+    curl = re.search(r"curl '\S*:(\d+)/clients", readme)
+    assert curl is not None, "the README has no /clients example"
+    assert int(curl.group(1)) == _metrics_port(make_run.group(1))
+
+
+# --- docs/performance.md: one stated run --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(RUN_JSON.read_text())
+    return data
+
+
+def _block_after(text: str, heading: str) -> str:
+    start = text.index(heading)
+    match = re.search(r"```\n(.*?)```", text[start:], re.S)
+    assert match is not None, f"no code block after {heading!r}"
+    return match.group(1).rstrip("\n")
+
+
+def _trimmed(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def test_the_performance_figures_are_the_stated_run(run: dict[str, Any]) -> None:
+    text = PERFORMANCE.read_text()
+    expected = _trimmed(report.format_table(run))
+    assert _trimmed(_block_after(text, "### Now")) == expected, (
+        "docs/performance.md's table is not the run's; it should read:\n" + expected
+    )
+    profile = _trimmed(format_summary(run["profile"], top=10))
+    assert _trimmed(_block_after(text, "**After**")) == profile
+    # The stated command is the one that made the run: a full run, with a profile.
+    meta = run["meta"]
+    assert (meta["quick"], meta["messages"], meta["repeat"]) == (
+        False,
+        DEFAULT_MESSAGES,
+        DEFAULT_REPEAT,
+    )
+    assert meta["only"] is None and meta["reference"] and run["profile"]["status"] == "ok"
+    command = _block_after(text, "The figures below come from one run of")
+    assert "--json docs/performance-run.json" in command and "--profile" in command
+    assert f"Measured on {meta['date'][:10]}" in text
+
+
+def test_the_stated_run_judged_the_code_s_targets(run: dict[str, Any]) -> None:
+    stated = [(v["label"], v["bound"]) for v in run["targets"]]
+    assert stated == [(t.label, t.bound) for t in report.TARGETS], (
+        "the targets changed since docs/performance.md's run: rerun its command"
+    )
+
+
+def test_every_figure_the_prose_quotes_is_in_the_run_s_tables(run: dict[str, Any]) -> None:
+    text = PERFORMANCE.read_text()
+    prose = text[text.index("How to read it:") : text.index("With `SBUS_PURE_PYTHON=1`")]
+    prose += text[text.index("Per delivery, then:") :]
+    tables = report.format_table(run) + "\n" + format_summary(run["profile"], top=10)
+    quoted = re.findall(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)?) ?(?:x|us|%|B)(?!\w)", prose)
+    assert len(quoted) > 10, quoted
+    not_figures = {"30"}  # "runs of the same side often differ by 30 %": a caution, no figure
+    missing = [
+        number
+        for number in quoted
+        if number not in not_figures
+        and not re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d,]|\.\d)", tables)
+    ]
+    assert missing == [], "figures the run does not show"
+
+
+def test_the_scenario_table_gives_the_code_s_targets() -> None:
+    text = PERFORMANCE.read_text()
+    table = text[text.index("## Scenarios and targets") : text.index("## Figures")]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|.*\| ([^|]*) \|$", table, re.M)
+    }
+    assert list(rows) == list(SCENARIO_NAMES)
+    for name, cell in rows.items():
+        bounds = [report.verdict(t, None)["target"] for t in report.TARGETS if t.scenario == name]
+        if not bounds:
+            assert cell.strip() == "-", name
+        for bound in bounds:
+            assert bound in cell, f"{name}: {cell!r} lacks {bound!r}"
+
+
+# --- the README ---------------------------------------------------------------------
+
+
+def test_the_readme_and_the_performance_page_say_how_to_get_the_reference() -> None:
+    for path in (ROOT / "README.md", PERFORMANCE):
+        text = path.read_text()
+        assert f"git clone {UPSTREAM}" in text and "--reference-src" in text, path
+
+
+def test_the_readme_says_make_test_runs_the_slow_tests_and_how_long() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert 'pytest -m "slow and spark"' in makefile  # make test runs them: say so
+    top = (ROOT / "README.md").read_text().split("## ")[0]
+    assert re.search(r"slow", top) and re.search(r"\d+\s+minutes", top), top
