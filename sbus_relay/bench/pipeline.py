@@ -39,6 +39,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from pathlib import Path
 
 from sbus_relay.bench import sparkstages
 from sbus_relay.bench.rss import Sampler
+from sbus_relay.ops import children
 
 #: Executor cores and memory of the benchmark's cluster worker: the machine's cores.
 CLUSTER_CORES = os.cpu_count() or 2
@@ -64,6 +66,8 @@ FOLLOW_TARGET_S = 5.0
 FOLLOW_TIMEOUT_S = 600.0
 #: Seconds between looks at the followed report.
 FOLLOW_POLL_S = 0.05
+#: Seconds the followed analyze gets to stop after Ctrl-C before it is killed.
+FOLLOW_STOP_S = 60.0
 #: The timing analyze prints (runner.Outcome.line) and the peer's.
 SPARK_TIMING = re.compile(r"\((?:Spark start|connected) ([0-9.]+) s, analysis ([0-9.]+) s")
 PEER_TIMING = re.compile(r"^analysis ([0-9.]+) s$", re.M)
@@ -96,18 +100,20 @@ class Run:
 
 
 def _timed(
-    engine: str, cmd: list[str], worker: int | None = None, server: int | None = None
+    engine: str, cmd: list[str], log: Path, worker: int | None = None, server: int | None = None
 ) -> Run:
+    """Run ``cmd`` to its end (its stderr into ``log``); its figures."""
     start_ms = time.time_ns() // 10**6
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = children.spawn(
+        cmd, log=log, append=False, stdout="pipe", text=True,
         env={k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"},
     )  # fmt: skip
     with Sampler(proc.pid, worker, server) as sampler:
-        out, err = proc.communicate()
+        out, _ = proc.communicate()
     seconds = time.monotonic() - t0
     if proc.returncode:
+        err = log.read_text(errors="replace")
         sys.stderr.write(f"{engine} FAILED: {err[-3000:]}\n")
     found = SPARK_TIMING.search(out) or PEER_TIMING.search(out)
     analysis = float(found.groups()[-1]) if found else None
@@ -163,11 +169,10 @@ class FollowProbe:
             os.link(f, self.dir / f"seed-{i:05d}.parquet")
         self.files = len(seed_files)
         self.generate = generate
-        self.log = open(work / "follow.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
+        self.proc = children.spawn(
             [os.path.join(os.path.dirname(sys.executable), "sbus-relay"), "analyze",
              str(self.dir), "--out", str(self.out), "--follow", "--remote", url],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            log=work / "follow.log", append=False, stdout="log",
         )  # fmt: skip
         t0 = time.monotonic()
         self._wait(self.files)
@@ -194,13 +199,7 @@ class FollowProbe:
                    time.time_ns() // 10**6)  # fmt: skip
 
     def stop(self) -> None:
-        self.proc.send_signal(2)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        children.stop(self.proc, FOLLOW_STOP_S, sig=signal.SIGINT)  # as Ctrl-C stops it
 
 
 def _table(results: dict[str, list[Run]]) -> dict[str, dict[str, float]]:
@@ -262,8 +261,9 @@ def size_benchmark(
     analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze", str(directory), "--no-report"]
     peer = [sys.executable, "-P", "-m", "sbus_relay.bench.peer", str(directory)]
     executor = ["--conf", f"spark.executor.memory={heap_mib(size)}m"]
+    work.mkdir(parents=True, exist_ok=True)
     first = _timed("connect first", [*analyze, "--out", str(work / "first"), "--remote", url],
-                   server=server)  # fmt: skip
+                   work / "first.log", server=server)  # fmt: skip
     print(f"Spark Connect, the server's first job on this size (not counted): "
           f"{first.seconds:.1f} s", flush=True)  # fmt: skip
     follow = FollowProbe(work / f"follow{rows}", files, url)
@@ -282,7 +282,8 @@ def size_benchmark(
                 cmd = [*analyze, "--out", str(work / f"cluster{i}"), "--master", cluster_url]
                 rounds.append(("spark cluster", [*cmd, *executor], worker, None))
             for engine, cmd, w, s in rounds:
-                results[engine].append(_timed(engine, cmd, worker=w, server=s))
+                log = work / f"{engine.split(',')[0].replace(' ', '-')}{i}.log"
+                results[engine].append(_timed(engine, cmd, log, worker=w, server=s))
             results["follow"].append(follow.measure(seed=1000 + i))
             if i == 0:
                 differ = same_tables(str(work / "duckdb0"), str(work / "local0"))

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sbus_relay.ops import children
 
 #: Concurrent flood publishers of the runs: one (the bus's 1-to-1 rate), then two
 #: (more than one subscriber's share of the bus on two cores).
@@ -28,6 +29,8 @@ FLOOD_PAYLOAD = 64
 #: Steady rate (msgs/s) and length (s) of the kill -9 run.
 KILL_RATE = 4000
 KILL_SECONDS = 15
+#: Seconds the recorder (and the bus) get to stop after SIGTERM before they are killed.
+RECORD_STOP_S = 60.0
 
 
 def flood(address: str, count: int, tag: str) -> None:
@@ -65,41 +68,35 @@ def steady(address: str, rate: int, seconds: float) -> int:
 
 def recorder_benchmark(messages: int) -> int:
     """Flood a fresh bus while ``record`` runs; then the kill -9 run.  Prints the figures."""
-    import signal
-
     from sbus_relay.pipeline.capture import capture_files, recover
 
     bin_dir = os.path.dirname(sys.executable)
     tmp = Path(tempfile.mkdtemp(prefix="sbus-rec-", dir="/tmp"))
     address = str(tmp / "bus")
-    bus = subprocess.Popen(
-        [os.path.join(bin_dir, "sbusd"), "-f", "-a", address],
-        stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    bus = children.spawn([os.path.join(bin_dir, "sbusd"), "-f", "-a", address],
+                         log=os.devnull)  # fmt: skip
     try:
         while not os.path.exists(address):
             time.sleep(0.05)
         time.sleep(0.3)
         record = [os.path.join(bin_dir, "sbus-relay"), "record", "-a", address, "-q"]
         for publishers in FLOOD_PUBLISHERS:
-            rec = subprocess.Popen(
-                [*record, "--out", str(tmp / f"flood{publishers}")],
-                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            rec_log = tmp / f"record{publishers}.log"
+            rec = children.spawn([*record, "--out", str(tmp / f"flood{publishers}")], log=rec_log)
             time.sleep(3)  # subscribed
             each = messages // publishers
             t0 = time.monotonic()
             pubs = [
-                subprocess.Popen([sys.executable, "-P", "-m", "sbus_relay.bench.recording",
-                                  address, str(each), str(i)])
+                children.spawn([sys.executable, "-P", "-m", "sbus_relay.bench.recording",
+                                address, str(each), str(i)])
                 for i in range(publishers)
             ]  # fmt: skip
             for p in pubs:
                 p.wait()
             routed_s = time.monotonic() - t0
             time.sleep(1)
-            rec.send_signal(signal.SIGTERM)
-            _, err = rec.communicate(timeout=60)
+            children.stop(rec, RECORD_STOP_S)
+            err = rec_log.read_text(errors="replace")
             summary = [x for x in err.splitlines() if x.startswith("recorded")]
             total = each * publishers
             print(f"flood: {total:,} messages from {publishers} publisher(s) routed in "
@@ -107,11 +104,7 @@ def recorder_benchmark(messages: int) -> int:
                   f"{rec.returncode}")  # fmt: skip
             print("  " + (summary[0] if summary else err.strip()))
 
-        rec = subprocess.Popen(
-            [*record, "--out", str(tmp / "killed")],
-            text=True,
-            stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        rec = children.spawn([*record, "--out", str(tmp / "killed")], log=os.devnull)
         time.sleep(3)
         sent = steady(address, KILL_RATE, KILL_SECONDS)
         rec.kill()
@@ -125,8 +118,7 @@ def recorder_benchmark(messages: int) -> int:
               f"then kill -9 of the recorder: {rows:,} recovered ({found.line()}), "
               f"{missing:,} missing = {missing / KILL_RATE:.2f} s of traffic")  # fmt: skip
     finally:
-        bus.terminate()
-        bus.wait()
+        children.stop(bus, RECORD_STOP_S)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
