@@ -28,7 +28,6 @@ Settings (``server_conf``), on top of analyze's own (``session.BASE_CONF`` and
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +35,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO
+
+from sbus_relay.ops import children
 
 from . import classarchive
 from .cluster import spark_home
@@ -147,8 +147,9 @@ def environment() -> dict[str, str]:
     }
 
 
-def start(opts: ServerOptions, log: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
-    """Start the server (its own process group); SparkFailed if the port is taken."""
+def start(opts: ServerOptions, log: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the server in a session of its own, its output appended to ``log``
+    (without one: stderr stays ours); SparkFailed if the port is taken."""
     if (
         probe(opts.host if opts.host not in ("0.0.0.0", "::", "") else "127.0.0.1", opts.port)
         is None
@@ -157,13 +158,13 @@ def start(opts: ServerOptions, log: IO[bytes] | None = None) -> subprocess.Popen
             f"something already listens on {opts.host}:{opts.port} (a Spark Connect server "
             f"running? analyze --remote {opts.url} uses it); give another --port"
         )
-    return subprocess.Popen(
+    # Its own session: a Ctrl-C reaches the caller, which stops it in turn.
+    return children.spawn(
         command(opts),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT if log is not None else None,
+        log=log,
+        stdout="null" if log is None else "log",
+        new_session=True,
         env=environment(),
-        start_new_session=True,
     )
 
 
@@ -180,23 +181,16 @@ def wait_ready(proc: subprocess.Popen[bytes], opts: ServerOptions, where: str) -
         time.sleep(READY_POLL_SECONDS)
 
 
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+def stop(proc: subprocess.Popen[bytes]) -> int:
     """Stop the server (its whole process group); its exit status."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    children.stop(proc, STOP_TIMEOUT, group=True)
     return proc.returncode
 
 
 @contextmanager
 def connect_server(opts: ServerOptions, log_path: str) -> Iterator[subprocess.Popen[bytes]]:
     """A running server for the block (tests and the benchmark); stopped after."""
-    with open(log_path, "ab") as log:
-        proc = start(opts, log)
+    proc = start(opts, log_path)
     try:
         wait_ready(proc, opts, f"see {log_path}")
         yield proc
