@@ -18,7 +18,7 @@ import types
 
 from sbus_relay.pipeline import defaults as D
 
-from .spark_options import add_spark_arguments, spark_settings
+from .options import add_spark_arguments, positive_number, spark_settings
 
 #: Exit status for inputs, options or output analyze refuses (and a missing extra).
 EXIT_USAGE = 2
@@ -27,16 +27,6 @@ EXIT_INTERRUPTED = 130
 #: Exit status when Spark fails (reading a corrupt file, a lost cluster...).
 EXIT_SPARK = 1
 PROG = "sbus-relay analyze"
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--trigger",
-        type=_positive,
+        type=positive_number,
         default=D.FOLLOW_TRIGGER_SECONDS,
         metavar="SEC",
         help="--follow: seconds between looks for new capture files (default %(default)s)",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from sbus_relay.pipeline import defaults as D
 
-from .options import add_address_argument, bus_address
+from .options import add_address_argument, bus_address, positive_number
 
 if TYPE_CHECKING:
     from sbus_relay.pipeline.recorder import Recorder
@@ -50,16 +50,6 @@ def _size(text: str) -> int:
         value = int(float(t[: len(t) - len(unit)]) * SIZE_SUFFIXES[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 256M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError("must be positive")
     return value
@@ -92,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rotate-seconds",
-        type=_positive_float,
+        type=positive_number,
         default=D.ROTATE_SECONDS,
         metavar="SEC",
         help="... or after this many seconds (default %(default)s)",
@@ -103,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bus instance name stored in every row (default HOST:ADDRESS)",
     )
     parser.add_argument(
-        "--duration", type=_positive_float, metavar="SEC", help="stop after this many seconds"
+        "--duration", type=positive_number, metavar="SEC", help="stop after this many seconds"
     )
     parser.add_argument("-n", "--count", type=int, metavar="N", help="stop after N messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")

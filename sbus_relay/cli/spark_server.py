@@ -16,23 +16,13 @@ import types
 
 from sbus_relay.pipeline import defaults as D
 
-from .spark_options import add_spark_arguments, spark_settings
+from .options import add_spark_arguments, port_number, spark_settings
 
 #: Exit status when the server cannot start or dies by itself.
 EXIT_FAILED = 1
 #: Exit status for a missing extra or bad options.
 EXIT_USAGE = 2
 PROG = "sbus-relay spark-server"
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (1 to 65535)")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "unless $SPARK_CONNECT_AUTHENTICATE_TOKEN is set)",
     )
     parser.add_argument(
-        "--port", type=_port, default=D.CONNECT_PORT, help="port to listen on (default %(default)s)"
+        "--port",
+        type=port_number,
+        default=D.CONNECT_PORT,
+        help="port to listen on (default %(default)s)",
     )
     add_spark_arguments(
         parser, remote=False, memory_default=D.CONNECT_MEMORY, master_default="local[*]"
