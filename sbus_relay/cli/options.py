@@ -20,19 +20,16 @@ so ``sbus-relay --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from typing import TYPE_CHECKING
 
-from sbus_relay.ops.addresses import DEFAULT_ADDRESS
+from sbus_relay.ops.addresses import ADDRESS_ENV, DEFAULT_ADDRESS, named_address
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS
-from sbus_relay.protocol.errors import ConfigError, UsageError
+from sbus_relay.protocol.errors import ConfigError
 
 if TYPE_CHECKING:
     from sbus_relay.pipeline.session import SparkSettings
 
-#: Environment variable naming the bus for client commands (like NATS_URL).
-ADDRESS_ENV = "SBUS_ADDRESS"
 #: What the address is, in every help text that takes one.
 ADDRESS_FORMS = "a socket path, /dev/unix/abstract[/HEX] or /dev/fd/N"
 #: A JVM memory size as Spark takes it: a number and a unit (512m, 4g).
@@ -76,23 +73,10 @@ def add_address_argument(
 
 
 def bus_address(args: argparse.Namespace) -> str:
-    """-a, else $SBUS_ADDRESS, else the default; read when run, not when parsed.
-
-    An empty ``-a ''`` is an address too (parse_address refuses it), and so is
-    an empty ``$SBUS_ADDRESS``: a variable that is set names the bus, so set
-    but empty is an error, never "use the default".
-    """
+    """-a, else $SBUS_ADDRESS, else the default (``addresses.named_address``:
+    set but empty is an error); read when run, not when parsed."""
     given = getattr(args, "address", None)
-    if given is not None:
-        return str(given)
-    named = os.environ.get(ADDRESS_ENV)
-    if named is None:
-        return DEFAULT_ADDRESS
-    if not named:
-        raise UsageError(
-            f"${ADDRESS_ENV} is set but empty: unset it, or set it to the bus's address"
-        )
-    return named
+    return named_address(None if given is None else str(given))
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
