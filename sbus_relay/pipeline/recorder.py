@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from sbus_relay.ops.addresses import Address, connect
 from sbus_relay.protocol.codec import encode_cmsg, encode_sub, encode_unsub
 from sbus_relay.protocol.errors import BusClosed, PeerError
+from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import MAX_PACKET
 
 from .capture import LossLog, RotatingCaptureWriter
@@ -51,11 +52,10 @@ DROP_POLL_SECONDS = 1.0
 #: Seconds between progress callbacks (the terminal progress line).
 PROGRESS_INTERVAL = 0.5
 
-#: The credentials request (docs/protocol.md): our in-order barrier.
-WHOAMI_KEY = b"!/cred/whoami"
 #: The drop query (our extension): the reply's payload is the decimal drop total.
 DROPS_KEY = b"drops/count"
-_WHOAMI_REPLY = b"CMSG " + WHOAMI_KEY
+#: The reply to the credentials request (docs/protocol.md): our in-order barrier.
+_WHOAMI_REPLY = b"CMSG " + WHOAMI
 #: The server's notice, just before it closes a client, of why (docs/protocol.md).
 _DISCONNECT = b"CMSG disconnect\0"
 #: Packets read, without waiting, to find that notice after a failed send.
@@ -181,7 +181,7 @@ class Recorder:
                 sock.send(encode_sub(pattern))
             sock.send(encode_cmsg(DROPS_KEY))
             self._query_pending = True
-            sock.send(encode_cmsg(WHOAMI_KEY))
+            sock.send(encode_cmsg(WHOAMI))
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise self._closed(sock, exc) from None
         end = time.monotonic() + READY_TIMEOUT
@@ -244,7 +244,7 @@ class Recorder:
             sock.send(encode_cmsg(DROPS_KEY))
             self._query_pending = True
         self._whoami_seen = False
-        sock.send(encode_cmsg(WHOAMI_KEY))
+        sock.send(encode_cmsg(WHOAMI))
         end = time.monotonic() + DRAIN_MAX
         while not self._whoami_seen and time.monotonic() < end:
             sock.settimeout(max(0.001, end - time.monotonic()))
