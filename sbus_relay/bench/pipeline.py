@@ -341,8 +341,8 @@ def size_benchmark(
 
 def analysis_benchmark(sizes: list[int], base: Path, runs: int, with_cluster: bool) -> int:
     """Every size in turn, one Connect server (and one cluster) for all of them."""
+    from sbus_relay.bench.cluster import standalone_cluster
     from sbus_relay.bench.sparkstages import event_log_conf
-    from sbus_relay.pipeline.cluster import standalone_cluster
     from sbus_relay.pipeline.connect import ServerOptions, connect_server, free_port
     from sbus_relay.pipeline.session import SparkSettings
 

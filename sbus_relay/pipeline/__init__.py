@@ -18,9 +18,9 @@ Modules (see ``docs/pipeline.md``):
 - ``report``: the Markdown report with PNG charts (matplotlib) and the
   self-contained HTML report (plotly).
 - ``datasource``: the ``sbus`` Spark data source (streaming read and write).
-- ``cluster``: a standalone Spark cluster from the installed pyspark (tests, benchmark).
 
-The benchmarks, the synthetic captures and the DuckDB peer are in ``sbus_relay/bench/``.
+The benchmarks, the synthetic captures, the DuckDB peer and the standalone
+cluster of the tests and the benchmark are in ``sbus_relay/bench/``.
 
 The core bus never imports this package: pyarrow, pyspark, matplotlib and
 plotly are the optional ``spark`` extra (``pip install 'sbus_relay[spark]'``).

@@ -79,10 +79,15 @@ def _java() -> str | None:
     return os.path.realpath(found) if found else None
 
 
-def _jars() -> Path:
+def spark_home() -> Path:
+    """The installed pyspark's directory: its ``jars/`` and ``bin/spark-submit``."""
     import pyspark
 
-    return Path(pyspark.__file__).parent / "jars"
+    return Path(pyspark.__file__).parent
+
+
+def _jars() -> Path:
+    return spark_home() / "jars"
 
 
 def digest() -> str | None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from sbus_relay.ops import children
 
 from . import classarchive
-from .cluster import spark_home
+from .classarchive import spark_home
 from .defaults import CONNECT_HOST, CONNECT_MEMORY, CONNECT_PORT
 from .session import (
     BASE_CONF,

@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("pyspark")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from sbus_relay.bench.cluster import standalone_cluster  # noqa: E402
 from sbus_relay.bench.synth import generate  # noqa: E402
 from sbus_relay.cli import submit as submit_script  # noqa: E402
-from sbus_relay.pipeline.cluster import standalone_cluster  # noqa: E402
 from tests.support import VENV_BIN  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
