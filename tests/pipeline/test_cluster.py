@@ -2,7 +2,7 @@
 through --master and through spark-submit: the same tables as local mode.
 
 How long each mode takes is measured by the pipeline benchmark
-(``python -m sbus_relay.pipeline.benchmark``, docs/pipeline.md), not asserted
+(``python -m sbus_relay.bench.pipeline``, docs/pipeline.md), not asserted
 here: on a shared 2-core machine a timing bound would fail by chance."""
 
 from __future__ import annotations
