@@ -5,9 +5,12 @@ not there is one line at once, not minutes of retries."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from sbus_relay.pipeline.analyze import TABLES
 from tests.deploy.shipped import free_port
 from tests.support import VENV_BIN
 
-from .conftest import SPARK_TEST_TIMEOUT, ConnectServer
+from .conftest import SPARK_SERVICE, SPARK_TEST_TIMEOUT, ConnectServer
 from .follower import Follower, add_capture
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(SPARK_TEST_TIMEOUT)]
@@ -148,3 +151,71 @@ def test_follow_on_the_connect_server_equals_a_batch_run(
     batch = analyze(str(cap), "--out", str(tmp_path / "batch"), "--remote", connect_server.url)
     assert batch.returncode == 0, batch.stderr
     assert output(out) == output(tmp_path / "batch")
+
+
+#: A Spark Connect client that prints the server's settings as JSON.
+READ_SETTINGS = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+print(json.dumps({k: spark.conf.get(k) for k in sys.argv[2:]}))
+"""
+#: The settings the Connect server is started with (``connect.server_conf``).
+SERVER_SETTINGS = (
+    "spark.driver.memory",
+    "spark.sql.shuffle.partitions",
+    "spark.default.parallelism",
+    "spark.driver.extraJavaOptions",
+    "spark.pyspark.python",
+)
+
+
+def jvm_argv(server: ConnectServer) -> list[str]:
+    """The command line of the server's JVM (the spark-server command's child)."""
+    pid = server.proc.pid
+    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return Path(f"/proc/{child}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_the_server_runs_with_the_unit_s_memory_cores_python_and_class_archive(
+    connect_server: ConnectServer,
+) -> None:
+    from tests.deploy.shipped import load
+
+    unit = shlex.split(load(SPARK_SERVICE).value("Service", "ExecStart"))
+    memory = unit[unit.index("--memory") + 1]
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", READ_SETTINGS, connect_server.url, *SERVER_SETTINGS],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    conf = json.loads(result.stdout.splitlines()[-1])
+    cores = str(os.cpu_count())
+    assert conf["spark.driver.memory"] == memory
+    assert conf["spark.sql.shuffle.partitions"] == conf["spark.default.parallelism"] == cores
+    assert os.path.dirname(conf["spark.pyspark.python"]) == VENV_BIN
+    argv = jvm_argv(connect_server)
+    assert f"-Xmx{memory}" in argv, argv
+    options = conf["spark.driver.extraJavaOptions"].split()
+    assert "-XX:+UseParallelGC" in options and "-XX:+UseParallelGC" in argv
+    # The class archive, when this install had one at the server's start, is
+    # mapped by its JVM; one being written is never handed to the server.
+    archives = [o for o in options if o.startswith("-XX:SharedArchiveFile=")]
+    assert not any(o.startswith("-XX:ArchiveClassesAtExit=") for o in options), options
+    for option in archives:
+        assert option in argv and Path(option.partition("=")[2]).is_file(), argv
+
+
+def test_the_server_settings_take_the_class_archive(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sbus_relay.pipeline import classarchive, connect
+    from sbus_relay.pipeline.session import DRIVER_OPTIONS, SparkSettings
+
+    archive = "-XX:SharedArchiveFile=/var/cache/spark.jsa -Xlog:cds*=error"
+    monkeypatch.setattr(classarchive, "java_option", lambda: archive)
+    opts = connect.ServerOptions(settings=SparkSettings(master="local[3]", memory="2g"))
+    conf = connect.server_conf(opts)
+    assert conf[DRIVER_OPTIONS].endswith(f" {archive}")
+    assert conf["spark.driver.memory"] == "2g" and conf["spark.master"] == "local[3]"
+    assert conf["spark.sql.shuffle.partitions"] == conf["spark.default.parallelism"] == "3"
+    given = SparkSettings(conf={DRIVER_OPTIONS: "-Dmine=1"})  # --conf wins over the archive
+    assert connect.server_conf(connect.ServerOptions(settings=given))[DRIVER_OPTIONS] == "-Dmine=1"
