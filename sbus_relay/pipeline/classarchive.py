@@ -41,6 +41,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from sbus_relay.ops import children
+
 #: Environment variable: ``0`` turns the archive off; ``write:<path>`` (set by the
 #: builder for its own analysis run) makes that run's JVM write the archive there.
 ENV_SWITCH = "SBUS_CLASS_ARCHIVE"
@@ -261,18 +263,17 @@ def build_later() -> bool:
         return False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(path.parent / LOG_NAME, "wb")  # noqa: SIM115 (the child's)
+        # A session of its own, and not stopped when this run ends.
+        children.spawn(
+            [sys.executable, "-m", __name__],
+            log=path.parent / LOG_NAME,
+            append=False,
+            stdout="log",
+            new_session=True,
+            outlive_parent=True,
+        )
     except OSError:
         return False
-    with log:
-        subprocess.Popen(
-            [sys.executable, "-m", __name__],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
     return True
 
 
@@ -340,7 +341,9 @@ def _run_pausing(command: list[str], env: dict[str, str]) -> int | None:
     """Run the builder's analysis, stopped (SIGSTOP to its process group) while
     another analysis runs; its exit status, or None after BUILD_TIMEOUT_SECONDS
     of running."""
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    # Its own process group, which SIGSTOP and SIGCONT reach whole; its errors
+    # go where the builder's output goes (its log, or the terminal).
+    proc = children.spawn(command, new_session=True, env=env)
     ran = 0.0
     paused = False
     try:
@@ -358,11 +361,7 @@ def _run_pausing(command: list[str], env: dict[str, str]) -> int | None:
                 if ran > BUILD_TIMEOUT_SECONDS:
                     return None
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.killpg(proc.pid, signal.SIGCONT)
-            proc.wait()
+        children.stop(proc, 0.0, group=True, sig=signal.SIGKILL)  # stopped or not
 
 
 def _remove_stale(path: Path) -> None:
