@@ -10,7 +10,8 @@
 * ``--master``/``--remote``, ``--memory``, ``--conf``: the Spark of ``analyze``
   (and ``submit.py`` under spark-submit) and ``spark-server``; ``spark_settings``
   turns them into the pipeline's ``SparkSettings``;
-* ``positive_number``, ``port_number``: argument types for seconds and ports.
+* ``positive_number``, ``count``, ``port_number``: argument types for seconds,
+  counts and ports.
 
 Each command module has ``add_arguments(parser)`` and ``run(args) -> int``
 (registered in ``cli.COMMANDS``) and imports nothing heavy at module level,
@@ -44,6 +45,17 @@ def positive_number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def count(text: str) -> int:
+    """Argument type: a whole number, at least 1 (messages, mostly)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from sbus_relay.pipeline import defaults as D
 
-from .options import add_address_argument, bus_address, positive_number
+from .options import add_address_argument, bus_address, count, positive_number
 
 if TYPE_CHECKING:
     from sbus_relay.pipeline.recorder import Recorder
@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration", type=positive_number, metavar="SEC", help="stop after this many seconds"
     )
-    parser.add_argument("-n", "--count", type=int, metavar="N", help="stop after N messages")
+    parser.add_argument("-n", "--count", type=count, metavar="N", help="stop after N messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
 
@@ -115,13 +115,13 @@ def _earlier_sessions(directory: str) -> str | None:
     sessions = read_losses(loss_files([directory]))
     latest = max(f.stat().st_mtime for f in files)
     when = datetime.fromtimestamp(latest, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    count = (
+    held = (
         f"{sessions.sessions} earlier recording session(s)"
         if sessions.sessions
         else ("captures of an earlier recording")
     )
     return (
-        f"{directory} already holds {count} ({len(files)} files, the last written {when}); "
+        f"{directory} already holds {held} ({len(files)} files, the last written {when}); "
         "this session is added beside them: analyze reads them together, and leaves the "
         "gaps between sessions out of its burst medians"
     )

@@ -66,6 +66,11 @@ def test_out_a_file_and_no_bus_are_one_line_and_leave_nothing(
     assert nowhere.returncode == 1
     assert "cannot connect" in nowhere.stderr
     assert not (tmp_path / "cap").exists()
+    for option, value in (("--count", "0"), ("--duration", "-1"), ("--rotate-seconds", "x")):
+        refused = record("-a", sbusd.address, "--out", str(tmp_path / "cap"), option, value)
+        assert refused.returncode == 2, refused.stderr
+        assert lines(refused.stderr)[-1].startswith("sbus-relay record: error: argument ")
+        assert not (tmp_path / "cap").exists()
 
 
 def test_one_message_and_a_second_session_in_the_same_directory(
