@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "up": "sbus_relay.cli.up",
     "record": "sbus_relay.cli.record",
     "analyze": "sbus_relay.cli.analyze",
+    "spark-server": "sbus_relay.cli.spark_server",
     "top": "sbus_relay.cli.top",
     "upgrade": "sbus_relay.cli.upgrade",
 }
@@ -71,6 +72,10 @@ HELP: dict[str, tuple[str, str]] = {
     "analyze": (
         "Compute traffic statistics and a report with charts from recordings (PySpark).",
         "sbus-relay analyze captures --out report",
+    ),
+    "spark-server": (
+        "Run a long-lived Spark Connect server for analyze --remote (from the installed pyspark).",
+        "sbus-relay spark-server --port 15002 --memory 4g",
     ),
     "upgrade": (
         "Upgrade running buses in place: nobody is disconnected, nothing is lost.",

@@ -6,7 +6,12 @@
 * ``--metrics HOST:PORT``: where a server serves its metrics, or (repeatable)
   which buses ``top`` watches;
 * ``--log-level``, ``--log-format``, ``--log-file``: a server's log; and
-  ``configure_logging``, the one call through which a command sets it up.
+  ``configure_logging``, the one call through which a command sets it up;
+* ``--master``/``--remote``, ``--memory``, ``--conf``: the Spark of ``analyze``
+  (and ``submit.py`` under spark-submit) and ``spark-server``; ``spark_settings``
+  turns them into the pipeline's ``SparkSettings``;
+* ``positive_number``, ``count``, ``port_number``: argument types for seconds,
+  counts and ports.
 
 Each command module has ``add_arguments(parser)`` and ``run(args) -> int``
 (registered in ``cli.COMMANDS``) and imports nothing heavy at module level,
@@ -16,18 +21,54 @@ so ``sbus-relay --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import os
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sbus_relay.ops.addresses import DEFAULT_ADDRESS
+from sbus_relay.ops.addresses import ADDRESS_ENV, DEFAULT_ADDRESS, named_address
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS
-from sbus_relay.protocol.errors import ConfigError, UsageError
+from sbus_relay.protocol.errors import ConfigError
 
-#: Environment variable naming the bus for client commands (like NATS_URL).
-ADDRESS_ENV = "SBUS_ADDRESS"
+if TYPE_CHECKING:
+    from sbus_relay.pipeline.session import SparkSettings
+
 #: What the address is, in every help text that takes one.
 ADDRESS_FORMS = "a socket path, /dev/unix/abstract[/HEX] or /dev/fd/N"
+#: A JVM memory size as Spark takes it: a number and a unit (512m, 4g).
+MEMORY = re.compile(r"^[1-9][0-9]*[kmgt]$")
+
+
+def positive_number(text: str) -> float:
+    """Argument type: a number above zero (seconds, mostly)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def count(text: str) -> int:
+    """Argument type: a whole number, at least 1 (messages, mostly)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """Argument type: a TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (1 to 65535)")
+    return value
 
 
 def add_address_argument(
@@ -45,23 +86,10 @@ def add_address_argument(
 
 
 def bus_address(args: argparse.Namespace) -> str:
-    """-a, else $SBUS_ADDRESS, else the default; read when run, not when parsed.
-
-    An empty ``-a ''`` is an address too (parse_address refuses it), and so is
-    an empty ``$SBUS_ADDRESS``: a variable that is set names the bus, so set
-    but empty is an error, never "use the default".
-    """
+    """-a, else $SBUS_ADDRESS, else the default (``addresses.named_address``:
+    set but empty is an error); read when run, not when parsed."""
     given = getattr(args, "address", None)
-    if given is not None:
-        return str(given)
-    named = os.environ.get(ADDRESS_ENV)
-    if named is None:
-        return DEFAULT_ADDRESS
-    if not named:
-        raise UsageError(
-            f"${ADDRESS_ENV} is set but empty: unset it, or set it to the bus's address"
-        )
-    return named
+    return named_address(None if given is None else str(given))
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -123,3 +151,59 @@ def configure_logging(
         raise ConfigError(
             source, "log_file", f"cannot open {target}: {exc.strerror or exc}"
         ) from None
+
+
+def _memory(text: str) -> str:
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    if not MEMORY.match(value):
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 4g or 512m)")
+    return value
+
+
+def add_spark_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    remote: bool = True,
+    memory_default: str = "sized from the input",
+    master_default: str = "local[*], or whatever spark-submit was given",
+) -> None:
+    """Declare --master (and --remote), --memory and --conf on ``parser``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--master",
+        metavar="URL",
+        help=f"Spark master URL, e.g. spark://host:7077 or local[4] (default: {master_default})",
+    )
+    if remote:
+        where.add_argument(
+            "--remote",
+            metavar="sc://HOST:PORT",
+            help="run on a Spark Connect server, e.g. one started by `sbus-relay spark-server` "
+            "(default: $SPARK_REMOTE when set and --master is not given)",
+        )
+    parser.add_argument(
+        "--memory",
+        type=_memory,
+        metavar="SIZE",
+        help=f"heap of the Spark driver JVM that this command starts, e.g. 4g "
+        f"(default: {memory_default})",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting (repeatable); wins over the command's own",
+    )
+
+
+def spark_settings(args: argparse.Namespace) -> SparkSettings:
+    """The parsed options as ``SparkSettings`` (InputError for a bad --conf)."""
+    from sbus_relay.pipeline.session import SparkSettings, parse_conf
+
+    return SparkSettings(
+        master=args.master,
+        remote=getattr(args, "remote", None),
+        memory=args.memory,
+        conf=parse_conf(args.conf),
+    )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from sbus_relay.pipeline import defaults as D
 
-from .options import add_address_argument, bus_address
+from .options import add_address_argument, bus_address, count, positive_number
 
 if TYPE_CHECKING:
     from sbus_relay.pipeline.recorder import Recorder
@@ -37,6 +37,8 @@ SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 EXIT_BUS_CLOSED = 1
 #: Exit status when the optional extra (pyarrow) is not installed.
 EXIT_MISSING_EXTRA = 2
+#: Exit status for options record refuses (an --out that is a file).
+EXIT_USAGE = 2
 #: Exit status when the bus dropped messages meant for the recorder.
 EXIT_LOST = 3
 
@@ -48,16 +50,6 @@ def _size(text: str) -> int:
         value = int(float(t[: len(t) - len(unit)]) * SIZE_SUFFIXES[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 256M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError("must be positive")
     return value
@@ -90,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rotate-seconds",
-        type=_positive_float,
+        type=positive_number,
         default=D.ROTATE_SECONDS,
         metavar="SEC",
         help="... or after this many seconds (default %(default)s)",
@@ -101,10 +93,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bus instance name stored in every row (default HOST:ADDRESS)",
     )
     parser.add_argument(
-        "--duration", type=_positive_float, metavar="SEC", help="stop after this many seconds"
+        "--duration", type=positive_number, metavar="SEC", help="stop after this many seconds"
     )
-    parser.add_argument("-n", "--count", type=int, metavar="N", help="stop after N messages")
+    parser.add_argument("-n", "--count", type=count, metavar="N", help="stop after N messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"
+
+
+def _earlier_sessions(directory: str) -> str | None:
+    """What an --out directory already holds, said before a new session joins it."""
+    from datetime import UTC, datetime
+
+    from sbus_relay.pipeline.capture import capture_files, loss_files, read_losses
+
+    files = capture_files([directory])
+    if not files:
+        return None
+    sessions = read_losses(loss_files([directory]))
+    latest = max(f.stat().st_mtime for f in files)
+    when = datetime.fromtimestamp(latest, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    held = (
+        f"{sessions.sessions} earlier recording session(s)"
+        if sessions.sessions
+        else ("captures of an earlier recording")
+    )
+    return (
+        f"{directory} already holds {held} ({len(files)} files, the last written {when}); "
+        "this session is added beside them: analyze reads them together, and leaves the "
+        "gaps between sessions out of its burst medians"
+    )
 
 
 def _progress_line(recorder: Recorder) -> None:
@@ -136,11 +156,17 @@ def run(args: argparse.Namespace) -> int:
     text = bus_address(args)
     address = parse_address(text)
     instance = args.instance or f"{socket.gethostname()}:{text}"
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"sbus-relay record: --out {args.out} is a file, not a directory", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if os.path.isdir(args.out):
             note = recover([args.out]).line()
             if note:
                 print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
+            earlier = _earlier_sessions(args.out)
+            if earlier:
+                print(f"sbus-relay record: {earlier}", file=sys.stderr)
         writer = RotatingCaptureWriter(
             args.out,
             instance=instance,
@@ -189,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"sbus-relay record: {exc}", file=sys.stderr)
         return EXIT_BUS_CLOSED
     except (BusClosed, PeerError) as exc:
+        if not recorder.status.ready:  # refused before recording: nothing to sum up
+            print(f"sbus-relay record: {exc}", file=sys.stderr)
+            return EXIT_BUS_CLOSED
         print(f"\nsbus-relay record: {exc}", file=sys.stderr)
         status = EXIT_BUS_CLOSED
     except OSError as exc:  # the capture directory: full, gone, not writable
@@ -209,8 +238,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         loss = "nothing lost"
     print(
-        f"recorded {s.messages:,} messages ({s.payload_bytes:,} payload bytes) "
-        f"in {s.files_closed} file(s) under {args.out}; {loss}",
+        f"recorded {s.messages:,} {_plural(s.messages, 'message')} "
+        f"({s.payload_bytes:,} payload {_plural(s.payload_bytes, 'byte')}) "
+        f"in {s.files_closed} {_plural(s.files_closed, 'file')} under {args.out}; {loss}",
         file=sys.stderr,
     )
     if status:

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import BinaryIO
 
-from .options import add_address_argument, bus_address, configure_logging
+from .options import add_address_argument, bus_address, configure_logging, count
 
 #: Seconds to wait for the whoami reply that confirms our subscriptions are in
 #: place; a relay whose upstream is away answers late, and we still print.
@@ -28,20 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_address_argument(parser)
     parser.add_argument("patterns", metavar="PATTERN", nargs="+", help="routing key patterns")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("-n", "--count", type=_positive, metavar="N", help="exit after N messages")
+    parser.add_argument("-n", "--count", type=count, metavar="N", help="exit after N messages")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log (to stderr) when subscribed"
     )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def escape(data: bytes) -> str:

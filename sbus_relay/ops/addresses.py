@@ -43,6 +43,9 @@ from sbus_relay.protocol.limits import (
 
 #: The reference sbusd's default address (docs/protocol.md, Addresses).
 DEFAULT_ADDRESS = "/run/sbus.socket"
+#: Environment variable naming the bus for clients: the client commands and the
+#: Spark data source (like NATS_URL).
+ADDRESS_ENV = "SBUS_ADDRESS"
 #: Prefix of abstract addresses; alone it means "pick a random name".
 ABSTRACT_PREFIX = "/dev/unix/abstract"
 #: Prefix of inherited-descriptor addresses.
@@ -87,6 +90,25 @@ class Address:
         if self.kind == "fd":
             return f"{FD_PREFIX}{self.fd}"
         return ABSTRACT_PREFIX if self.name is None else format_abstract(self.name)
+
+
+def named_address(given: str | None) -> str:
+    """The bus a client means: ``given``, else $SBUS_ADDRESS, else DEFAULT_ADDRESS.
+
+    An empty ``given`` is an address too (parse_address refuses it), and so is
+    an empty $SBUS_ADDRESS: a variable that is set names the bus, so set but
+    empty is an AddressError, never "use the default".
+    """
+    if given is not None:
+        return given
+    named = os.environ.get(ADDRESS_ENV)
+    if named is None:
+        return DEFAULT_ADDRESS
+    if not named:
+        raise AddressError(
+            f"${ADDRESS_ENV} is set but empty: unset it, or set it to the bus's address"
+        )
+    return named
 
 
 def parse_address(text: str) -> Address:

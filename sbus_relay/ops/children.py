@@ -8,7 +8,8 @@ benchmark's servers and load generators, a standalone Spark master and worker
   pipe, or the log; stderr goes to the log file (appended, or fresh) or stays
   the parent's;
 * the child asks the kernel for SIGTERM when its parent dies
-  (``PR_SET_PDEATHSIG``), so a killed parent leaves no orphan;
+  (``PR_SET_PDEATHSIG``), so a killed parent leaves no orphan (unless it is
+  a background job meant to outlive it: ``outlive_parent``);
 * ``new_session`` puts it in a session (and process group) of its own: a
   Ctrl-C on the terminal reaches only the parent, which stops its children in
   its own order, and ``stop(group=True)`` reaches the child's own children too;
@@ -62,10 +63,13 @@ def spawn(
     new_session: bool = False,
     env: Mapping[str, str] | None = None,
     text: bool = False,
+    outlive_parent: bool = False,
 ) -> subprocess.Popen[Any]:
     """Start ``argv``; stderr goes to ``log`` (appended, or fresh unless ``append``)
-    or, without one, stays the parent's.  Raises ``OSError`` (from the log, or
-    from the exec)."""
+    or, without one, stays the parent's.  ``outlive_parent`` leaves out the
+    death signal, for the one kind of child meant to go on alone (a background
+    job, in a session of its own).  Raises ``OSError`` (from the log, or from
+    the exec)."""
     if stdout == "log" and log is None:
         raise ValueError("stdout='log' needs a log file")
     err: IO[bytes] | None = None
@@ -81,7 +85,7 @@ def spawn(
             env=None if env is None else dict(env),
             text=text,
             start_new_session=new_session,
-            preexec_fn=die_with_parent,
+            preexec_fn=None if outlive_parent else die_with_parent,
         )
     finally:
         if err is not None:

@@ -8,13 +8,19 @@ Modules (see ``docs/pipeline.md``):
   dropped for it (``sbus-relay record``).
 - ``inputs``: what ``analyze`` reads (checked captures only) and how it replaces
   its output (atomically).
-- ``analyze``: the PySpark job behind ``sbus-relay analyze`` and ``spark-submit``.
+- ``runner``: one ``analyze`` run from start to end (the command parses and calls it).
+- ``session``: the Spark it runs on (a JVM of its own, a cluster, a Connect
+  server) and its settings; ``classarchive``: the JVM's class archive.
+- ``analyze``: the PySpark job behind ``sbus-relay analyze`` and ``spark-submit``;
+  ``derive``: the tables from its aggregates; ``windows``: window lengths.
+- ``follow``: ``analyze --follow``, the job kept current by Structured Streaming.
+- ``connect``: the Spark Connect server of ``sbus-relay spark-server``.
 - ``report``: the Markdown report with PNG charts (matplotlib) and the
   self-contained HTML report (plotly).
 - ``datasource``: the ``sbus`` Spark data source (streaming read and write).
-- ``cluster``: a standalone Spark cluster from the installed pyspark (tests, benchmark).
-- ``benchmark``: the recorder and analysis benchmarks, DuckDB as the peer.
-- ``synth``: synthetic captures for tests and benchmarks.
+
+The benchmarks, the synthetic captures, the DuckDB peer and the standalone
+cluster of the tests and the benchmark are in ``sbus_relay/bench/``.
 
 The core bus never imports this package: pyarrow, pyspark, matplotlib and
 plotly are the optional ``spark`` extra (``pip install 'sbus_relay[spark]'``).

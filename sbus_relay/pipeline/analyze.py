@@ -1,21 +1,24 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
-The captures are read once, by Spark, with built-in Spark SQL functions, never
-Python UDFs, so a cluster's executors need neither sbus_relay nor a matching
-Python: only the driver runs this code.  The pass yields small aggregates from
-which the driver derives the tables (``derive``).  Definitions (the tests
-recompute each one in plain Python):
+The captures are read by Spark with built-in Spark SQL functions, never Python
+UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
+only the driver runs this code.  Two scans (``compute_rows``) yield small
+aggregates from which the driver derives the tables (``derive``).  Definitions
+(the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
   (``a/b/c`` at depth 2 is ``a/b``; ``a`` is ``a``).
 - window: ``time_ns div window_ns * window_ns`` (tumbling windows, UTC epoch aligned).
   Unless given, its length adapts to the capture's span (``auto_window``): a
-  "nice" length (1 s, 5 s, 1 min, 5 min...) giving about 100 to 500 windows.
+  "nice" length (1 s, 5 s, 1 min, 5 min...) giving about 100 to 500 windows; then
+  to the traffic's rhythm (``rhythm_window``): traffic in batches gets windows at
+  least as long as the gap between them.
 - bytes: payload bytes (the ``size`` column), keys and framing not counted.
 - percentiles: exact, linear interpolation between closest ranks (Spark ``percentile``).
 - burst: a window whose message count is at least ``burst_factor`` times the median
-  count of that scope (a prefix, or all traffic) over every window of the capture's
-  span, empty windows counting as zero, and at least ``burst_min_messages``.  So a
+  count of that scope (a prefix, or all traffic) over every window a recorder ran in
+  (``recorded_windows``: the capture's span when there are no loss logs), empty
+  windows counting as zero, and at least ``burst_min_messages``.  So a
   prefix heard only during its burst is a burst of that prefix (its median is 0),
   and ``burst_min_messages`` keeps a family that speaks once an hour from being one.
 """
@@ -25,12 +28,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from . import derive as D
 from .defaults import (
@@ -41,7 +45,8 @@ from .defaults import (
     DEFAULT_TOP,
     DEFAULT_WINDOW_SECONDS,
 )
-from .inputs import Inputs, resolve
+from .inputs import SUMMARY_FILE, Inputs, resolve
+from .windows import auto_window, recorded_windows, rhythm_window
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -52,13 +57,6 @@ PERCENTILES = (0.5, 0.9, 0.99)
 MAX_CHART_PREFIXES = 8
 #: Most points per chart series; longer captures are re-binned into wider windows.
 MAX_CHART_WINDOWS = 500
-#: Window lengths (seconds) the default window is chosen from: easy to read.
-NICE_WINDOWS = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30,
-    60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
-)  # fmt: skip
-#: Most windows the default window gives over the capture (the least is about 100).
-TARGET_WINDOWS = 500
 #: Scan tasks per core the input is split into (see ``partitioning``).
 SCANS_PER_CORE = 2
 #: Smallest scan split: below this, task overhead dominates.
@@ -83,8 +81,27 @@ SIZES = ("prefix", "size")
 KEYS = ("key",)
 GROUPING_SETS = (CELLS, SIZES, KEYS)
 GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
+#: The columns of the batch job's aggregate of the small sets (``compute_rows``).
+SMALL_COLUMNS = ("prefix", "window_start_ns", "instance", "size")
 
 OTHER = "(other)"
+#: The capture schema (``capture.CAPTURE_SCHEMA``) as Spark reads it.
+CAPTURE_DDL = "time_ns long, key string, size int, payload binary, instance string"
+#: The capture columns the job reads (never the payload).
+SCANNED = ("time_ns", "key", "size", "instance")
+#: Types of the collected sets, whichever Spark produced them.
+CELLS_SCHEMA = pa.schema(
+    [
+        ("prefix", pa.string()),
+        ("window_start_ns", pa.int64()),
+        ("instance", pa.string()),
+        ("messages", pa.int64()),
+        ("bytes", pa.int64()),
+        ("first_ns", pa.int64()),
+        ("last_ns", pa.int64()),
+    ]
+)
+SIZES_SCHEMA = pa.schema([("prefix", pa.string()), ("size", pa.int64()), ("n", pa.int64())])
 #: Names of the Parquet result tables under the output directory.
 TABLES = (
     "prefix_windows",
@@ -127,25 +144,10 @@ class AnalyzeOptions:
         return round(w * 1e9)
 
 
-def auto_window(span_ns: int | None) -> float:
-    """The default window for a capture spanning ``span_ns``: the shortest nice
-    length giving at most TARGET_WINDOWS windows (so about 100 to 500)."""
-    if not span_ns or span_ns <= 0:
-        return 1.0
-    for w in NICE_WINDOWS:
-        if span_ns / (w * 1e9) <= TARGET_WINDOWS:
-            return float(w)
-    return float(NICE_WINDOWS[-1])
-
-
-def grouping_id(grouping: tuple[str, ...]) -> int:
+def grouping_id(grouping: tuple[str, ...], columns: tuple[str, ...] = GROUPING_COLUMNS) -> int:
     """Spark's ``grouping_id()`` of the rows of one grouping set: a bit per
-    GROUPING_COLUMNS column, most significant first, set when it is not grouped on."""
-    return sum(
-        1 << (len(GROUPING_COLUMNS) - 1 - i)
-        for i, c in enumerate(GROUPING_COLUMNS)
-        if c not in grouping
-    )
+    grouping column, most significant first, set when it is not grouped on."""
+    return sum(1 << (len(columns) - 1 - i) for i, c in enumerate(columns) if c not in grouping)
 
 
 def percentile_name(q: float) -> str:
@@ -188,62 +190,6 @@ def heap_mib(input_bytes: int) -> int:
     return int(min(MAX_HEAP_MIB, MIN_HEAP_MIB + extra))
 
 
-def parallelism(spark: SparkSession) -> int:
-    """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
-    executors may not have registered yet when the job is planned, and Spark then
-    counts 2), else Spark's default parallelism (``local[N]``'s N, or the cores of
-    the executors registered so far)."""
-    given = spark.sparkContext.getConf().get("spark.cores.max")
-    if given and given.isdigit() and int(given) > 0:
-        return int(given)
-    return int(spark.sparkContext.defaultParallelism)
-
-
-def build_session(
-    master: str | None = None,
-    conf: dict[str, str] | None = None,
-    app_name: str = "sbus-analyze",
-    jvm_log: str | None = None,
-) -> SparkSession:
-    """A SparkSession; ``master=None`` keeps spark-submit's choice (or ``local[*]``).
-
-    With ``jvm_log``, the JVM that this starts writes its stdout and stderr
-    (Spark's log, any Java stack trace) into that file instead of the terminal.
-    """
-    from pyspark.sql import SparkSession
-
-    # Python workers (if any) must run the interpreter that has pyarrow: no
-    # PYSPARK_PYTHON needed from the user.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-    )
-    if master is not None:
-        builder = builder.master(master)
-    for k, v in (conf or {}).items():
-        builder = builder.config(k, v)
-    if jvm_log is None:
-        return builder.getOrCreate()
-    # The JVM inherits descriptors 1 and 2 when it is launched: point them at the
-    # log for that moment only, so this process's own are unchanged.  (The JVM
-    # writes little to stdout, but a crash banner among it.)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    log_fd = os.open(jvm_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        return builder.getOrCreate()
-    finally:
-        for fd, old in zip((1, 2), saved, strict=True):
-            os.dup2(old, fd)
-            os.close(old)
-        os.close(log_fd)
-
-
 def load_captures(spark: SparkSession, inputs: Inputs) -> DataFrame:
     """The capture rows: the checked files, or every ``*.parquet`` under the URLs."""
     from .capture import CAPTURE_SCHEMA
@@ -251,9 +197,8 @@ def load_captures(spark: SparkSession, inputs: Inputs) -> DataFrame:
     reader = spark.read
     if inputs.checked:
         # Our schema, not one inferred from a footer: names and types are ours.
-        ddl = "time_ns long, key string, size int, payload binary, instance string"
-        assert len(CAPTURE_SCHEMA) == len(ddl.split(","))
-        return reader.schema(ddl).parquet(*inputs.paths)
+        assert len(CAPTURE_SCHEMA) == len(CAPTURE_DDL.split(","))
+        return reader.schema(CAPTURE_DDL).parquet(*inputs.paths)
     return (
         reader.option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")
         .option("recursiveFileLookup", "true")
@@ -278,21 +223,15 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
 
 
 def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
-    """The one pass over the capture rows ``df``: a single aggregate of the
-    GROUPING_SETS, (prefix, window, instance), (prefix, size) and key, each row
-    tagged with its set (``_set``, see ``grouping_id``).  Lazy."""
+    """One aggregate of the capture rows ``df`` into the GROUPING_SETS, (prefix,
+    window, instance), (prefix, size) and key, each row tagged with its set
+    (``_set``, see ``grouping_id``): the state ``follow`` keeps per batch.  Lazy."""
     from pyspark.sql import functions as F
 
     return (
         _with_derived(df, opts)
         .groupingSets([list(s) for s in GROUPING_SETS], *GROUPING_COLUMNS)
-        .agg(
-            F.grouping_id().alias("_set"),
-            F.count(F.lit(1)).alias("messages"),
-            F.sum("size").alias("bytes"),
-            F.min("time_ns").alias("first_ns"),
-            F.max("time_ns").alias("last_ns"),
-        )
+        .agg(F.grouping_id().alias("_set"), *_sums())
     )
 
 
@@ -309,51 +248,144 @@ class Computed:
     distinct_keys: int
 
 
-def compute(df: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """Run the analysis of capture rows ``df`` on Spark.
+def reaggregate(state: DataFrame, window_ns: int) -> DataFrame:
+    """The sets of ``aggregate`` from stored sets (``follow``'s state): the same
+    columns, the cells re-binned into windows of ``window_ns`` (a multiple of
+    the stored windows, so exactly) and every set summed again.  Lazy."""
+    from pyspark.sql import functions as F
 
-    One scan (``aggregate``), kept while five small jobs read it: the (prefix,
-    window, instance) and (prefix, size) rows, collected as Arrow (their size is
-    bounded by prefixes x windows x instances and prefixes x distinct sizes, not
-    by the traffic), and, left on the cluster because keys are unbounded, the
-    two top-key rankings and the number of distinct keys.
-    """
+    window = F.expr(f"window_start_ns div {window_ns} * {window_ns}")
+    return (
+        state.withColumn("window_start_ns", F.when(F.col("_set") == grouping_id(CELLS), window))
+        .groupBy("_set", *GROUPING_COLUMNS)
+        .agg(
+            F.sum("messages").alias("messages"),
+            F.sum("bytes").alias("bytes"),
+            F.min("first_ns").alias("first_ns"),
+            F.max("last_ns").alias("last_ns"),
+        )
+    )
+
+
+#: Columns the small sets are sorted on once collected: the tables derived from
+#: them then come out the same wherever Spark ran (local, cluster, Connect).
+SMALL_ORDER = [(c, "ascending") for c in ("_set", "prefix", "window_start_ns", "instance", "size")]
+
+
+def _sums() -> list[Any]:
+    """The aggregates of every set: messages, bytes, first and last receive time."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("size").alias("bytes"),
+        F.min("time_ns").alias("first_ns"),
+        F.max("time_ns").alias("last_ns"),
+    ]
+
+
+def compute_rows(df: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """The batch job on capture rows ``df``: two scans.  One aggregate of the
+    (prefix, window, instance) and (prefix, size) sets, collected as Arrow
+    (their size is bounded by prefixes x windows x instances and prefixes x
+    distinct sizes, not by the traffic); and the per-key counts, left on the
+    cluster because keys are unbounded, persisted while the two top-key
+    rankings and the number of distinct keys are read from them.  (One
+    aggregate of all three sets, persisted, took half as long again: its rows
+    are tripled before they are hashed, the key set's among them.)"""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    sets = aggregate(df, opts).persist(StorageLevel.MEMORY_AND_DISK)
+    small = (
+        _with_derived(df, opts)
+        .groupingSets([list(CELLS), list(SIZES)], *SMALL_COLUMNS)
+        .agg(F.grouping_id().alias("_set"), *_sums())
+        .toArrow()
+    )
+    keys = df.groupBy("key").agg(
+        F.count(F.lit(1)).alias("messages"), F.sum(F.col("size").cast("long")).alias("bytes")
+    )
+    keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        ranked = _keys(keys, opts)
+    finally:
+        keys.unpersist()
+    return _split(small, grouping_id(CELLS, SMALL_COLUMNS), ranked)
+
+
+def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
+    """The job from a DataFrame of the three sets of ``aggregate`` (``follow``'s
+    state, ``reaggregate``d): persisted while the small sets are collected and
+    the keys ranked and counted."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tag = F.col("_set")
         small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow()
         keys = sets.where(tag == F.lit(grouping_id(KEYS))).select("key", "messages", "bytes")
-
-        def top_by(first: str, second: str) -> Any:
-            import pyarrow as pa
-
-            order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
-            # At most opts.top rows, ranked here: no global (single-partition) window.
-            top = keys.orderBy(*order).limit(opts.top).collect()
-            return pa.table(
-                {
-                    "rank": pa.array(range(1, len(top) + 1), pa.int32()),
-                    "key": pa.array([r["key"] for r in top], pa.string()),
-                    "messages": pa.array([r["messages"] for r in top], pa.int64()),
-                    "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
-                }
-            )
-
-        by_messages = top_by("messages", "bytes")
-        by_bytes = top_by("bytes", "messages")
-        distinct_keys = keys.count()
+        ranked = _keys(keys, opts)
     finally:
         sets.unpersist()
+    return _split(small, grouping_id(CELLS), ranked)
+
+
+def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any, int]:
+    """The two top-key rankings and the number of distinct keys, from per-key counts."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def top_by(first: str, second: str) -> Any:
+        order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
+        # At most opts.top rows, ranked here: no global (single-partition) window.
+        top = keys.orderBy(*order).limit(opts.top).collect()
+        return pa.table(
+            {
+                "rank": pa.array(range(1, len(top) + 1), pa.int32()),
+                "key": pa.array([r["key"] for r in top], pa.string()),
+                "messages": pa.array([r["messages"] for r in top], pa.int64()),
+                "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
+            }
+        )
+
+    return top_by("messages", "bytes"), top_by("bytes", "messages"), keys.count()
+
+
+def _split(small: Any, cell_tag: int, ranked: tuple[Any, Any, int]) -> Computed:
+    """The collected cells and sizes apart, sorted and typed alike wherever Spark ran."""
     import pyarrow.compute as pc
 
-    is_cell = pc.equal(small["_set"], grouping_id(CELLS))
+    small = small.sort_by(SMALL_ORDER)
+    is_cell = pc.equal(small["_set"], cell_tag)
     cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
+    cells = cells.cast(CELLS_SCHEMA)
     sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
-    sizes = sizes.rename_columns([*SIZES, "n"])
-    return Computed(cells, sizes, by_messages, by_bytes, distinct_keys)
+    sizes = sizes.rename_columns([*SIZES, "n"]).cast(SIZES_SCHEMA)
+    return Computed(cells, sizes, *ranked)
+
+
+def _rebin(cells: Any, window_ns: int) -> Any:
+    """Cells summed into windows of ``window_ns`` (a multiple of theirs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    starts = pc.multiply(pc.divide(cells["window_start_ns"], window_ns), window_ns)
+    g = (
+        cells.set_column(cells.schema.get_field_index("window_start_ns"), "window_start_ns", starts)
+        .group_by(list(CELLS), use_threads=False)
+        .aggregate([("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"), ("last_ns", "max")])
+    )
+    table = pa.table(
+        {
+            **{c: g[c] for c in CELLS},
+            "messages": g["messages_sum"],
+            "bytes": g["bytes_sum"],
+            "first_ns": g["first_ns_min"],
+            "last_ns": g["last_ns_max"],
+        }
+    )
+    return table.cast(CELLS_SCHEMA).sort_by([(c, "ascending") for c in CELLS])
 
 
 def _write_table(spark: SparkSession, table: Any, out: str, name: str) -> None:
@@ -386,39 +418,73 @@ def run(
     The report (``report.write_report``) is written separately so that this
     function stays usable from notebooks without matplotlib.
     """
-    import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
     inputs = paths if isinstance(paths, Inputs) else resolve(list(paths))
-    out = str(out_dir)
-    if "://" not in out:
-        Path(out).mkdir(parents=True, exist_ok=True)
     df = load_captures(spark, inputs)
     first_ns, last_ns = inputs.first_ns, inputs.last_ns
     if first_ns is None:
         span = df.agg(F.min("time_ns").alias("a"), F.max("time_ns").alias("b")).collect()[0]
         first_ns, last_ns = span["a"], span["b"]
-    if opts.window_seconds is None:
-        span_ns = None if first_ns is None or last_ns is None else last_ns - first_ns
-        opts = replace(opts, window_seconds=auto_window(span_ns))
+    base = span_options(opts, first_ns, last_ns)
+    job = compute_rows(df, base)
+    files = len(inputs.paths) if inputs.checked else None
+    return finish(spark, job, opts, base, inputs, files, out_dir)
+
+
+def span_options(opts: AnalyzeOptions, first_ns: int | None, last_ns: int | None) -> AnalyzeOptions:
+    """``opts`` with the window of the span (``auto_window``) unless one is given."""
+    if opts.window_seconds is not None:
+        return opts
+    span_ns = None if first_ns is None or last_ns is None else last_ns - first_ns
+    return replace(opts, window_seconds=auto_window(span_ns))
+
+
+def finish(
+    spark: SparkSession,
+    job: Computed,
+    asked: AnalyzeOptions,
+    opts: AnalyzeOptions,
+    inputs: Inputs,
+    files: int | None,
+    out_dir: str | os.PathLike[str],
+) -> AnalysisResult:
+    """From the collected aggregates (cells in windows of ``opts``) to the tables
+    and summary.json in ``out_dir``: the window follows the traffic's rhythm
+    unless one was ``asked`` for, the bursts are judged over the windows the
+    recorders ran in.  Shared by a batch run and each update of a followed one."""
+    import pyarrow.compute as pc
+
+    out = str(out_dir)
+    if "://" not in out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    cells = job.cells
+    if asked.window_seconds is None:
+        window_ns = rhythm_window(cells, opts.window_ns)
+        if window_ns != opts.window_ns:
+            cells = _rebin(cells, window_ns)
+            opts = replace(opts, window_seconds=window_ns / 1e9)
     w = opts.window_ns
-    span_windows = 1 if first_ns is None or last_ns is None else last_ns // w - first_ns // w + 1
-    job = compute(df, opts)
     pcols = [percentile_name(q) for q in opts.percentiles]
-    pw = D.prefix_windows(job.cells)
+    pw = D.prefix_windows(cells)
+    first_ns = pc.min(cells["first_ns"]).as_py() if cells.num_rows else None
+    last_ns = pc.max(cells["last_ns"]).as_py() if cells.num_rows else None
+    span_windows = 1 if first_ns is None or last_ns is None else last_ns // w - first_ns // w + 1
+    sessions = inputs.losses.intervals if inputs.losses is not None else []
+    active = pw["window_start_ns"].to_pylist()
+    recorded = recorded_windows(w, first_ns, last_ns, sessions, active)
     tables = {
         "prefix_windows": pw,
         "size_percentiles": D.size_percentiles(job.sizes, opts.percentiles, pcols),
         "top_keys_by_messages": job.top_by_messages,
         "top_keys_by_bytes": job.top_by_bytes,
-        "instances": D.instances(job.cells),
-        "bursts": D.bursts(pw, span_windows, opts.burst_factor, opts.burst_min_messages),
+        "instances": D.instances(cells),
+        "bursts": D.bursts(pw, recorded, opts.burst_factor, opts.burst_min_messages),
         "size_histogram": D.size_histogram(job.sizes),
     }
     for name in TABLES:
         _write_table(spark, tables[name], out, name)
     overall = dict(zip(pcols, D.overall_percentiles(job.sizes, opts.percentiles), strict=True))
-    distinct_keys = job.distinct_keys
     inst = _sorted_rows(
         tables["instances"], [("messages", "descending"), ("instance", "ascending")]
     )
@@ -429,24 +495,21 @@ def run(
         "last_ns": max((r["last_ns"] for r in inst), default=None),
         "windows": pc.count_distinct(pw["window_start_ns"]).as_py() if pw.num_rows else 0,
         "span_windows": span_windows if inst else 0,
+        "recorded_windows": recorded if inst else 0,
         "prefixes": pc.count_distinct(pw["prefix"]).as_py() if pw.num_rows else 0,
-        "keys": distinct_keys,
+        "keys": job.distinct_keys,
         "instances": len(inst),
         "size_percentiles": overall,
         "options": {**asdict(opts), "percentiles": list(opts.percentiles)},
-        "inputs": {
-            "files": len(inputs.paths) if inputs.checked else None,
-            "skipped": inputs.skipped,
-            "notes": inputs.notes,
-        },
+        "inputs": {"files": files, "skipped": inputs.skipped, "notes": inputs.notes},
         "loss": _loss(inputs),
     }
     text = json.dumps(summary, indent=2) + "\n"
     if "://" in out:  # a directory holding one text file, like the tables
         one = spark.createDataFrame([(text,)], "value string").coalesce(1)
-        one.write.mode("overwrite").text(f"{out}/summary.json")
+        one.write.mode("overwrite").text(f"{out}/{SUMMARY_FILE}")
     else:
-        Path(out, "summary.json").write_text(text)
+        Path(out, SUMMARY_FILE).write_text(text)
 
     result = AnalysisResult(summary=summary)
     result.tables = {

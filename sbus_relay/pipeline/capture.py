@@ -279,8 +279,8 @@ class RotatingCaptureWriter:
     ) -> None:
         if rotate_bytes <= 0 or rotate_seconds <= 0 or flush_seconds <= 0:
             raise ValueError("rotation size, rotation age and flush interval must be positive")
+        # Created with the first file: a recorder that never records leaves no directory.
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.instance = instance
         self.keep_payload = keep_payload
         self.rotate_bytes = rotate_bytes
@@ -430,6 +430,7 @@ class RotatingCaptureWriter:
     # --- internals ---------------------------------------------------------------
 
     def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self._journal = self.directory / f"{self.prefix}-{stamp}-{self._seq:05d}{JOURNAL_SUFFIX}"
@@ -523,6 +524,7 @@ class LossLog:
     def __init__(self, directory: Path, prefix: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.path = directory / f"{prefix}-{stamp}{LOSS_SUFFIX}"
+        directory.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (lives with us)
 
     def write(self, event: str, **fields: Any) -> None:
@@ -544,6 +546,9 @@ class LossSummary:
     unknown: int = 0  # sessions on a bus that does not answer the drop query
     dropped: int = 0
     events: list[tuple[int, int, str]] = field(default_factory=list)  # (time_ns, dropped, inst)
+    #: When each session recorded: (start, end) in ns.  A killed session ends at
+    #: the last row of its files (``session_prefix``), or its start without any.
+    intervals: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def known(self) -> bool:
@@ -571,12 +576,24 @@ def loss_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return sorted(found)
 
 
-def read_losses(files: Iterable[Path]) -> LossSummary:
-    """Sum the loss logs; a torn last line (a killed recorder) is skipped."""
+def session_prefix(path: Path) -> str:
+    """The recorder session a capture file or loss log belongs to:
+    ``capture-<instance>-<pid>`` (RotatingCaptureWriter.prefix)."""
+    name = path.name
+    if name.endswith(LOSS_SUFFIX):
+        return name[: -len(LOSS_SUFFIX)].rsplit("-", 1)[0]
+    return name.rsplit("-", 2)[0]
+
+
+def read_losses(files: Iterable[Path], last_ns: dict[str, int] | None = None) -> LossSummary:
+    """Sum the loss logs; a torn last line (a killed recorder) is skipped.
+    ``last_ns`` gives the last receive time per session prefix, for the end of
+    a session that was killed."""
     s = LossSummary()
     for f in files:
         instance = ""
         ended = started = False
+        start_ns = end_ns = None
         for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
@@ -585,6 +602,7 @@ def read_losses(files: Iterable[Path]) -> LossSummary:
             event = rec.get("event")
             if event == "start":
                 started = True
+                start_ns = int(rec.get("time_ns", 0))
                 instance = str(rec.get("instance", ""))
                 if not rec.get("drop_query"):
                     s.unknown += 1
@@ -593,8 +611,12 @@ def read_losses(files: Iterable[Path]) -> LossSummary:
                 s.events.append((int(rec["time_ns"]), int(rec["dropped"]), instance))
             elif event == "end":
                 ended = True
-        if started:
+                end_ns = int(rec.get("time_ns", 0))
+        if started and start_ns is not None:
             s.sessions += 1
             s.unfinished += not ended
+            if end_ns is None:
+                end_ns = max(start_ns, (last_ns or {}).get(session_prefix(f), start_ns))
+            s.intervals.append((start_ns, end_ns))
     s.events.sort()
     return s

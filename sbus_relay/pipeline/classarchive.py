@@ -16,8 +16,16 @@ user's run pays for it: when ``analyze`` finds no archive, it starts this
 module in the background once it is done, and the builder runs a small
 analysis of synthetic captures with the archive being written, to a temporary
 name renamed into place only when that run succeeded.  One builder at a time
-(a lock file holding its pid), and one archive kept: a new one removes those of
-other Javas or pysparks.  With ``SBUS_CLASS_ARCHIVE=0`` none is built or used.
+(a lock file holding its pid), and it pauses (SIGSTOP of its analysis run)
+while any other analyze runs on this machine (each marks itself in
+``running/<pid>``): the user's run gets the cores.
+
+The JVM maps an archive only for the class path it was written with, so each
+install (a venv's pyspark) has its own: the digest holds the jars' directory,
+and a ``.source`` file beside the archive names it.  A new archive removes only
+the older ones of the same install and those of installs that are gone; at most
+MAX_ARCHIVES are kept (the least recently used go).  With
+``SBUS_CLASS_ARCHIVE=0`` none is built or used.
 """
 
 from __future__ import annotations
@@ -26,10 +34,14 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from sbus_relay.ops import children
 
 #: Environment variable: ``0`` turns the archive off; ``write:<path>`` (set by the
 #: builder for its own analysis run) makes that run's JVM write the archive there.
@@ -45,8 +57,14 @@ BUILD_MESSAGES = 20_000
 QUIET = "-Xlog:cds*=error"
 #: Seconds to wait, after Spark stopped, for the JVM to write the archive and exit.
 DUMP_WAIT_SECONDS = 180.0
-#: Seconds the whole builder run may take.
+#: Seconds of running (pauses not counted) the builder's analysis may take.
 BUILD_TIMEOUT_SECONDS = 600.0
+#: Archives kept in the cache, one per install: two venvs on one machine keep theirs.
+MAX_ARCHIVES = 4
+#: Subdirectory of the cache where each running analyze leaves a file named by its pid.
+RUNNING_DIR = "running"
+#: Seconds between the builder's looks for running analyses.
+PAUSE_POLL_SECONDS = 0.25
 
 
 def cache_dir() -> Path:
@@ -63,15 +81,24 @@ def _java() -> str | None:
     return os.path.realpath(found) if found else None
 
 
+def spark_home() -> Path:
+    """The installed pyspark's directory: its ``jars/`` and ``bin/spark-submit``."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def _jars() -> Path:
+    return spark_home() / "jars"
+
+
 def digest() -> str | None:
     """Names this Java and this pyspark: the java binary (path, size, mtime) and
     pyspark's jars (directory, names and sizes); None without a java."""
     java = _java()
     if java is None:
         return None
-    import pyspark
-
-    jars = Path(pyspark.__file__).parent / "jars"
+    jars = _jars()
     h = hashlib.sha256()
     st = os.stat(java)
     h.update(f"{java}\0{st.st_size}\0{st.st_mtime_ns}\0{jars}\0".encode())
@@ -104,6 +131,48 @@ def _size_file(path: Path) -> Path:
     return path.with_name(path.name + ".size")
 
 
+def _source_file(path: Path) -> Path:
+    return path.with_name(path.name + ".source")
+
+
+@contextlib.contextmanager
+def running() -> Iterator[None]:
+    """Mark this process as a running analysis while the block runs: a builder
+    pauses meanwhile.  (The builder's own run does not mark itself.)"""
+    marker = None
+    if writing() is None:
+        with contextlib.suppress(OSError, RuntimeError):
+            directory = cache_dir() / RUNNING_DIR
+            directory.mkdir(parents=True, exist_ok=True)
+            marker = directory / str(os.getpid())
+            marker.touch()
+    try:
+        yield
+    finally:
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+
+
+def others_running() -> bool:
+    """Whether an analysis other than this process runs (dead ones' marks are removed)."""
+    try:
+        entries = list(os.scandir(cache_dir() / RUNNING_DIR))
+    except (OSError, RuntimeError):
+        return False
+    found = False
+    for entry in entries:
+        pid = int(entry.name) if entry.name.isdigit() else 0
+        if pid == os.getpid():
+            continue
+        if _alive(pid):
+            found = True
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return found
+
+
 def usable(path: Path) -> bool:
     """Whether the archive at ``path`` is whole: its size is the one the builder
     recorded after writing it (a cut archive makes the JVM crash at start)."""
@@ -114,12 +183,10 @@ def usable(path: Path) -> bool:
 
 
 def discard() -> None:
-    """Remove the archive (and its size record), e.g. when a JVM failed with it."""
+    """Remove the archive (and its records), e.g. when a JVM failed with it."""
     path = archive_path()
     if path is not None:
-        for p in (path, _size_file(path)):
-            with contextlib.suppress(OSError):
-                p.unlink()
+        _remove(path)
 
 
 def java_option() -> str | None:
@@ -196,18 +263,17 @@ def build_later() -> bool:
         return False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(path.parent / LOG_NAME, "wb")  # noqa: SIM115 (the child's)
+        # A session of its own, and not stopped when this run ends.
+        children.spawn(
+            [sys.executable, "-m", __name__],
+            log=path.parent / LOG_NAME,
+            append=False,
+            stdout="log",
+            new_session=True,
+            outlive_parent=True,
+        )
     except OSError:
         return False
-    with log:
-        subprocess.Popen(
-            [sys.executable, "-m", __name__],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
     return True
 
 
@@ -230,29 +296,24 @@ def build() -> int:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         with tempfile.TemporaryDirectory(prefix="sbus-class-archive-") as work:
-            from .synth import generate
-
-            generate(Path(work, "captures"), BUILD_MESSAGES, seconds=3600.0)
+            sample_capture(Path(work, "captures"))
             command = [sys.executable, "-m", "sbus_relay", "analyze"]
             command += [str(Path(work, "captures")), "--out", str(Path(work, "out"))]
             env = {**os.environ, ENV_SWITCH: f"{WRITE_MODE}{tmp}"}
-            try:
-                done = subprocess.run(command, env=env, timeout=BUILD_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
+            status = _run_pausing(command, env)
+            if status is None:
                 print("class archive: the analysis run timed out")
                 return 1
-            if done.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
-                print(f"class archive: the analysis run failed (status {done.returncode})")
+            if status != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+                print(f"class archive: the analysis run failed (status {status})")
                 return 1
-        for old in path.parent.glob(f"{PREFIX}*{SUFFIX}*"):
-            if not old.name.endswith(".tmp") or not _alive(_pid_of(old)):
-                with contextlib.suppress(OSError):
-                    old.unlink()
+        _remove_stale(path)
         size = tmp.stat().st_size
         os.replace(tmp, path)
-        size_tmp = tmp.with_name(tmp.name + ".size")
-        size_tmp.write_text(str(size))
-        os.replace(size_tmp, _size_file(path))
+        for sidecar, text in ((_size_file(path), str(size)), (_source_file(path), str(_jars()))):
+            side_tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
+            side_tmp.write_text(text)
+            os.replace(side_tmp, sidecar)
         print(f"class archive: wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
         return 0
     finally:
@@ -260,6 +321,80 @@ def build() -> int:
             tmp.unlink()
         with contextlib.suppress(OSError):
             lock.unlink()
+
+
+def sample_capture(directory: Path) -> None:
+    """BUILD_MESSAGES messages an hour long, on a few key families, three instances
+    and varied sizes, written by the capture writer: enough for every kind of task."""
+    from .capture import RotatingCaptureWriter
+
+    t0 = 1_700_000_000 * 10**9
+    step = 3600 * 10**9 // BUILD_MESSAGES
+    for n in range(3):
+        with RotatingCaptureWriter(directory, instance=f"host{n}") as writer:
+            for i in range(n, BUILD_MESSAGES, 3):
+                key = f"family{i % 7}/topic{i % 11}/{i % 97}"
+                writer.append(t0 + i * step, key, b"x" * (i * 37 % 1500))
+
+
+def _run_pausing(command: list[str], env: dict[str, str]) -> int | None:
+    """Run the builder's analysis, stopped (SIGSTOP to its process group) while
+    another analysis runs; its exit status, or None after BUILD_TIMEOUT_SECONDS
+    of running."""
+    # Its own process group, which SIGSTOP and SIGCONT reach whole; its errors
+    # go where the builder's output goes (its log, or the terminal).
+    proc = children.spawn(command, new_session=True, env=env)
+    ran = 0.0
+    paused = False
+    try:
+        while True:
+            try:
+                return proc.wait(PAUSE_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            busy = others_running()
+            if busy != paused:
+                os.killpg(proc.pid, signal.SIGSTOP if busy else signal.SIGCONT)
+                paused = busy
+            if not paused:
+                ran += PAUSE_POLL_SECONDS
+                if ran > BUILD_TIMEOUT_SECONDS:
+                    return None
+    finally:
+        children.stop(proc, 0.0, group=True, sig=signal.SIGKILL)  # stopped or not
+
+
+def _remove_stale(path: Path) -> None:
+    """Before ``path`` is written: remove the archives of this install's earlier
+    pysparks or Javas, those of installs that are gone, temporary ones whose
+    writer is dead, and the least recently used beyond MAX_ARCHIVES."""
+    jars = str(_jars())
+    kept = []
+    for old in path.parent.glob(f"{PREFIX}*{SUFFIX}*"):
+        if old.name.endswith(".tmp"):
+            if not _alive(_pid_of(old)):
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            continue
+        if not old.name.endswith(SUFFIX) or old == path:
+            continue
+        try:
+            source = _source_file(old).read_text()
+        except OSError:
+            source = ""
+        if source == jars or (source and not os.path.isdir(source)):
+            _remove(old)
+        else:
+            kept.append(old)
+    kept.sort(key=lambda p: p.stat().st_atime if p.exists() else 0.0, reverse=True)
+    for old in kept[MAX_ARCHIVES - 1 :]:
+        _remove(old)
+
+
+def _remove(archive: Path) -> None:
+    for p in (archive, _size_file(archive), _source_file(archive)):
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def _pid_of(tmp: Path) -> int:

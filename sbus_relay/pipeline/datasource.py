@@ -75,10 +75,6 @@ log = logging.getLogger("sbus_relay.pipeline.datasource")
 FORMAT = "sbus"
 #: Rows of the streaming source.
 READ_SCHEMA = "time_ns long, key string, payload binary"
-#: Bus address when no ``address`` option is given (the reference sbusd's, docs/protocol.md).
-DEFAULT_ADDRESS = "/run/sbus.socket"
-#: Environment variable consulted before DEFAULT_ADDRESS (as the CLI does).
-ADDRESS_ENV = "SBUS_ADDRESS"
 #: Default ``maxBufferMessages``: messages held between batches before dropping.
 BUFFER_MESSAGES = 100_000
 #: Default ``maxBufferBytes``: payload bytes held between batches before dropping.
@@ -103,7 +99,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 def session(app_name: str = "sbus-stream", master: str | None = None) -> SparkSession:
     """A SparkSession (Python workers on this interpreter, UTC) with ``sbus`` registered."""
-    from .analyze import build_session
+    from .session import build_session
 
     spark = build_session(master, app_name=app_name)
     register(spark)
@@ -116,7 +112,13 @@ def register(spark: SparkSession) -> None:
 
 
 def _address(options: dict[str, str]) -> str:
-    return options.get("address") or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    """The ``address`` option, else $SBUS_ADDRESS, else the default, as the CLI
+    takes them (``addresses.named_address``): an empty one is an error."""
+    from sbus_relay.ops.addresses import named_address, parse_address
+
+    address = named_address(options.get("address"))
+    parse_address(address)  # a malformed or empty one: said here, in one line
+    return address
 
 
 def _positive(options: dict[str, str], name: str, default: int) -> int:

@@ -59,3 +59,14 @@ DEFAULT_TOP = 20
 DEFAULT_BURST_FACTOR = 4.0
 #: Default floor for a burst, so that 1 -> 4 messages is not called a burst.
 DEFAULT_BURST_MIN_MESSAGES = 10
+#: Seconds between a followed analysis's looks for new capture files (``--trigger``):
+#: a closed file shows in the report about this plus the update's own time later.
+FOLLOW_TRIGGER_SECONDS = 1.0
+
+# --- the Spark Connect server (spark-server) ------------------------------------
+#: Where the server listens unless told: this machine only (it has no authentication).
+CONNECT_HOST = "127.0.0.1"
+#: Spark Connect's own default port.
+CONNECT_PORT = 15002
+#: The server's driver heap unless --memory: analyze's largest per-run heap.
+CONNECT_MEMORY = "4g"

@@ -17,6 +17,7 @@ input inside ``out``, is refused: results would be read back as traffic.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from sbus_relay.protocol.errors import UsageError
 
 from .capture import (
     CAPTURE_MARKER,
@@ -33,17 +36,20 @@ from .capture import (
     loss_files,
     read_losses,
     recover,
+    session_prefix,
 )
 from .defaults import CAPTURE_SUFFIX
 
 #: The file analyze writes last into its output: marks a directory as an analyze output.
 SUMMARY_FILE = "summary.json"
+#: Keys every summary.json of analyze has: how an earlier output is recognised.
+SUMMARY_KEYS = frozenset({"messages", "keys", "options", "inputs", "loss"})
 #: Bad files named in full in an error line; the rest are counted.
 MAX_NAMED_FILES = 3
 
 
-class InputError(ValueError):
-    """Inputs or output that analyze refuses; the message is one line for the user."""
+class InputError(UsageError, ValueError):
+    """Inputs, output or options that analyze refuses; the message is one line."""
 
 
 @dataclass
@@ -93,6 +99,7 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
     not_captures: list[str] = []
     first: list[int] = []
     last: list[int] = []
+    last_by_session: dict[str, int] = {}
     for f in capture_files(paths):
         try:
             meta = pq.read_metadata(str(f))
@@ -112,6 +119,8 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
             if stats is not None and stats.has_min_max:
                 first.append(stats.min)
                 last.append(stats.max)
+                session = session_prefix(f)
+                last_by_session[session] = max(last_by_session.get(session, 0), stats.max)
     if not_captures:
         raise InputError(
             f"not a capture file (no {CAPTURE_MARKER.decode()} marker; analyze reads only "
@@ -128,7 +137,7 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
         raise InputError(f"no *{CAPTURE_SUFFIX} capture files under {' '.join(paths)}")
     if first:
         inputs.first_ns, inputs.last_ns = min(first), max(last)
-    inputs.losses = read_losses(loss_files(paths))
+    inputs.losses = read_losses(loss_files(paths), last_by_session)
     return inputs
 
 
@@ -150,10 +159,29 @@ def check_output(out: str, inputs: list[str]) -> None:
                 f"--out {out} overlaps the input {p}: its tables would be read as traffic; "
                 "write the report elsewhere"
             )
-    if target.exists() and (
-        not target.is_dir() or (any(target.iterdir()) and not (target / SUMMARY_FILE).exists())
-    ):
-        raise InputError(f"--out {out} exists and is not an analyze output; not replacing it")
+    if not target.exists() or is_analyze_output(target):
+        return
+    if not target.is_dir():
+        raise InputError(f"--out {out} is a file, not a directory: not replacing it")
+    if not any(target.iterdir()):
+        raise InputError(
+            f"--out {out} is an existing empty directory, not an earlier analyze output: "
+            "analyze replaces its output directory as a whole; name a new one (it is "
+            "created) or remove this one"
+        )
+    raise InputError(
+        f"--out {out} exists and is not an earlier analyze output (no analyze "
+        f"{SUMMARY_FILE} in it): not replacing it"
+    )
+
+
+def is_analyze_output(directory: Path) -> bool:
+    """Whether ``directory`` holds what analyze writes: its summary.json, read back."""
+    try:
+        summary = json.loads((directory / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.keys() >= SUMMARY_KEYS
 
 
 def staging_dir(out: str) -> Path:

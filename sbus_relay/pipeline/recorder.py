@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from sbus_relay.ops.addresses import Address, connect
 from sbus_relay.protocol.codec import encode_cmsg, encode_sub, encode_unsub
 from sbus_relay.protocol.errors import BusClosed, PeerError
+from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import MAX_PACKET
 
 from .capture import LossLog, RotatingCaptureWriter
@@ -51,11 +52,21 @@ DROP_POLL_SECONDS = 1.0
 #: Seconds between progress callbacks (the terminal progress line).
 PROGRESS_INTERVAL = 0.5
 
-#: The credentials request (docs/protocol.md): our in-order barrier.
-WHOAMI_KEY = b"!/cred/whoami"
 #: The drop query (our extension): the reply's payload is the decimal drop total.
 DROPS_KEY = b"drops/count"
-_WHOAMI_REPLY = b"CMSG " + WHOAMI_KEY
+#: The reply to the credentials request (docs/protocol.md): our in-order barrier.
+_WHOAMI_REPLY = b"CMSG " + WHOAMI
+#: The server's notice, just before it closes a client, of why (docs/protocol.md).
+_DISCONNECT = b"CMSG disconnect\0"
+#: Packets read, without waiting, to find that notice after a failed send.
+NOTICE_SCAN_PACKETS = 64
+
+
+def _refusal(reason: bytes) -> BusClosed:
+    text = reason.decode("utf-8", "backslashreplace")
+    return BusClosed(f"the bus closed the connection: {text}", text.partition(":")[0])
+
+
 _DROPS_REPLY = b"CMSG " + DROPS_KEY + b"\0"
 
 
@@ -117,9 +128,15 @@ class Recorder:
         should_stop = stop.is_set if hasattr(stop, "is_set") else stop
         writer = self.writer
         sock = connect(self.address)
-        self.loss_log = LossLog(writer.directory, writer.prefix)
         try:
             self._handshake(sock)
+        except BusClosed as exc:
+            self.status.ended_by = str(exc)
+            sock.close()
+            raise
+        # Only a session the bus accepted has a loss log.
+        self.loss_log = LossLog(writer.directory, writer.prefix)
+        try:
             self.loss_log.write(
                 "start", instance=writer.instance, drop_query=self.status.drop_query
             )
@@ -159,11 +176,14 @@ class Recorder:
         (docs/protocol.md); then recording starts anyway, with losses unknown.
         """
         sock.settimeout(READY_TIMEOUT)
-        for pattern in self.patterns:
-            sock.send(encode_sub(pattern))
-        sock.send(encode_cmsg(DROPS_KEY))
-        self._query_pending = True
-        sock.send(encode_cmsg(WHOAMI_KEY))
+        try:
+            for pattern in self.patterns:
+                sock.send(encode_sub(pattern))
+            sock.send(encode_cmsg(DROPS_KEY))
+            self._query_pending = True
+            sock.send(encode_cmsg(WHOAMI))
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise self._closed(sock, exc) from None
         end = time.monotonic() + READY_TIMEOUT
         while not self._whoami_seen and time.monotonic() < end:
             sock.settimeout(max(0.001, end - time.monotonic()))
@@ -224,7 +244,7 @@ class Recorder:
             sock.send(encode_cmsg(DROPS_KEY))
             self._query_pending = True
         self._whoami_seen = False
-        sock.send(encode_cmsg(WHOAMI_KEY))
+        sock.send(encode_cmsg(WHOAMI))
         end = time.monotonic() + DRAIN_MAX
         while not self._whoami_seen and time.monotonic() < end:
             sock.settimeout(max(0.001, end - time.monotonic()))
@@ -255,7 +275,7 @@ class Recorder:
             except BlockingIOError:
                 break
             except (ConnectionResetError, BrokenPipeError) as exc:
-                raise BusClosed(f"the bus closed the connection: {exc}") from exc
+                raise self._closed(sock, exc) from None
             if not n:
                 raise BusClosed("the bus closed the connection")
             if buf.startswith(b"MSG "):
@@ -278,7 +298,7 @@ class Recorder:
         try:
             n = sock.recv_into(self._buffer)
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            raise self._closed(sock, exc) from None
         if not n:
             raise BusClosed("the bus closed the connection")
         packet = bytes(self._buffer[:n])
@@ -296,7 +316,24 @@ class Recorder:
         else:
             self._control(sock, packet)
 
+    def _closed(self, sock: socket.socket, exc: OSError) -> BusClosed:
+        """The bus closed us: its reason, from the disconnect notice still waiting
+        to be read (docs/protocol.md, ``CMSG disconnect``), else the socket's error."""
+        sock.settimeout(0.0)
+        for _ in range(NOTICE_SCAN_PACKETS):
+            try:
+                n = sock.recv_into(self._buffer)
+            except OSError:
+                break
+            if not n:
+                break
+            if self._buffer.startswith(_DISCONNECT):
+                return _refusal(bytes(self._buffer[len(_DISCONNECT) : n]))
+        return BusClosed(f"the bus closed the connection: {exc.strerror or exc}")
+
     def _control(self, sock: socket.socket, packet: bytes) -> None:
+        if packet.startswith(_DISCONNECT):
+            raise _refusal(packet[len(_DISCONNECT) :])
         if packet.startswith(_DROPS_REPLY):
             self._query_pending = False
             try:
@@ -319,7 +356,7 @@ class Recorder:
         except BlockingIOError:
             return  # our send buffer is full: ask on the next tick
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise BusClosed(f"the bus closed the connection: {exc}") from exc
+            raise self._closed(sock, exc) from None
         self._query_pending = True
 
     def _hand_over(self) -> None:

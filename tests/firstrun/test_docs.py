@@ -272,3 +272,20 @@ def test_the_readme_says_make_test_runs_the_slow_tests_and_how_long() -> None:
     assert 'pytest -m "slow and spark"' in makefile  # make test runs them: say so
     top = (ROOT / "README.md").read_text().split("## ")[0]
     assert re.search(r"slow", top) and re.search(r"\d+\s+minutes", top), top
+
+
+def test_the_pipeline_s_window_examples_are_the_code_s() -> None:
+    from sbus_relay.pipeline.windows import auto_window
+
+    text = " ".join((ROOT / "docs" / "pipeline.md").read_text().split())
+    said = re.search(
+        r"([\d.]+) (s|min) for two minutes, ([\d.]+) (s|min) for an hour, "
+        r"([\d.]+) (s|min) for a day",
+        text,
+    )
+    assert said, "docs/pipeline.md no longer gives the default window's examples"
+    values = said.groups()
+    for i, span_s in enumerate((120, 3600, 86400)):
+        number, unit = values[2 * i : 2 * i + 2]
+        seconds = float(number) * (60 if unit == "min" else 1)
+        assert seconds == auto_window(span_s * 10**9), (span_s, number, unit)

@@ -110,10 +110,29 @@ def test_rerun_replaces_the_output(tmp_path: Path) -> None:
     (out / "stale.txt").write_text("from somewhere else")
     result = analyze(str(tmp_path / "cap"), "--out", str(out), "--no-report")
     assert result.returncode == 2  # not an analyze output: left alone
-    assert "not an analyze output" in one_error_line(result)
+    assert "not an earlier analyze output" in one_error_line(result)
     (out / "stale.txt").unlink()
+    out.rmdir()  # an empty directory is refused too (test below): a new path
     for _ in range(2):
         result = analyze(str(tmp_path / "cap"), "--out", str(out))
         assert result.returncode == 0, result.stderr
     assert (out / "summary.json").exists() and (out / "report.html").exists()
     assert "analysed 100 messages" in result.stdout
+
+
+def test_an_empty_or_foreign_out_directory_is_refused(tmp_path: Path) -> None:
+    """analyze replaces --out as a whole: only a new path or its own earlier output."""
+    capture(tmp_path / "cap" / "capture-1.parquet")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = analyze(str(tmp_path / "cap"), "--out", str(empty))
+    assert result.returncode == 2
+    assert "existing empty directory" in one_error_line(result)
+    assert empty.is_dir() and not any(empty.iterdir())
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "summary.json").write_text('{"mine": true}')
+    result = analyze(str(tmp_path / "cap"), "--out", str(foreign))
+    assert result.returncode == 2
+    assert "not an earlier analyze output" in one_error_line(result)
+    assert (foreign / "summary.json").read_text() == '{"mine": true}'

@@ -4,6 +4,7 @@ a reason for a run to fail; and Ctrl-C during analyze."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,13 +19,15 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from sbus_relay.cli.analyze import _on_loopback
+from sbus_relay.bench.synth import generate
 from sbus_relay.pipeline import classarchive as C
-from sbus_relay.pipeline.synth import generate
+from sbus_relay.pipeline.session import on_loopback as _on_loopback
 from tests.support import VENV_BIN
 
 from .conftest import SPARK_TEST_TIMEOUT
 
+#: Seconds within which Ctrl-C is answered (a loaded machine may delay a signal handler).
+SAID_AT_ONCE = 5.0
 #: The slow test builds an archive (a Spark run that dumps ~180 MB), then runs twice.
 ARCHIVE_TEST_TIMEOUT = 900
 
@@ -182,10 +185,19 @@ def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, del
     time.sleep(delay)
     assert proc.poll() is None, "finished before Ctrl-C: the capture is too small"
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=SPARK_TEST_TIMEOUT)
+    # Said at once, before the JVM is gone and the output cleaned up.
+    assert proc.stderr is not None
+    ready = select.select([proc.stderr], [], [], SAID_AT_ONCE)[0]
+    first = os.read(proc.stderr.fileno(), 65536).decode() if ready else ""
+    assert first.startswith("sbus-relay analyze: stopping (Ctrl-C)..."), first
+    stdout, rest = proc.communicate(timeout=SPARK_TEST_TIMEOUT)
+    stderr = first + rest
     assert proc.returncode == 130, (stdout, stderr)
     lines = [x for x in stderr.splitlines() if x.strip()]
-    assert lines == ["sbus-relay analyze: interrupted; nothing written"], stderr
+    assert lines == [
+        "sbus-relay analyze: stopping (Ctrl-C)...",
+        "sbus-relay analyze: interrupted; nothing written",
+    ], stderr
     assert not Path(tempfile.gettempdir(), f"sbus-analyze-{proc.pid}.log").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["captures"]  # no output, no staging
     # pyspark's JVM ignores SIGINT and exits when its stdin closes: none outlives the run.
@@ -208,3 +220,75 @@ def _processes_with(tag: str) -> list[str]:
         except OSError:
             continue
     return [c.decode(errors="replace") for c in found]
+
+
+@pytest.mark.timeout(60)
+def test_a_builder_pauses_while_an_analysis_runs(cache: Path, tmp_path: Path) -> None:
+    """The builder's run is stopped while another analyze marks itself running, and
+    goes on once that one is gone (even killed: its mark names a dead pid)."""
+    ticks = tmp_path / "ticks"
+    script = (
+        "import time, pathlib\n"
+        f"p = pathlib.Path({str(ticks)!r})\n"
+        "for i in range(200):\n"
+        "    p.write_text(str(i)); time.sleep(0.05)\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    result: list[int | None] = []
+    builder = threading.Thread(
+        target=lambda: result.append(C._run_pausing([sys.executable, "-c", script], {})),
+        daemon=True,
+    )
+    try:
+        with C.running():  # this process, as analyze marks itself: not "another"
+            assert (cache / C.RUNNING_DIR / str(os.getpid())).exists()
+            assert not C.others_running()
+        (cache / C.RUNNING_DIR).mkdir(parents=True, exist_ok=True)
+        (cache / C.RUNNING_DIR / str(other.pid)).touch()  # another analysis runs
+        builder.start()
+        time.sleep(1.0)
+        paused_at = ticks.read_text() if ticks.exists() else ""
+        time.sleep(1.0)
+        assert (ticks.read_text() if ticks.exists() else "") == paused_at, "it ran on"
+    finally:
+        other.kill()
+        other.wait()
+    builder.join(30)
+    assert result == [0]
+    assert ticks.read_text() == "199"
+    assert not (cache / C.RUNNING_DIR / str(other.pid)).exists()  # a dead one's mark goes
+
+
+@pytest.mark.timeout(60)
+def test_each_install_keeps_its_own_archive(cache: Path, tmp_path: Path) -> None:
+    """Two venvs on one machine: building one's archive removes only that install's
+    older archives and those of installs that are gone, never the other's."""
+    path = C.archive_path()
+    if path is None:
+        pytest.skip("no java")
+    cache.mkdir(parents=True)
+    other_install = tmp_path / "other-venv" / "pyspark" / "jars"
+    other_install.mkdir(parents=True)
+
+    def archive(name: str, source: str) -> Path:
+        p = cache / f"{C.PREFIX}{name}{C.SUFFIX}"
+        p.write_bytes(b"x" * 10)
+        Path(f"{p}.size").write_text("10")
+        Path(f"{p}.source").write_text(source)
+        return p
+
+    others = archive("other", str(other_install))
+    gone = archive("gone", str(tmp_path / "removed-venv" / "jars"))
+    older = archive("older", str(C._jars()))
+    C._remove_stale(path)
+    assert others.exists() and C.usable(others)
+    assert not gone.exists() and not older.exists()
+    assert not Path(f"{older}.source").exists()
+    # At most MAX_ARCHIVES: the least recently used go.
+    many = [archive(f"n{i}", str(other_install)) for i in range(C.MAX_ARCHIVES + 2)]
+    for i, p in enumerate(many):
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
+    C._remove_stale(path)
+    kept = sorted(cache.glob(f"{C.PREFIX}*{C.SUFFIX}"))
+    assert len(kept) == C.MAX_ARCHIVES - 1  # room for the one being written
+    assert many[-1] in kept and many[0] not in kept

@@ -2,7 +2,7 @@
 through --master and through spark-submit: the same tables as local mode.
 
 How long each mode takes is measured by the pipeline benchmark
-(``python -m sbus_relay.pipeline.benchmark``, docs/pipeline.md), not asserted
+(``python -m sbus_relay.bench.pipeline``, docs/pipeline.md), not asserted
 here: on a shared 2-core machine a timing bound would fail by chance."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("pyspark")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from sbus_relay.bench.cluster import standalone_cluster  # noqa: E402
+from sbus_relay.bench.synth import generate  # noqa: E402
 from sbus_relay.cli import submit as submit_script  # noqa: E402
-from sbus_relay.pipeline.cluster import standalone_cluster  # noqa: E402
-from sbus_relay.pipeline.synth import generate  # noqa: E402
 from tests.support import VENV_BIN  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sbus_relay.client import Client  # noqa: E402
 from sbus_relay.pipeline.datasource import SbusStreamReader, register  # noqa: E402
+from sbus_relay.protocol.errors import AddressError  # noqa: E402
 from tests.support import BusProcess, start_bus  # noqa: E402
 
 from .conftest import SPARK_TEST_TIMEOUT  # noqa: E402
@@ -104,6 +105,21 @@ def test_reader_survives_a_bus_restart(short_tmp: Path, tmp_path: Path, caplog: 
     lost, back = listener.gaps[0]
     assert back - lost >= 0.4e9
     assert any("away from the bus" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(30)
+def test_an_empty_address_is_refused_not_taken_for_the_default(
+    sbusd: BusProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$SBUS_ADDRESS set but empty, or an empty ``address`` option, is said as the
+    CLI says it; a set variable is used."""
+    monkeypatch.setenv("SBUS_ADDRESS", "")
+    with pytest.raises(AddressError, match=r"^\$SBUS_ADDRESS is set but empty"):
+        SbusStreamReader({"pattern": "r/"})
+    with pytest.raises(AddressError, match="empty address"):
+        SbusStreamReader({"address": "", "pattern": "r/"})
+    monkeypatch.setenv("SBUS_ADDRESS", sbusd.address)
+    assert SbusStreamReader({"pattern": "r/"}).address == sbusd.address
 
 
 # --- through Spark ---------------------------------------------------------------------

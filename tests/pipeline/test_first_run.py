@@ -1,4 +1,5 @@
-"""Without the optional extra, record and analyze say how to install it, in one line."""
+"""Without the optional extra, record, analyze and spark-server say how to install
+it, in one line."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ HIDE = (
 )
 
 
-@pytest.mark.parametrize("command", ["record", "analyze"])
+@pytest.mark.parametrize("command", ["record", "analyze", "spark-server"])
 def test_missing_extra_is_one_line(command: str, tmp_path: Path) -> None:
     args = ["record", "--out", str(tmp_path / "cap"), "--duration", "1"]
     if command == "analyze":
         (tmp_path / "cap").mkdir()
         args = ["analyze", str(tmp_path / "cap"), "--out", str(tmp_path / "report")]
+    if command == "spark-server":
+        args = ["spark-server", "--port", "1"]
     result = subprocess.run(
         [sys.executable, "-c", HIDE, *args], capture_output=True, text=True, timeout=30
     )

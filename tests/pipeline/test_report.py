@@ -14,6 +14,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from sbus_relay.pipeline import analyze as A  # noqa: E402
+from sbus_relay.pipeline import windows as W  # noqa: E402
 from sbus_relay.pipeline.capture import CAPTURE_SCHEMA, LossLog  # noqa: E402
 from sbus_relay.pipeline.report import MAX_REPORT_ROWS, write_report  # noqa: E402
 
@@ -45,8 +46,8 @@ def test_empty_windows_are_zero_in_chart_series() -> None:
 
 @pytest.mark.parametrize("span_s", [0.05, 1, 45, 600, 3600, 86400, 7 * 86400])
 def test_default_window_gives_100_to_500_points(span_s: float) -> None:
-    w = A.auto_window(int(span_s * 1e9))
-    assert 100 <= span_s / w <= 500 or (w == A.NICE_WINDOWS[0] and span_s / w <= 500)
+    w = W.auto_window(int(span_s * 1e9))
+    assert 100 <= span_s / w <= 500 or (w == W.NICE_WINDOWS[0] and span_s / w <= 500)
 
 
 def bursty_rows() -> list[dict[str, Any]]:

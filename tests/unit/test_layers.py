@@ -126,3 +126,31 @@ def test_no_import_circles() -> None:
 def test_the_hardening_harness_is_not_in_the_package() -> None:
     assert not (PACKAGE / "hardening").exists()
     assert not any("hardening" in name for name in modules())
+
+
+#: What the pipeline package is for: the commands and the Spark data source.
+PIPELINE_ENTRIES = (
+    "sbus_relay.cli.record",
+    "sbus_relay.cli.analyze",
+    "sbus_relay.cli.spark_server",
+    "sbus_relay.pipeline.datasource",
+)
+
+
+def test_the_pipeline_holds_only_what_its_commands_and_data_source_run() -> None:
+    """Benchmarks, synthetic captures, the DuckDB peer and the tests' cluster are
+    bench code: every pipeline module is reached from a command or the data source."""
+    edges = internal_edges()
+    reached: set[str] = set()
+    todo = list(PIPELINE_ENTRIES)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(edges[name])
+    unused = sorted(
+        name
+        for name in modules()
+        if name.startswith("sbus_relay.pipeline.") and name not in reached
+    )
+    assert unused == [], f"pipeline modules no command or the data source runs: {unused}"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbus_relay.ops import children
+from sbus_relay.pipeline.classarchive import spark_home
 
 #: Seconds the master and the worker get to start and register.
 START_TIMEOUT = 90.0
@@ -52,13 +53,6 @@ class Cluster:
     @property
     def pids(self) -> list[int]:
         return [self.master.pid, self.worker.pid]
-
-
-def spark_home() -> Path:
-    """The installed pyspark's directory: it holds ``jars/``."""
-    import pyspark
-
-    return Path(pyspark.__file__).parent
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """The analysis in DuckDB: the benchmark's peer, computing everything ``analyze`` writes.
 
-    python -m sbus_relay.pipeline.peer CAPTURE_DIR OUT_DIR
+    python -m sbus_relay.bench.peer CAPTURE_DIR OUT_DIR
 
 The same inputs (the capture files, their footers giving the span and so the
 window, as ``analyze`` does), the same seven tables and the same summary
@@ -23,9 +23,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from .analyze import PERCENTILES, TABLES, AnalyzeOptions, auto_window, percentile_name
-from .inputs import resolve
+from sbus_relay.pipeline.analyze import (
+    PERCENTILES,
+    TABLES,
+    AnalyzeOptions,
+    percentile_name,
+)
+from sbus_relay.pipeline.inputs import resolve
+from sbus_relay.pipeline.windows import auto_window, recorded_windows, rhythm_window
 
+#: Statements of ``queries`` that aggregate the captures (the rest derive tables).
+AGGREGATES = 4
 #: Options of the comparison: analyze's defaults.
 OPTIONS = AnalyzeOptions()
 
@@ -46,8 +54,20 @@ def _percentile_sql(q: float, name: str) -> str:
     )
 
 
-def queries(files: list[str], opts: AnalyzeOptions, span_windows: int, out: str) -> list[str]:
-    """The statements, in order: three aggregates of the captures, then the tables."""
+def rebin_sql(window_ns: int) -> str:
+    """The cells summed into longer windows (the traffic's rhythm, ``rhythm_window``)."""
+    w = window_ns
+    return (
+        "create or replace temp table cells as select prefix, "
+        f"(window_start_ns // {w}) * {w} as window_start_ns, instance, "
+        "sum(messages)::bigint as messages, sum(bytes)::bigint as bytes, "
+        "min(first_ns) as first_ns, max(last_ns) as last_ns from cells group by all"
+    )
+
+
+def queries(files: list[str], opts: AnalyzeOptions, windows: int, out: str) -> list[str]:
+    """The statements, in order: the captures and three aggregates of them (AGGREGATES),
+    then the tables; ``windows`` is the number of windows the burst medians run over."""
     w = opts.window_ns
     depth = opts.depth
     # Everything before the depth-th "/": Spark's substring_index(key, "/", depth).
@@ -60,7 +80,7 @@ def queries(files: list[str], opts: AnalyzeOptions, span_windows: int, out: str)
     qs = opts.percentiles
     names = [percentile_name(q) for q in qs]
     pcts = ", ".join(_percentile_sql(q, n) for q, n in zip(qs, names, strict=True))
-    n = max(1, span_windows)
+    n = max(1, windows)
     pos = (n - 1) / 2
     lo, hi = math.floor(pos), math.ceil(pos)
     ts = "make_timestamp(window_start_ns // 1000) as window_start"
@@ -108,8 +128,8 @@ def queries(files: list[str], opts: AnalyzeOptions, span_windows: int, out: str)
         ),
         copy(
             "with scoped as (select 'prefix' as scope, prefix, window_start_ns, messages, bytes "
-            "from pw union all select 'total', '', window_start_ns, sum(messages), sum(bytes) "
-            "from pw group by window_start_ns), "
+            "from pw union all select 'total', '', window_start_ns, sum(messages)::bigint, "
+            "sum(bytes)::bigint from pw group by window_start_ns), "
             "ranked as (select scope, prefix, messages, "
             "row_number() over (partition by scope, prefix order by messages) - 1 as rn, "
             "count(*) over (partition by scope, prefix) as k from scoped), "
@@ -160,13 +180,27 @@ def analyse(directory: str, out: str, opts: AnalyzeOptions = OPTIONS) -> float:
     inputs = resolve([directory], recover_journals=False)
     first, last = inputs.first_ns, inputs.last_ns
     span = None if first is None or last is None else last - first
-    opts = replace(opts, window_seconds=auto_window(span))
-    w = opts.window_ns
-    span_windows = 1 if first is None or last is None else last // w - first // w + 1
+    base = replace(opts, window_seconds=auto_window(span))
     Path(out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     con = duckdb.connect()
-    for sql in queries(inputs.paths, opts, span_windows, out):
+    aggregates = queries(inputs.paths, base, 1, out)[:AGGREGATES]
+    for sql in aggregates:
+        con.execute(sql)
+    # The window follows the traffic's rhythm, and the bursts the recorded windows,
+    # with analyze's own functions.
+    totals = con.sql(
+        "select window_start_ns, sum(messages)::bigint as messages from cells group by all"
+    ).to_arrow_table()
+    w = rhythm_window(totals, base.window_ns)
+    if w != base.window_ns:
+        con.execute(rebin_sql(w))
+    opts = replace(base, window_seconds=w / 1e9)
+    active = [r[0] for r in con.execute("select distinct window_start_ns from cells").fetchall()]
+    sessions = inputs.losses.intervals if inputs.losses is not None else []
+    recorded = recorded_windows(w, first, last, sessions, active)
+    span_windows = 1 if first is None or last is None else last // w - first // w + 1
+    for sql in queries(inputs.paths, opts, recorded, out)[AGGREGATES:]:
         con.execute(sql)
     row = con.execute(summary_sql(opts)).fetchone()
     assert row is not None
@@ -175,6 +209,7 @@ def analyse(directory: str, out: str, opts: AnalyzeOptions = OPTIONS) -> float:
     summary: dict[str, Any] = dict(zip(keys, row[:7], strict=True))
     summary["instances"] = row[7]
     summary["span_windows"] = span_windows
+    summary["recorded_windows"] = recorded
     summary["size_percentiles"] = dict(
         zip([percentile_name(q) for q in opts.percentiles], row[8:], strict=True)
     )
@@ -210,7 +245,7 @@ def same_tables(peer_out: str, analyze_out: str) -> list[str]:
     a_sum = json.loads(Path(peer_out, "summary.json").read_text())
     b_sum = json.loads(Path(analyze_out, "summary.json").read_text())
     for key in ("messages", "bytes", "first_ns", "last_ns", "windows", "span_windows",
-                "prefixes", "keys", "instances"):  # fmt: skip
+                "recorded_windows", "prefixes", "keys", "instances"):  # fmt: skip
         if a_sum[key] != b_sum[key]:
             differ.append(f"summary.{key}")
     for name, value in a_sum["size_percentiles"].items():
@@ -225,7 +260,7 @@ def same_tables(peer_out: str, analyze_out: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m sbus_relay.pipeline.peer CAPTURE_DIR OUT_DIR", file=sys.stderr)
+        print("usage: python -m sbus_relay.bench.peer CAPTURE_DIR OUT_DIR", file=sys.stderr)
         return 2
     print(f"analysis {analyse(args[0], args[1]):.2f} s")
     return 0

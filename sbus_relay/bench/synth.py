@@ -1,6 +1,6 @@
 """Synthetic captures: realistic-looking traffic for benchmarks and demos.
 
-    python -m sbus_relay.pipeline.synth --messages 10000000 --out /tmp/synth
+    python -m sbus_relay.bench.synth --messages 10000000 --out /tmp/synth
 
 Key families follow a Zipf-like popularity, payload sizes a log-normal law capped
 at the sbus packet limit, and a few short bursts sit on top of a steady rate.
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .capture import CAPTURE_SCHEMA, COMPRESSION
+from sbus_relay.pipeline.capture import CAPTURE_SCHEMA, COMPRESSION
 
 #: Rows generated and written per file; bounds memory (about 100 MB per chunk).
 CHUNK_ROWS = 1_000_000
@@ -109,7 +109,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point (``python -m sbus_relay.pipeline.synth``)."""
+    """Command-line entry point (``python -m sbus_relay.bench.synth``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--messages", type=int, default=1_000_000)
     p.add_argument("--out", required=True)

@@ -1,0 +1,398 @@
+"""``analyze --follow``: the report kept current while ``record`` writes (Structured Streaming).
+
+The stream is Spark's file source over the capture directory, reading
+``*.parquet``: the files ``record`` has closed (it writes a journal and renames
+each finished Parquet file into place).  Spark's checkpoint (offsets, commits,
+the list of files read) makes each file read once, across ``kill -9`` and
+restarts.
+
+Each micro-batch (``foreachBatch``) aggregates its rows into the job's grouping
+sets (``analyze.aggregate``), in windows fine enough to be summed into any
+later window (``analyze.state_window``), plus one row per file it read, and
+writes them to ``<checkpoint>/state/batch=<id>``, overwriting: a batch that
+Spark runs again after a crash rewrites the same rows, never adds them twice.
+
+After each batch Spark has committed, the driver sums the committed state
+again (``analyze.reaggregate``) into the windows of the whole span and writes
+the tables, summary and report as a batch run does (``analyze.finish``), into a
+fresh directory that then replaces ``--out``: a batch ``analyze`` of the same
+files gives the same tables.  Every COMPACT_BATCHES batches the state is summed
+into one ``compact-<id>`` directory and the batches it holds are removed, so
+the state stays the size of the aggregates, not of the traffic.
+
+With ``--remote`` the micro-batches run in the Connect server's Python worker:
+the server's Python must have sbus_relay (``sbus-relay spark-server`` runs this
+install's), and the server must see the capture and checkpoint paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import analyze as A
+from . import classarchive
+from . import inputs as I
+from .capture import capture_files, recover
+from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS
+from .runner import Request, jvm_log_path, plural
+from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
+from .session import start as start_spark
+from .windows import state_window
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Batches kept apart in the state before they are compacted into one directory.
+COMPACT_BATCHES = 20
+#: The grouping set of the rows that name the files a batch read (in ``key``,
+#: with their rows in ``messages`` and their first and last receive times).
+FILES_SET = -1
+#: The state's columns: the grouping sets of ``analyze.aggregate`` and the files.
+STATE_DDL = (
+    "_set long, prefix string, window_start_ns long, instance string, size long, "
+    "key string, messages long, bytes long, first_ns long, last_ns long"
+)
+#: The column the stream adds to the capture rows: the file each came from.
+FILE_COLUMN = "_file"
+#: Suffix of the checkpoint directory beside --out when --checkpoint is not given.
+CHECKPOINT_SUFFIX = ".checkpoint"
+#: The file in the checkpoint recording the options its state was built with.
+OPTIONS_FILE = "follow.json"
+#: Seconds between the driver's looks at the stream (commits, failures).
+POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """--checkpoint (None: beside --out) and --trigger."""
+
+    checkpoint: str | None = None
+    trigger_seconds: float = FOLLOW_TRIGGER_SECONDS
+
+
+@dataclass
+class State:
+    """Where the stream keeps its checkpoint and the aggregated state."""
+
+    root: Path
+
+    @property
+    def stream(self) -> Path:
+        return self.root / "stream"
+
+    @property
+    def sets(self) -> Path:
+        return self.root / "state"
+
+    def committed(self) -> int:
+        """The last batch Spark has committed (-1 before the first)."""
+        try:
+            names = os.listdir(self.stream / "commits")
+        except OSError:
+            return -1
+        return max((int(n) for n in names if n.isdigit()), default=-1)
+
+    def compacted(self) -> int:
+        """The last batch held by a complete compaction (-1 when none)."""
+        found = [-1]
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.sets):
+                number = entry.name.removeprefix("compact-")
+                done = os.path.exists(os.path.join(entry.path, "_SUCCESS"))
+                if entry.name.startswith("compact-") and number.isdigit() and done:
+                    found.append(int(number))
+        return max(found)
+
+    def paths(self, upto: int) -> list[str]:
+        """The state directories to read for the batches up to ``upto``."""
+        base = self.compacted()
+        paths = [str(self.sets / f"compact-{base}")] if base >= 0 else []
+        for batch in range(base + 1, upto + 1):
+            path = self.sets / f"batch={batch}"
+            if path.is_dir():
+                paths.append(str(path))
+        return paths
+
+
+def state_rows(df: DataFrame, opts: A.AnalyzeOptions) -> DataFrame:
+    """One micro-batch's rows as state: the grouping sets in windows of
+    ``state_window`` of the batch's own span (or the asked window), and a row per
+    file it read."""
+    from pyspark.sql import functions as F
+
+    per_file = (
+        df.groupBy(FILE_COLUMN)
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.min("time_ns").alias("first"),
+            F.max("time_ns").alias("last"),
+        )
+        .collect()
+    )
+    if opts.window_seconds is None:
+        firsts = [r["first"] for r in per_file if r["first"] is not None]
+        lasts = [r["last"] for r in per_file if r["last"] is not None]
+        span = max(lasts) - min(firsts) if firsts else None
+        opts = replace(opts, window_seconds=state_window(span) / 1e9)
+    columns = [c.split() for c in STATE_DDL.split(", ")]
+    sets = A.aggregate(df, opts).select(*[F.col(c).cast(t).alias(c) for c, t in columns])
+    files = sorted((r[FILE_COLUMN], r["rows"], r["first"], r["last"]) for r in per_file)
+    named = df.sparkSession.createDataFrame(
+        [(FILES_SET, None, None, None, None, f, n, 0, a, b) for f, n, a, b in files], STATE_DDL
+    )
+    return sets.unionByName(named)
+
+
+def _batch_writer(state: str, opts: A.AnalyzeOptions) -> Callable[[DataFrame, int], None]:
+    """The foreachBatch function: writes the batch's state rows, replacing any
+    earlier attempt of the same batch."""
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)  # read twice: files and span, then sets
+        try:
+            rows = state_rows(df, opts)
+            rows.write.mode("overwrite").parquet(f"{state}/batch={batch_id}")
+        finally:
+            df.unpersist()
+
+    return write
+
+
+def checkpoint_dir(request: Request, watch: FollowOptions) -> Path:
+    """--checkpoint, else OUT.checkpoint beside --out; refused inside an input or --out."""
+    given = watch.checkpoint or str(Path(request.out).resolve()) + CHECKPOINT_SUFFIX
+    root = Path(given).resolve()
+    for p in [*request.captures, request.out]:
+        other = Path(p).resolve()
+        if root == other or other in root.parents or root in other.parents:
+            raise I.InputError(f"--checkpoint {given} overlaps {p}: give a directory of its own")
+    return root
+
+
+def _check_options(root: Path, request: Request) -> None:
+    """The checkpoint's state holds prefixes at one depth and windows of one length:
+    a restart must ask for the same, or use a new checkpoint."""
+    opts = request.options
+    mine = {
+        "captures": str(Path(request.captures[0]).resolve()),
+        "depth": opts.depth,
+        "window_seconds": opts.window_seconds,
+    }
+    path = root / OPTIONS_FILE
+    if path.exists():
+        try:
+            theirs = json.loads(path.read_text())
+        except ValueError:
+            theirs = {}
+        for key, value in mine.items():
+            if theirs.get(key) != value:
+                raise I.InputError(
+                    f"the checkpoint {root} was made with {key} {theirs.get(key)!r}, "
+                    f"not {value!r}: give the same, or a new --checkpoint"
+                )
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine) + "\n")
+
+
+def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) -> Path:
+    """What --follow refuses before anything starts; the checkpoint directory.  A
+    capture directory that does not exist yet is created (``record`` will write
+    into it): following may start before recording does."""
+    if len(request.captures) != 1:
+        raise I.InputError("--follow watches one capture directory: give exactly one")
+    directory = Path(request.captures[0])
+    if I.is_url(request.out) or I.is_url(str(directory)):
+        raise I.InputError("--follow reads and writes local paths, not URLs")
+    if directory.exists() and not directory.is_dir():
+        raise I.InputError(f"--follow watches a capture directory; {directory} is a file")
+    I.check_output(request.out, request.captures)
+    root = checkpoint_dir(request, watch)
+    if not directory.exists():
+        directory.mkdir(parents=True)
+        say(f"{directory} did not exist: created, for record's capture files")
+    _check_options(root, request)
+    return root
+
+
+def update(
+    spark: SparkSession, state: State, upto: int, request: Request, staging: Path
+) -> dict[str, Any]:
+    """The tables, summary and report of the state up to batch ``upto``, into ``staging``."""
+    from pyspark.sql import functions as F
+
+    stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
+    is_file = F.col("_set") == F.lit(FILES_SET)
+    sets = stored.where(~is_file)
+    files, first, last = (
+        stored.where(is_file)
+        .agg(F.count_distinct("key"), F.min("first_ns"), F.max("last_ns"))
+        .collect()[0]
+    )
+    base = A.span_options(request.options, first, last)
+    job = A.compute(A.reaggregate(sets, base.window_ns), base)
+    inputs = I.resolve(request.captures, recover_journals=False)
+    inputs.notes = []
+    result = A.finish(spark, job, request.options, base, inputs, files, staging)
+    if request.report:
+        from .report import write_report
+
+        write_report(result, staging)
+    return result.summary
+
+
+def compact(spark: SparkSession, state: State, upto: int) -> None:
+    """Sum the state up to batch ``upto`` into ``compact-<upto>`` and remove what it holds."""
+    from pyspark.sql import functions as F
+
+    stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
+    is_file = F.col("_set") == F.lit(FILES_SET)
+    first, last = stored.where(is_file).agg(F.min("first_ns"), F.max("last_ns")).collect()[0]
+    window_ns = state_window(None if first is None else last - first)
+    done = state.sets / f"compact-{upto}"
+    tmp = state.sets / f".compact-{upto}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    A.reaggregate(stored, window_ns).write.parquet(str(tmp))
+    os.rename(tmp, done)
+    for entry in os.scandir(state.sets):
+        name = entry.name
+        number = name.removeprefix("batch=").removeprefix("compact-")
+        if number.isdigit() and int(number) <= upto and entry.path != str(done):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _new_files(directory: str, seen: set[str]) -> list[str]:
+    """Capture files that appeared since the last look (not yet checked)."""
+    now = {str(p) for p in Path(directory).rglob(f"*{CAPTURE_SUFFIX}") if p.is_file()}
+    fresh = sorted(now - seen)
+    seen |= now
+    return fresh
+
+
+def follow(
+    request: Request,
+    watch: FollowOptions,
+    say: Callable[[str], None],
+    on_interrupt: Callable[[], None],
+    show: Callable[[str], None],
+) -> str:
+    """Run until Ctrl-C (or a failure); the line that says where things were left."""
+    root = check(request, watch, say)
+    state = State(root)
+    directory = request.captures[0]
+    found = recover([directory]).line()
+    if found:
+        say(found)
+    bytes_now = 0
+    if capture_files(request.captures):
+        skip = request.skip_bad_files
+        bytes_now = I.resolve(request.captures, skip_bad=skip, recover_journals=False).bytes
+    seen: set[str] = set()
+    _new_files(directory, seen)
+    log = jvm_log_path()
+    session: Session | None = None
+    reported = -1
+    try:
+        with classarchive.running(), Interrupts(on_interrupt) as interrupts:
+            try:
+                heap = A.heap_mib(bytes_now)
+                session = start_spark(request.spark, heap, log, interrupts, "sbus-follow")
+                interrupts.arm()
+                spark = session.spark
+                from pyspark.sql import functions as F
+
+                session.configure(A.partitioning(bytes_now, session.parallelism()))
+                query = (
+                    spark.readStream.schema(A.CAPTURE_DDL)
+                    .option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")
+                    .option("recursiveFileLookup", "true")
+                    .parquet(str(Path(directory).resolve()))
+                    .select(*A.SCANNED, F.col("_metadata.file_path").alias(FILE_COLUMN))
+                    .writeStream.foreachBatch(_batch_writer(str(state.sets), request.options))
+                    .option("checkpointLocation", str(state.stream))
+                    .trigger(processingTime=f"{watch.trigger_seconds} seconds")
+                    .queryName(f"sbus-follow-{os.getpid()}")
+                    .start()
+                )
+                say(
+                    f"following {directory}: the report in {request.out} is rewritten after "
+                    f"each new capture file; Ctrl-C stops (a restart carries on from {root})"
+                )
+                reported = _watch(spark, query, state, request, directory, seen, say, show)
+            except KeyboardInterrupt:
+                if session is not None:
+                    session.interrupt()
+                    session = None
+                raise
+            finally:
+                if session is not None:
+                    session.stop()
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            os.unlink(log)
+        upto = "nothing yet" if state.committed() < 0 else f"batch {state.committed()}"
+        return f"stopped; {request.out} is current up to {upto}; a restart carries on from {root}"
+    except Exception as exc:
+        if not is_spark_error(exc):
+            raise
+        raise SparkFailed(f"Spark failed: {first_line(exc)}; Spark's log: {log}") from None
+    return f"stopped after batch {reported}"
+
+
+def _watch(
+    spark: SparkSession,
+    query: Any,
+    state: State,
+    request: Request,
+    directory: str,
+    seen: set[str],
+    say: Callable[[str], None],
+    show: Callable[[str], None],
+) -> int:
+    """The driver's loop: each committed batch becomes a new report (until Ctrl-C)."""
+    reported = -1
+    last_recovery = 0.0
+    while True:
+        if not query.isActive:
+            error = query.exception()
+            raise SparkFailed(f"the stream stopped: {first_line(error) if error else 'no reason'}")
+        now = time.monotonic()
+        if now - last_recovery >= FOLLOW_TRIGGER_SECONDS:
+            last_recovery = now
+            # A journal still being written is the usual state here: not news.
+            found = recover([directory])
+            found.in_use = []
+            if found.line():
+                say(str(found.line()))
+            fresh = _new_files(directory, seen)
+            if fresh:
+                I.resolve(fresh, recover_journals=False)  # InputError for a foreign file
+        committed = state.committed()
+        if committed > reported:
+            t0 = time.monotonic()
+            staging = I.staging_dir(request.out)
+            try:
+                summary = update(spark, state, committed, request, staging)
+                I.swap_into_place(staging, request.out)
+            finally:
+                I.discard(staging)
+            reported = committed
+            files, messages = summary["inputs"]["files"], summary["messages"]
+            show(
+                f"batch {committed}: {messages:,} {plural(messages, 'message')} from "
+                f"{files:,} {plural(files, 'file')}; report updated in "
+                f"{time.monotonic() - t0:.1f} s"
+            )
+            if committed - max(state.compacted(), 0) >= COMPACT_BATCHES:
+                compact(spark, state, committed)
+        time.sleep(POLL_SECONDS)

@@ -1,0 +1,65 @@
+"""ops.children: a child dies with its parent, unless it is a background job
+started to outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+#: A parent that starts a sleeping child, prints its pid and exits at once.
+PARENT = """
+import sys
+from sbus_relay.ops import children
+child = children.spawn(
+    [sys.executable, "-c", "import time; time.sleep(60)"],
+    new_session=True, outlive_parent=sys.argv[1] == "outlive",
+)
+print(child.pid, flush=True)
+"""
+#: Seconds a child may take to be gone after its parent.
+GONE_WITHIN = 10.0
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def child_of_a_parent_that_exits(mode: str, tmp_path: Path) -> int:
+    # stderr to a file: a pipe would stay open as long as the child keeps it
+    with open(tmp_path / "stderr", "w+") as err:
+        done = subprocess.run(
+            [sys.executable, "-c", PARENT, mode],
+            stdout=subprocess.PIPE, stderr=err, text=True, timeout=20,
+        )  # fmt: skip
+        err.seek(0)
+        assert done.returncode == 0, err.read()
+    return int(done.stdout.split()[0])
+
+
+def test_a_child_dies_with_its_parent(tmp_path: Path) -> None:
+    pid = child_of_a_parent_that_exits("tied", tmp_path)
+    deadline = time.monotonic() + GONE_WITHIN
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+def test_a_background_job_outlives_its_parent(tmp_path: Path) -> None:
+    pid = child_of_a_parent_that_exits("outlive", tmp_path)
+    try:
+        time.sleep(0.5)
+        assert alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
