@@ -107,8 +107,14 @@ def session(app_name: str = "sbus-stream", master: str | None = None) -> SparkSe
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("sbus")`` available in ``spark``."""
+    """Make ``format("sbus")`` available in ``spark``, and make ``spark`` the
+    active session: Spark looks a streaming sink's format up in the active
+    session of the calling thread, which another session (one a streaming
+    query cloned, one a library made) may have become meanwhile."""
     spark.dataSource.register(SbusDataSource)
+    jvm = getattr(spark, "_jvm", None)  # a classic session (Spark Connect has none)
+    if jvm is not None:
+        jvm.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def _address(options: dict[str, str]) -> str:

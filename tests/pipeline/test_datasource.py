@@ -257,3 +257,37 @@ def test_documented_stream_example_needs_no_pyspark_python(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rows 1" in result.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(SPARK_TEST_TIMEOUT)
+def test_the_sink_is_found_when_another_session_became_active(
+    spark: Any, sbusd: BusProcess, tmp_path: Path
+) -> None:
+    # Spark looks a streaming sink's format up in the thread's active session:
+    # one that a streaming query cloned, or a library made, may be it by now.
+    other = spark.newSession()
+    spark._jvm.SparkSession.setActiveSession(other._jsparkSession)
+    register(spark)
+    src = tmp_path / "src"
+    src.mkdir()
+    schema = pa.schema([("key", pa.string()), ("payload", pa.binary())])
+    rows = [{"key": f"active/{i}", "payload": b"p"} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), src / "rows.parquet")
+    with Client(sbusd.address, timeout=WAIT) as sub:
+        sub.subscribe("active/")
+        sub.whoami()
+        query = (
+            spark.readStream.schema("key string, payload binary")
+            .parquet(str(src))
+            .writeStream.format("sbus")
+            .option("address", sbusd.address)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        got = sorted(sub.receive().key.decode() for _ in rows)
+    assert got == [r["key"] for r in rows]
