@@ -2,7 +2,7 @@
 
 Each connection counts its own traffic; what is counted here happens off the
 hot path (drops, disconnects, refusals, control packets), and nothing takes a
-lock.  ``ops.metrics`` turns a ``Stats`` plus a ``Gauges`` snapshot (which
+lock.  ``ops.collector`` turns a ``Stats`` plus a ``Gauges`` snapshot (which
 also carries the traffic totals, summed from the connections on scrape) into
 Prometheus families.
 """
