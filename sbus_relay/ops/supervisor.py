@@ -502,12 +502,12 @@ class Supervisor:
             done.append("started " + ", ".join(plan.started))
         if plan.stopped:
             done.append("stopped " + ", ".join(plan.stopped))
-        self.out(f"sbus-relay up: reloaded the hierarchy: {'; '.join(done)}")
-        if plan.kept:
+        if plan.kept:  # before the summary: whoever waits for that has both
             self.err(
                 "sbus-relay up: kept as they run until up restarts: "
                 + "; ".join(f"{name} ({why})" for name, why in plan.kept)
             )
+        self.out(f"sbus-relay up: reloaded the hierarchy: {'; '.join(done)}")
 
     def stop(self) -> None:
         """Stop every child: deepest relays first, the master last."""

@@ -598,6 +598,8 @@ def test_up_stops_when_its_terminal_hangs_up(tmp_path: Path) -> None:
 
     def own_terminal() -> None:  # a session of its own, the pty its terminal
         os.setsid()
+        # as in a terminal's shell, whatever this test runs under (nohup, a CI runner)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     directory = short_dir()

@@ -397,6 +397,8 @@ def test_a_hangup_of_the_terminal_stops_a_foreground_bus_and_kill_hup_reloads(
 
     def own_terminal() -> None:  # a session of its own, the pty its terminal
         os.setsid()
+        # as in a terminal's shell, whatever this test runs under (nohup, a CI runner)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         import fcntl
         import termios
 
