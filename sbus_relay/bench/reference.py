@@ -5,7 +5,8 @@ is all the benchmark needs.  ``--reference PATH`` names a built binary;
 ``--reference-src DIR`` (or ``$SBUS_REFERENCE_SRC``) names a source tree, such
 as that clone; otherwise a source tree is looked for beside the checkout or one
 level below any of its ancestors, under the name a clone gets (``sbus``) or
-``reference-sbus``.  The sources are compiled once with gcc into the bench
+``reference-sbus``, if it is this user's or root's and not in a directory
+everyone may write to.  The sources are compiled once with gcc into the bench
 cache, keyed by a hash of the sources; the build writes nothing into the
 source directory.  When there is no reference, ``Reference.path`` is None and
 ``reason`` says in one line why, and where to get it.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -69,6 +71,18 @@ def _has_sources(directory: Path) -> bool:
     return all((directory / name).is_file() for name in SOURCES)
 
 
+def _trusted(directory: Path) -> bool:
+    """Whether a found tree is one to compile and run unasked: owned by this
+    user or root, in a directory nobody else may create it in (``/tmp/sbus``
+    may be anyone's: it is taken only when named)."""
+    try:
+        owner = directory.stat().st_uid
+        parent_mode = directory.parent.stat().st_mode
+    except OSError:
+        return False
+    return owner in (0, os.geteuid()) and not parent_mode & stat.S_IWOTH
+
+
 def find_sources(start: Path | None = None, given: Path | None = None) -> tuple[Path | None, str]:
     """The reference source directory, or None and the reason it was not found.
 
@@ -88,7 +102,7 @@ def find_sources(start: Path | None = None, given: Path | None = None) -> tuple[
     for ancestor in [root, *root.parents][:SEARCH_DEPTH]:
         for name in SOURCE_DIR_NAMES:
             for candidate in (ancestor / name, *sorted(ancestor.glob(f"*/{name}"))):
-                if _has_sources(candidate):
+                if _has_sources(candidate) and _trusted(candidate):
                     return candidate, ""
     return None, f"no reference sources (sbusd.c) beside the checkout; {HOW_TO_GET}"
 

@@ -55,9 +55,9 @@ from sbus_relay.ops.daemon import (
     stderr_is_a_file,
     write_pidfile,
 )
-from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV
+from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV, UPGRADE_STDERR_ENV
 from sbus_relay.protocol.errors import AddressError, ConfigError
-from sbus_relay.protocol.limits import UPGRADE_WAIT
+from sbus_relay.protocol.limits import UPGRADE_STDERR_TAIL, UPGRADE_WAIT
 
 from .options import (
     add_address_argument,
@@ -150,9 +150,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def config_from(args: argparse.Namespace) -> ServerConfig:
-    """The server's config: the file (``-C``), then the flags over it."""
+def config_from(args: argparse.Namespace, base: str | None = None) -> ServerConfig:
+    """The server's config: the file (``-C``, relative to ``base`` if given),
+    then the flags over it."""
     config_path = getattr(args, "config", None)
+    if config_path and base is not None:
+        config_path = os.path.join(base, config_path)
     config = load_config(config_path) if config_path else ServerConfig()
     overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
     return config.merged(**overrides)
@@ -165,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "check", None):
         print(f"{getattr(args, 'config', None) or COMMAND_LINE}: valid")
         return 0
-    return run_server(config, lambda: config_from(args), source=args.config or COMMAND_LINE)
+    start = os.getcwd()  # a daemon leaves it: its reloads read the file named from here
+    return run_server(config, lambda: config_from(args, start), source=args.config or COMMAND_LINE)
 
 
 def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:
@@ -207,6 +211,7 @@ def run_server(
     without one SIGHUP stops the server, as it does the reference sbusd.
     """
     _log_to(config, None, source)
+    start_dir = os.getcwd()  # where an upgrade runs this command line again
     import structlog
 
     log = structlog.get_logger("sbus_relay")
@@ -251,7 +256,7 @@ def run_server(
         if reload is not None:
             reloading = _Reloading(reload, default_target, source, log, hangup_stops)
         handed_over = _serve(
-            config, log, ready, socket_file, printable, reloading, early,
+            config, log, ready, socket_file, printable, reloading, early, start_dir,
             listener=sock, web_sock=web_sock,
         )  # fmt: skip
     except KeyboardInterrupt:
@@ -304,8 +309,9 @@ def _take_over(
     handed_over = False
     try:
         handed_over = _serve(
-            config, log, None, socket_file, state["address"], reloading, early, adopted=adopted
-        )
+            config, log, None, socket_file, state["address"], reloading, early, os.getcwd(),
+            adopted=adopted,
+        )  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:
@@ -419,6 +425,7 @@ def _serve(
     printable: str,
     reloading: _Reloading | None,
     early: _EarlySignals,
+    start_dir: str,
     *,
     listener: socket.socket | None = None,
     web_sock: socket.socket | None = None,
@@ -452,7 +459,7 @@ def _serve(
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
     gevent.signal_handler(RELOAD_SIGNAL, hup)
-    gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log)
+    gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log, start_dir)
     web = None
     if web_sock is not None:
         # Only when asked: prometheus_client is not free to import.
@@ -466,6 +473,10 @@ def _serve(
         from sbus_relay.ops.handover import confirm
 
         confirm(adopted[2])
+        if os.environ.get(UPGRADE_STDERR_ENV):
+            # its stderr was the pipe its predecessor read until now: nobody's hereafter
+            with open(os.devnull, "wb") as devnull:
+                os.dup2(devnull.fileno(), 2)
         notify(MAINPID=os.getpid(), READY=1)
         log.info(
             "upgrade.took_over",
@@ -492,8 +503,10 @@ def _serve(
     return server.handed_over
 
 
-def _upgrade(server: Any, log: Any) -> None:
-    """SIGUSR2: start the installed version of this bus, to take it over."""
+def _upgrade(server: Any, log: Any, start_dir: str) -> None:
+    """SIGUSR2: start the installed version of this bus, to take it over: the
+    same command line, from the directory this bus was started in (a daemon
+    has left it; relative paths in the command line are relative to it)."""
     if os.environ.get(SUPERVISED_ENV):
         log.warning(
             "upgrade.supervised",
@@ -505,43 +518,70 @@ def _upgrade(server: Any, log: Any) -> None:
     import gevent
 
     env = {**os.environ, TAKE_OVER_ENV: server.address}
+    # Where our stderr goes nowhere (a daemon), the new process's goes to us
+    # until it serves, so that a failure can say why in our log.
+    listen_to_it = not stderr_is_a_file() and not os.isatty(2)
+    if listen_to_it:
+        env[UPGRADE_STDERR_ENV] = "1"
     try:
         child = subprocess.Popen(
             sys.orig_argv,
             env=env,
+            cwd=start_dir,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if listen_to_it else None,
             close_fds=True,
         )
     except OSError as exc:
         log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
         return
-    log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv))
+    log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv), cwd=start_dir)
     gevent.spawn(_watch_successor, server, child, log)
 
 
 def _watch_successor(server: Any, child: Any, log: Any) -> None:
     """Say why, in one line, if the new process ends before it took the bus over."""
     import gevent
+    from gevent.os import make_nonblocking
 
-    deadline = time.monotonic() + UPGRADE_WAIT
-    while not server.handed_over and time.monotonic() < deadline:
-        status = child.poll()
-        if status is not None:
+    said = b""  # the end of what it wrote to stderr, where that comes to us
+    if child.stderr is not None:
+        make_nonblocking(child.stderr.fileno())
+
+    def hear() -> None:
+        nonlocal said
+        if child.stderr is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                while chunk := os.read(child.stderr.fileno(), UPGRADE_STDERR_TAIL):
+                    said = (said + chunk)[-UPGRADE_STDERR_TAIL:]
+
+    try:
+        deadline = time.monotonic() + UPGRADE_WAIT
+        while not server.handed_over and time.monotonic() < deadline:
+            hear()
+            status = child.poll()
+            if status is not None:
+                hear()
+                lines = said.decode(errors="replace").strip().splitlines()
+                why = f": {lines[-1]}" if lines else " (its own log says why)"
+                log.warning(
+                    "upgrade.failed",
+                    reason=f"the new process (pid {child.pid}) exited with status {status} "
+                    f"before taking the bus over; this one serves on{why}",
+                )
+                return
+            gevent.sleep(0.1)
+        if not server.handed_over:
+            child.kill()
             log.warning(
                 "upgrade.failed",
-                reason=f"the new process (pid {child.pid}) exited with status {status} "
-                "before taking the bus over; this one serves on (its own log says why)",
+                reason=f"the new process (pid {child.pid}) did not take the bus over within "
+                f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
             )
-            return
-        gevent.sleep(0.1)
-    if not server.handed_over:
-        child.kill()
-        log.warning(
-            "upgrade.failed",
-            reason=f"the new process (pid {child.pid}) did not take the bus over within "
-            f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
-        )
+    finally:
+        if child.stderr is not None:
+            child.stderr.close()
 
 
 class _Running:

@@ -44,6 +44,9 @@ from .addresses import connect, peer_ucred
 #: Set in the environment of a process that is to take a running bus over: the
 #: address that bus serves (under socket activation not its config's address).
 TAKE_OVER_ENV = "SBUS_TAKE_OVER"
+#: Set for a new process whose stderr is its predecessor's pipe (a daemon's
+#: stderr goes nowhere): it lets go of that pipe once it serves.
+UPGRADE_STDERR_ENV = "SBUS_TAKE_OVER_STDERR"
 #: Set by ``sbus-relay up`` in its buses' environment: their upgrades are its to start.
 SUPERVISED_ENV = "SBUS_SUPERVISED"
 

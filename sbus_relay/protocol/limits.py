@@ -120,6 +120,8 @@ FDS_PER_PACKET = 250
 #: Seconds a signalled bus gives the process it started to take over, and
 #: ``sbus-relay upgrade`` waits for a new process to answer on the address.
 UPGRADE_WAIT = 30.0
+#: Bytes of a failed new process's stderr a bus keeps, to say why in its log.
+UPGRADE_STDERR_TAIL = 4096
 
 # --- logging (``protocol.episodes``) -----------------------------------------
 #: Seconds without an occurrence after which an episode (a slow consumer's

@@ -174,3 +174,20 @@ def test_the_bench_builds_the_reference_from_a_clone_of_its_project(tmp_path: Pa
     side = data["scenarios"]["1to1"]["sides"]["reference"]
     assert side["delivered"] == side["expected"] > 0
     assert not any(clone.glob("*.o")) and not (clone / "sbusd").exists()  # built elsewhere
+
+
+@pytest.mark.timeout(10)
+def test_a_tree_in_a_directory_everyone_may_write_to_is_not_taken_unasked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /tmp/sbus may be anyone's: compiling and running it unasked is not safe.
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    checkout = shared / "repo"
+    checkout.mkdir()
+    planted = sources_in(shared / "sbus")
+    shared.chmod(0o1777)
+    found, reason = find_sources(checkout)
+    assert found is None and "no reference sources" in reason
+    assert find_sources(checkout, given=planted) == (planted, "")  # named: taken

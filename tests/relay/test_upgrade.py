@@ -269,3 +269,35 @@ def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path)
         up.send_signal(signal.SIGINT)
         out, err = up.communicate(timeout=30)
     assert "master upgraded: pid" in out and "relay upgraded: pid" in out, out + err
+
+
+def test_a_daemon_started_with_relative_paths_upgrades_and_a_failure_says_why(
+    tree: Hierarchy, tmp_path: Path
+) -> None:
+    # As a user starts one from a checkout: `.venv/bin/sbusd ...`, `-C bus.yaml`.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "bin").symlink_to(VENV_BIN)
+    (home / "bus.yaml").write_text("max_clients: 100\n")
+    address, pidfile, log = tree.path("d"), tree.path("d.pid"), tmp_path / "d.log"
+    argv = ["bin/sbus-relay", "serve", "-C", "bus.yaml", "-a", address, "-p", pidfile]
+    started = subprocess.run(
+        [*argv, "--log-file", str(log)],
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+    )
+    assert started.returncode == 0, started.stderr.decode()
+    try:
+        upgrade(address)  # the daemon has left for /: the new process starts from home
+        (home / "bus.yaml").write_text("max_clients: lots\n")
+        failed = run_cli("upgrade", "-a", address, timeout=60)
+        assert failed.returncode == 1
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        (why,) = [e["reason"] for e in lines if e["event"] == "upgrade.failed"]
+        # the daemon's stderr goes nowhere: the new process's error reached its log
+        assert why.endswith("bus.yaml: max_clients: expected an integer, got 'lots' (str)"), why
+    finally:
+        os.kill(serving_pid(address), signal.SIGTERM)
+    wait_until(lambda: not os.path.exists(pidfile), "the daemon's clean-up")
