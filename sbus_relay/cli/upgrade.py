@@ -18,8 +18,11 @@ import time
 
 from .options import add_address_argument, bus_address
 
-#: Seconds between two looks at who answers on an address.
+#: Seconds between two checks that the old process still runs (no connection).
 POLL = 0.1
+#: Seconds between two looks at who answers on an address while the old process
+#: still runs (each look is a connection the bus logs); once it has ended, at once.
+LOOK_EVERY = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +76,14 @@ def run(args: argparse.Namespace) -> int:
     for name, address in addresses:
         old = before[name]
         now = old
+        looked = 0.0
         while time.monotonic() < deadline:
-            now = listener_pid(parse_address(address)) or 0
-            if now not in (old, 0):
-                break
+            ended = not _running(old)
+            if ended or time.monotonic() - looked >= LOOK_EVERY:
+                looked = time.monotonic()
+                now = listener_pid(parse_address(address)) or 0
+                if now not in (old, 0) or ended:
+                    break
             time.sleep(POLL)
         if now in (old, 0):
             still = f"is still pid {old}" if now == old else "answers no more"
@@ -89,3 +96,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{name}: pid {old} -> pid {now}")
     return status
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
+            return stream.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

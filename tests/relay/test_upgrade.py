@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.bench.build import build_programs
+from sbus_relay.cli.upgrade import LOOK_EVERY
 from sbus_relay.ops.addresses import parse_address
 from sbus_relay.ops.supervisor import listener_pid
+from sbus_relay.protocol.limits import UPGRADE_WAIT
 from tests.relay.conftest import Hierarchy
 from tests.relay.helpers import Bus, wait_until
 from tests.support import VENV_BIN, run_cli, start_bus
@@ -158,6 +160,10 @@ def test_a_new_process_that_fails_leaves_the_old_one_serving(
     assert "exited with status 2 before taking the bus over" in line["reason"]
     packet = pub.pub(b"k/after", b"still served")
     assert sub.messages(1) == [packet]  # the same connections, served by the same process
+    # while it waited, the command looked who answers about once a second, not
+    # ten times: each look is a connection in the bus's log
+    looks = [e for e in bus.events("client.connected") if e["pid"] != os.getpid()]
+    assert 1 < len(looks) <= UPGRADE_WAIT / LOOK_EVERY + 2
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
