@@ -148,11 +148,17 @@ def analyze(
 
                 result = run(session.spark, inputs, str(staging or request.out), request.options)
                 t_analysis = time.monotonic()
-            except KeyboardInterrupt:
+            except BaseException as exc:
+                # After a Ctrl-C, whatever Spark raises is the run being stopped
+                # (a job cut off mid-call), never a failure to report.
+                if not isinstance(exc, KeyboardInterrupt) and not interrupts.seen:
+                    raise
                 if session is not None:
                     session.interrupt()
                     session = None
-                raise
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise KeyboardInterrupt from None
             finally:
                 if session is not None:
                     session.stop()

@@ -292,3 +292,27 @@ def test_each_install_keeps_its_own_archive(cache: Path, tmp_path: Path) -> None
     kept = sorted(cache.glob(f"{C.PREFIX}*{C.SUFFIX}"))
     assert len(kept) == C.MAX_ARCHIVES - 1  # room for the one being written
     assert many[-1] in kept and many[0] not in kept
+
+
+@pytest.mark.timeout(60)
+def test_what_spark_raises_after_a_ctrl_c_is_the_interrupt_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Ctrl-C while the JVM starts is held back; a job Spark then cuts off
+    # raises its own error, which must end the run as the interrupt it is.
+    from sbus_relay.pipeline import runner
+
+    captures = tmp_path / "captures"
+    generate(captures, 1_000, seconds=10.0)
+
+    def start_cut_off(*args: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # held back: the JVM is starting
+        raise RuntimeError("Exception thrown in awaitResult")
+
+    said: list[str] = []
+    monkeypatch.setattr(runner, "start_spark", start_cut_off)
+    request = runner.Request([str(captures)], str(tmp_path / "out"))
+    with pytest.raises(KeyboardInterrupt):
+        runner.analyze(request, said.append, lambda: said.append("stopping"))
+    assert said.count("stopping") == 1
+    assert not (tmp_path / "out").exists()
