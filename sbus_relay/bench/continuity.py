@@ -183,7 +183,8 @@ def _run(
     entry["gaps"] = sum(r["gaps"] for r in got)
     entry["reordered"] = sum(r["reordered"] for r in got)
     say(
-        f"  {entry['delivered']:,} of {expected:,} delivered, {entry['gaps']} gaps, "
+        f"  {entry['delivered']:,} of {expected:,} delivered, {entry['gaps']} "
+        f"{'gap' if entry['gaps'] == 1 else 'gaps'}, "
         f"{entry['reordered']} duplicated or reordered"
         + (f", hand-over {entry['handover_ms']} ms" if "handover_ms" in entry else "")
         + (f", relays ready {entry['relays_ready_ms']} ms" if "relays_ready_ms" in entry else "")

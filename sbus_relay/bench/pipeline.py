@@ -305,7 +305,8 @@ def size_benchmark(
 
     n_rows = sum(pq.read_metadata(f).num_rows for f in files)
     print(f"\n### {n_rows:,} rows, {size / 2**20:,.0f} MiB of Parquet in {len(files)} files, "
-          f"{os.cpu_count()} CPUs, {runs} interleaved runs (medians)\n")  # fmt: skip
+          f"{os.cpu_count()} CPUs, "
+          + (f"{runs} interleaved runs (medians)\n" if runs != 1 else "one run\n"))  # fmt: skip
     print("DuckDB computes every table and summary figure analyze writes: "
           + ("identical to analyze's output" if not differ else f"DIFFERS in {', '.join(differ)}")
           + "; Connect's tables and summary "

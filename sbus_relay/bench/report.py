@@ -298,11 +298,12 @@ def format_table(results: dict[str, Any]) -> str:
             lines += ["", format_continuity(scenarios[name])]
     lines += ["", *format_targets(results)]
     meta = results["meta"]
+    runs = f"Medians of {meta['repeat']} interleaved runs" if meta["repeat"] != 1 else "One run"
     lines += [
         "",
         f"deliv/s: deliveries per second at the reading subscribers; p50/p99: send-to-receive "
         f"latency; cpu us: server CPU time per delivery; RSS: server memory after the run. "
-        f"Medians of {meta['repeat']} interleaved runs, {meta['payload_bytes']}-byte payloads.",
+        f"{runs}, {meta['payload_bytes']}-byte payloads.",
     ]
     if meta.get("hot_path"):
         lines.append(f"Our servers ran the {meta['hot_path']} hot path.")
@@ -320,7 +321,8 @@ def format_continuity(entry: dict[str, Any]) -> str:
         return f"{entry['title']}: {entry['status'].upper()}: {entry.get('reason', '')}"
     line = (
         f"{entry['title']}: {entry['delivered']:,} of {entry['expected']:,} delivered "
-        f"({entry['rate']:,} msg/s for {entry['seconds']:g} s), {entry['gaps']} gaps, "
+        f"({entry['rate']:,} msg/s for {entry['seconds']:g} s), {entry['gaps']} "
+        f"{'gap' if entry['gaps'] == 1 else 'gaps'}, "
         f"{entry['reordered']} duplicated or reordered"
     )
     if "handover_ms" in entry:

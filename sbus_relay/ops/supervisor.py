@@ -414,7 +414,10 @@ class Supervisor:
             if child.proc is not None and child.proc.poll() is None and not self._stopping:
                 failed += not self._upgrade(child)
         done = sum(1 for c in self.children if c.proc is not None) - failed
-        self.out(f"sbus-relay up: upgraded {done} bus(es)" + (f", {failed} not" if failed else ""))
+        self.out(
+            f"sbus-relay up: upgraded {done} {'bus' if done == 1 else 'buses'}"
+            + (f", {failed} not" if failed else "")
+        )
         return failed
 
     def _upgrade(self, child: Child) -> bool:
