@@ -195,12 +195,20 @@ def listen(
     path = os.path.abspath(address.path)
     if not remove_stale:
         if os.path.lexists(path):
-            raise AddressError(f"{path} already exists (use -r to remove a stale socket)")
+            raise AddressError(_taken(path))
         return _bind_path(address.path, path, mode), path
     with _locked(path + LOCK_SUFFIX):
         if os.path.lexists(path):
             _remove_stale(path, warn or (lambda _line: None))
         return _bind_path(address.path, path, mode), path
+
+
+def _taken(path: str) -> str:
+    """Why ``path`` cannot be listened on without -r: a running bus is not stale."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode) and answers(path):
+            return f"a bus is already running on {path}"
+    return f"{path} already exists (use -r to remove a stale socket)"
 
 
 def _bind_path(given: str, path: str, mode: int) -> socket.socket:

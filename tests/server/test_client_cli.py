@@ -287,6 +287,17 @@ def test_stale_socket_needs_r(tmp_path: Path, short_tmp: Path) -> None:
         assert c.whoami()
 
 
+def test_a_live_socket_is_named_running_not_stale(tmp_path: Path) -> None:
+    with start_bus(tmp_path) as bus:
+        refused = run_cli("serve", "-f", "-a", bus.address)
+        assert refused.returncode == 2
+        assert refused.stderr.decode().splitlines() == [
+            f"sbus-relay serve: a bus is already running on {bus.address}"
+        ]
+        with Client(bus.address, timeout=WAIT) as c:  # untouched
+            assert c.whoami()
+
+
 def test_serve_reads_the_config_and_flags_override_it(tmp_path: Path, short_tmp: Path) -> None:
     config = tmp_path / "bus.yaml"
     config.write_text(
