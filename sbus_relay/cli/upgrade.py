@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.ops.children import process_status
     from sbus_relay.ops.supervisor import listener_pid, load_hierarchy, supervisor_of
     from sbus_relay.protocol.errors import UsageError
     from sbus_relay.protocol.limits import UPGRADE_WAIT
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         now = old
         looked = 0.0
         while time.monotonic() < deadline:
-            ended = not _running(old)
+            process = process_status(old)
+            ended = process is None or process[0] == "Z"  # a zombie has ended
             if ended or time.monotonic() - looked >= LOOK_EVERY:
                 looked = time.monotonic()
                 now = listener_pid(parse_address(address)) or 0
@@ -96,12 +98,3 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{name}: pid {old} -> pid {now}")
     return status
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
-            return stream.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

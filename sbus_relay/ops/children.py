@@ -119,3 +119,14 @@ def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
+
+
+def process_status(pid: int) -> tuple[str, int] | None:
+    """Any process's (state letter, parent pid) from /proc; None once it is gone.
+    A zombie (state ``Z``) has ended and waits for its parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
+            fields = stream.read().rpartition(")")[2].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None

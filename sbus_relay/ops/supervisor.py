@@ -696,12 +696,14 @@ def listener_pid(address: Any) -> int | None:
 
 def supervisor_of(pid: int) -> int | None:
     """The pid of the ``sbus-relay up`` that runs bus ``pid``, if one does."""
+    status = children.process_status(pid)
+    if status is None:
+        return None
+    parent = status[1]
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stream:
-            parent = int(stream.read().rpartition(")")[2].split()[1])
         with open(f"/proc/{parent}/cmdline", "rb") as stream:
             argv = stream.read(LOG_TAIL_BYTES).split(b"\0")
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return None
     if any(b"sbus" in arg for arg in argv) and b"up" in argv:
         return parent
