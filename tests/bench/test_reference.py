@@ -182,10 +182,9 @@ def test_a_tree_in_a_directory_everyone_may_write_to_is_not_taken_unasked(
 ) -> None:
     # /tmp/sbus may be anyone's: compiling and running it unasked is not safe.
     monkeypatch.delenv(SOURCE_ENV, raising=False)
-    shared = tmp_path / "shared"
-    shared.mkdir()
+    shared = tmp_path / "a" / "b" / "shared"  # every ancestor searched is in tmp_path
     checkout = shared / "repo"
-    checkout.mkdir()
+    checkout.mkdir(parents=True)
     planted = sources_in(shared / "sbus")
     shared.chmod(0o1777)
     found, reason = find_sources(checkout)
