@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sbus_relay.ops.addresses import parse_address
-    from sbus_relay.ops.children import process_status
+    from sbus_relay.ops.children import children_of, process_status
     from sbus_relay.ops.supervisor import listener_pid, load_hierarchy, supervisor_of
     from sbus_relay.protocol.errors import UsageError
     from sbus_relay.protocol.limits import UPGRADE_WAIT
@@ -78,13 +78,19 @@ def run(args: argparse.Namespace) -> int:
         old = before[name]
         now = old
         looked = 0.0
+        started: set[int] = set()  # the processes the old one started to take over
         while time.monotonic() < deadline:
             process = process_status(old)
             ended = process is None or process[0] == "Z"  # a zombie has ended
-            if ended or time.monotonic() - looked >= LOOK_EVERY:
+            # A new process that ends while the old one runs has failed: the old
+            # one reaped it and serves on (its log says why).
+            running = children_of(old)
+            failed = bool(started - running)
+            started |= running
+            if ended or failed or time.monotonic() - looked >= LOOK_EVERY:
                 looked = time.monotonic()
                 now = listener_pid(parse_address(address)) or 0
-                if now not in (old, 0) or ended:
+                if now not in (old, 0) or ended or failed:
                     break
             time.sleep(POLL)
         if now in (old, 0):

@@ -130,3 +130,13 @@ def process_status(pid: int) -> tuple[str, int] | None:
         return fields[0], int(fields[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def children_of(pid: int) -> set[int]:
+    """The pids of the processes that process ``pid`` started from its main
+    thread and that have not been reaped (empty once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as stream:
+            return {int(child) for child in stream.read().split()}
+    except (OSError, ValueError):
+        return set()
