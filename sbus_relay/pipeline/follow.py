@@ -329,11 +329,9 @@ def follow(
                     f"each new capture file; Ctrl-C stops (a restart carries on from {root})"
                 )
                 reported = _watch(spark, query, state, request, directory, seen, say, show)
-            except KeyboardInterrupt:
-                if session is not None:
-                    session.interrupt()
-                    session = None
-                raise
+            except BaseException as exc:
+                ending, session = session, None
+                interrupts.end(exc, ending)
             finally:
                 if session is not None:
                     session.stop()

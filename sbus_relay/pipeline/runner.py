@@ -149,16 +149,8 @@ def analyze(
                 result = run(session.spark, inputs, str(staging or request.out), request.options)
                 t_analysis = time.monotonic()
             except BaseException as exc:
-                # After a Ctrl-C, whatever Spark raises is the run being stopped
-                # (a job cut off mid-call), never a failure to report.
-                if not isinstance(exc, KeyboardInterrupt) and not interrupts.seen:
-                    raise
-                if session is not None:
-                    session.interrupt()
-                    session = None
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                raise KeyboardInterrupt from None
+                ending, session = session, None
+                interrupts.end(exc, ending)
             finally:
                 if session is not None:
                     session.stop()

@@ -34,7 +34,7 @@ import types
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sbus_relay.protocol.errors import SbusError
 
@@ -287,6 +287,19 @@ class Interrupts:
         self.deferred = False
         if self.seen:
             raise KeyboardInterrupt
+
+    def end(self, exc: BaseException, session: Session | None) -> NoReturn:
+        """A run's way out on ``exc``.  After a Ctrl-C, whatever was raised (the
+        KeyboardInterrupt, or a job Spark cut off mid-call) is the interrupt: the
+        session is ended at once and KeyboardInterrupt raised.  Before one, the
+        session is stopped and ``exc`` goes on."""
+        if isinstance(exc, KeyboardInterrupt) or self.seen:
+            if session is not None:
+                session.interrupt()
+            raise KeyboardInterrupt from None
+        if session is not None:
+            session.stop()
+        raise exc
 
 
 @dataclass

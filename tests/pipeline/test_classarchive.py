@@ -316,3 +316,28 @@ def test_what_spark_raises_after_a_ctrl_c_is_the_interrupt_not_a_failure(
         runner.analyze(request, said.append, lambda: said.append("stopping"))
     assert said.count("stopping") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(10)
+def test_a_run_ends_as_the_interrupt_only_after_a_ctrl_c() -> None:
+    from sbus_relay.pipeline.session import Interrupts
+
+    class Ended:
+        def __init__(self) -> None:
+            self.how: list[str] = []
+
+        def interrupt(self) -> None:
+            self.how.append("interrupted")
+
+        def stop(self) -> None:
+            self.how.append("stopped")
+
+    interrupts, session = Interrupts(lambda: None), Ended()
+    with pytest.raises(RuntimeError, match="a real failure"):
+        interrupts.end(RuntimeError("a real failure"), session)  # type: ignore[arg-type]
+    assert session.how == ["stopped"]
+    interrupts.seen = 1  # Ctrl-C
+    session = Ended()
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.end(RuntimeError("Exception thrown in awaitResult"), session)  # type: ignore[arg-type]
+    assert session.how == ["interrupted"]
