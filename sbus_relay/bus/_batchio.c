@@ -1,22 +1,22 @@
 /* _batchio: many packets per system call, for the bus's hot path.
  *
  * An optional compiled helper (the pure-Python path in batchio.py does the
- * same, one packet per call, and is tested too).  Both functions take the
- * socket object first, as the pure-Python ones do, and use only `fd`:
+ * same, one packet per call, and is tested too).  Each takes the socket's
+ * file descriptor, as the pure-Python ones do:
  *
- *   recv_many(sock, fd, max) -> list
+ *   recv_many(fd, max) -> list
  *       recvmmsg(2) up to `max` packets (at most RECV_SLOTS) without blocking.
  *       Each item is the packet as bytes; b"" for an empty packet (or the peer's
  *       end of stream: the caller tells them apart), or None for a packet longer
  *       than MAX_PACKET (its rest was cut off: the caller treats it as a protocol
  *       error).  [] when nothing is waiting.  Other errors raise OSError.
  *
- *   send_all(sock, fd, packets) -> int
+ *   send_all(fd, packets) -> int
  *       sendmmsg(2) the list of bytes `packets`, SEND_BATCH at a time, until
  *       all are sent or the socket would block; returns how many it took.
  *       Other errors raise OSError.
  *
- *   send_packed(sock, fd, packets, head) -> int
+ *   send_packed(fd, packets, head) -> int
  *       The same packets in packed batches (docs/protocol.md, "Packed
  *       batches"): each frame is `head` then, per MSG packet, its length in
  *       4 bytes (big-endian) and the packet, at most BATCH_MESSAGES packets
@@ -24,6 +24,10 @@
  *       as it is.  The frames are gathered from the packets themselves (one
  *       iovec each), nothing is copied.  Returns how many packets went, in
  *       whole frames.
+ *
+ *   send_one(fd, packet) -> None
+ *       send(2) one packet without blocking; BlockingIOError when the socket
+ *       is full, OSError on any other error.
  *
  * Each slot is MAX_PACKET + 1 bytes so that MSG_TRUNC marks an over-long
  * packet; the slots are allocated once, on first use, and only the pages a
@@ -68,12 +72,12 @@ recv_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	int fd, max, n, i;
 	PyObject *out;
 	(void)self;
-	if (nargs != 3) {
-		PyErr_SetString(PyExc_TypeError, "recv_many(sock, fd, max)");
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "recv_many(fd, max)");
 		return NULL;
 	}
-	fd = as_int(args[1]);
-	max = as_int(args[2]);
+	fd = as_int(args[0]);
+	max = as_int(args[1]);
 	if (fd == -1 || max == -1)
 		return NULL;
 	if (max > RECV_SLOTS)
@@ -138,14 +142,14 @@ send_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	struct mmsghdr msgs[SEND_BATCH];
 	struct iovec iov[SEND_BATCH];
 	(void)self;
-	if (nargs != 3 || !PyList_Check(args[2])) {
-		PyErr_SetString(PyExc_TypeError, "send_all(sock, fd, packets: list)");
+	if (nargs != 2 || !PyList_Check(args[1])) {
+		PyErr_SetString(PyExc_TypeError, "send_all(fd, packets: list)");
 		return NULL;
 	}
-	fd = as_int(args[1]);
+	fd = as_int(args[0]);
 	if (fd == -1)
 		return NULL;
-	packets = args[2];
+	packets = args[1];
 	total = PyList_GET_SIZE(packets);
 	while (done < total) {
 		count = total - done;
@@ -199,15 +203,15 @@ send_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	struct mmsghdr msgs[FRAMES];
 	Py_ssize_t counts[FRAMES];
 	(void)self;
-	if (nargs != 4 || !PyList_Check(args[2]) || !PyBytes_Check(args[3])) {
-		PyErr_SetString(PyExc_TypeError, "send_packed(sock, fd, packets: list, head: bytes)");
+	if (nargs != 3 || !PyList_Check(args[1]) || !PyBytes_Check(args[2])) {
+		PyErr_SetString(PyExc_TypeError, "send_packed(fd, packets: list, head: bytes)");
 		return NULL;
 	}
-	fd = as_int(args[1]);
+	fd = as_int(args[0]);
 	if (fd == -1)
 		return NULL;
-	packets = args[2];
-	head = args[3];
+	packets = args[1];
+	head = args[2];
 	total = PyList_GET_SIZE(packets);
 	while (done < total) {
 		next = done;
@@ -278,6 +282,24 @@ send_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	return PyLong_FromSsize_t(k);
 }
 
+static PyObject *
+send_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	int fd;
+	(void)self;
+	if (nargs != 2 || !PyBytes_Check(args[1])) {
+		PyErr_SetString(PyExc_TypeError, "send_one(fd, packet: bytes)");
+		return NULL;
+	}
+	fd = as_int(args[0]);
+	if (fd == -1)
+		return NULL;
+	if (send(fd, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]),
+		 MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
 	{"recv_many", (PyCFunction)(void (*)(void))recv_many, METH_FASTCALL,
 	 "recvmmsg(2) up to max packets."},
@@ -285,6 +307,8 @@ static PyMethodDef methods[] = {
 	 "sendmmsg(2) the packets until the socket is full."},
 	{"send_packed", (PyCFunction)(void (*)(void))send_packed, METH_FASTCALL,
 	 "sendmmsg(2) the packets in packed batches until the socket is full."},
+	{"send_one", (PyCFunction)(void (*)(void))send_one, METH_FASTCALL,
+	 "send(2) one packet without blocking."},
 	{NULL, NULL, 0, NULL},
 };
 

@@ -23,6 +23,7 @@ cdef object _DISCONNECT_ACTION
 cdef object _monotonic
 cdef object recv_many
 cdef object send_all
+cdef object send_one
 cdef object valid_key
 
 cdef class Router:
@@ -40,54 +41,57 @@ cdef class Router:
     @cython.locals(conn=Connection, dirty=list)
     cpdef flush(self, Connection sender)
 
+cdef class _Rare:
+    cdef public CEpisode dropping
+    cdef public CEpisodes episodes
+    cdef public object log
+    cdef public dict notices
+    cdef public list stash
+    cdef public object tick
+    cdef public list waiters
+    cdef public object write_watcher
+    cdef public bint ready_owed
+    cdef public bint retry
+    cdef public bint writing
+
+# (fields by size, largest first: no padding between them)
 cdef class Connection:
-    cdef object __weakref__
-    cdef CEpisode _dropping
-    cdef CEpisodes _episodes
-    cdef object _log
+    cdef _Rare _rare
     cdef object _read_watcher
-    cdef bint _retry
-    cdef list _stash
-    cdef object _tick
-    cdef object _write_watcher
-    cdef bint _writing
     cdef public object account
-    cdef public bint alive
-    cdef public bint batch
+    cdef public str ended
+    cdef public object handler
+    cdef public str label
+    cdef public list pending
+    cdef public CQueue queue
+    cdef public Router router
+    cdef public str shed
     cdef public long long bytes_in
     cdef public long long bytes_out
     cdef public long long cid
-    cdef public int gid
-    cdef public int uid
-    cdef public int pid
     cdef public long long dropped
-    cdef public bint echo
-    cdef public str ended
-    cdef public int fd
-    cdef public object handler
-    cdef public bint interest
-    cdef public str label
     cdef public long long msgs_in
     cdef public long long msgs_out
-    cdef public dict notices
-    cdef public bint open
-    cdef public bint holding
-    cdef public bint packs
     cdef public long long pattern_bytes
-    cdef public int pauses
-    cdef public list pending
-    cdef public CQueue queue
-    cdef public bint ready_owed
-    cdef public bint relay
-    cdef public Router router
-    cdef public str shed
     cdef public double since
-    cdef public object sock
+    cdef public int fd
+    cdef public int gid
+    cdef public int pauses
+    cdef public int pid
+    cdef public int uid
+    cdef public bint alive
+    cdef public bint batch
+    cdef public bint echo
+    cdef public bint holding
+    cdef public bint interest
+    cdef public bint open
+    cdef public bint packs
+    cdef public bint relay
     cdef public bint upward
-    cdef public list waiters
 
+    cdef _Rare _more(self)
     @cython.locals(msgs=Py_ssize_t, nbytes=Py_ssize_t, done=Py_ssize_t, nul=Py_ssize_t,
-                   packets=list, router=Router, packet=bytes)
+                   packets=list, router=Router, packet=bytes, rare=_Rare)
     cpdef _on_readable(self)
     @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
                    nul=Py_ssize_t, packet=bytes, router=Router)
@@ -98,6 +102,7 @@ cdef class Connection:
     cpdef flush(self, Connection sender)
     cpdef deliver(self, bytes packet, Connection sender)
     cdef _count_drop(self, str reason)
+    @cython.locals(rare=_Rare)
     cpdef drop(self, str reason)
     cpdef freeze(self)
     cpdef thaw(self)
@@ -109,3 +114,4 @@ cdef class Connection:
     @cython.locals(sent=Py_ssize_t, i=Py_ssize_t, now=double)
     cdef _send_queued(self, CQueue q)
     cdef _room_made(self, CQueue q)
+    cdef _wake_waiters(self, _Rare rare)

@@ -1,35 +1,42 @@
 """Many packets per system call: ``recvmmsg``/``sendmmsg`` when compiled, else one by one.
 
 The bus reads a client's waiting packets as one batch and sends each
-recipient what a batch routed to it in one call:
+recipient what a batch routed to it in one call.  A connection keeps only
+its socket's file descriptor (a socket object would cost every idle client
+its size), so each function takes the descriptor:
 
-* ``recv_many(sock, fd, limit)``: up to ``limit`` waiting packets; None for
+* ``recv_many(fd, limit)``: up to ``limit`` waiting packets; None for
   an over-long one, b"" for an empty packet or the end of stream (nothing is
   read after either);
-* ``send_all(sock, fd, packets)``: send in order until the socket would
+* ``send_all(fd, packets)``: send in order until the socket would
   block; how many it took;
-* ``send_packed(sock, fd, packets, head)``: the same in packed batches
+* ``send_packed(fd, packets, head)``: the same in packed batches
   (``codec.encode_batch``; the compiled helper gathers them from the packets
-  without copying); how many packets went, in whole batches.
-  The compiled helper
+  without copying); how many packets went, in whole batches;
+* ``send_one(fd, packet)``: one packet; BlockingIOError when the socket is full.
+
+The compiled helper
 (``_batchio``, built from ``_batchio.c`` when the package is installed with a
 C compiler) does that with one system call per batch; without it, or with
 ``SBUS_PURE_PYTHON=1`` in the environment (``accel``), the functions below do
 the same one packet per call.  Both are tested (``tests/server/test_batchio.py``).
+The rare calls that need a socket object (a peek, passing descriptors) make
+one over the descriptor for that call alone (``borrowed``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import socket
+from collections.abc import Iterator
 from types import ModuleType
 
 from sbus_relay.accel import pure_python_requested
 from sbus_relay.protocol.codec import BATCH_HEAD, MSG, encode_batch
 from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET
 
-_TRUNC = socket.MSG_TRUNC
 _MSG = MSG
 
 _compiled: ModuleType | None = None
@@ -44,15 +51,17 @@ _buffer = bytearray(MAX_PACKET + 1)
 _view = memoryview(_buffer)
 
 
-def _recv_many_py(sock: socket.socket, fd: int, limit: int) -> list[bytes | None]:
+def _recv_many_py(fd: int, limit: int) -> list[bytes | None]:
     """Up to ``limit`` waiting packets; None for an over-long one, b"" for an empty
-    packet or the end of stream (nothing is read after either)."""
-    del fd
+    packet or the end of stream (nothing is read after either).  (A read of a
+    SEQPACKET socket takes one packet and cuts off what does not fit, so a
+    packet that fills the whole buffer is an over-long one.)"""
     out: list[bytes | None] = []
-    recv_into = sock.recv_into
+    readv = os.readv
+    buffers = [_buffer]
     for _ in range(limit):
         try:
-            n = recv_into(_buffer, MAX_PACKET + 1, _TRUNC)
+            n = readv(fd, buffers)
         except BlockingIOError:
             break
         if n > MAX_PACKET:
@@ -64,15 +73,20 @@ def _recv_many_py(sock: socket.socket, fd: int, limit: int) -> list[bytes | None
     return out
 
 
-def _send_all_py(sock: socket.socket, fd: int, packets: list[bytes]) -> int:
+def _send_one_py(fd: int, packet: bytes) -> None:
+    """Send one packet without blocking (a write to a SEQPACKET socket is one
+    packet; the descriptor is non-blocking, ``Connection.attach``)."""
+    os.write(fd, packet)
+
+
+def _send_all_py(fd: int, packets: list[bytes]) -> int:
     """Send ``packets`` in order until the socket would block; how many it took.
     An error after some went is left for the next call to raise."""
-    del fd
-    send = sock.send
+    write = os.write
     sent = 0
     for packet in packets:
         try:
-            send(packet)
+            write(fd, packet)
         except BlockingIOError:
             break
         except OSError:
@@ -83,7 +97,7 @@ def _send_all_py(sock: socket.socket, fd: int, packets: list[bytes]) -> int:
     return sent
 
 
-def _send_packed_py(sock: socket.socket, fd: int, packets: list[bytes], head: bytes) -> int:
+def _send_packed_py(fd: int, packets: list[bytes], head: bytes) -> int:
     """``packets`` in packed batches until the socket would block; how many
     went.  A packet that is not a MSG goes alone, as it is."""
     del head  # always codec.BATCH_HEAD (encode_batch)
@@ -108,15 +122,27 @@ def _send_packed_py(sock: socket.socket, fd: int, packets: list[bytes], head: by
         frames.append(encode_batch(packets[start:end]))
         counts.append(end - start)
         start = end
-    went = _send_all_py(sock, fd, frames)
+    went = _send_all_py(fd, frames)
     return sum(counts[:went])
+
+
+@contextlib.contextmanager
+def borrowed(fd: int) -> Iterator[socket.socket]:
+    """A socket object over ``fd`` for one rare call; ``fd`` stays open after it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fd)
+    try:
+        yield sock
+    finally:
+        sock.detach()
 
 
 if _compiled is not None:
     recv_many = _compiled.recv_many
     send_all = _compiled.send_all
     send_packed = _compiled.send_packed
+    send_one = _compiled.send_one
 else:
     recv_many = _recv_many_py
     send_all = _send_all_py
     send_packed = _send_packed_py
+    send_one = _send_one_py

@@ -41,6 +41,7 @@ pattern in ``notices`` and go before the queue.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from typing import Any, Protocol
@@ -75,7 +76,7 @@ from sbus_relay.protocol.quota import Account
 from sbus_relay.protocol.scan import cut, find_byte, read_u32, size_of
 from sbus_relay.protocol.stats import Stats
 
-from .batchio import recv_many, send_all, send_packed
+from .batchio import borrowed, recv_many, send_all, send_one, send_packed
 
 _MSG = b"MSG "
 _NUL = 0
@@ -158,20 +159,55 @@ class Router:
                 conn.flush(sender)
 
 
-class Connection:
-    """A socket of the bus and everything about its way in and its way out."""
+class _Rare:
+    """What a connection needs only once it has more to do than deliver at
+    once: packets read while it was paused, a backlog to write, publishers it
+    holds back, notices to send, episodes to report, a logger.  Made on first
+    need (``Connection._more``) and written by its connection alone, so that
+    an idle client carries one pointer for all of it."""
 
     __slots__ = (
-        "__weakref__",
-        "_dropping",
-        "_episodes",
-        "_log",
+        "dropping",
+        "episodes",
+        "log",
+        "notices",
+        "ready_owed",
+        "retry",
+        "stash",
+        "tick",
+        "waiters",
+        "write_watcher",
+        "writing",
+    )
+
+    def __init__(self, log: Any) -> None:
+        #: its bound logger, made on first use (``Connection.log``); given for the link
+        self.log = log
+        #: packets read but not handled yet because the connection was paused
+        self.stash: list[bytes | None] | None = None
+        self.retry = False  # the packet being handled is handled again on resume
+        self.write_watcher: Any = None
+        self.writing = False  # the write watcher is started
+        #: publishers paused on this connection, with the action that paused them
+        self.waiters: list[tuple[Connection, Action]] | None = None
+        #: notices not yet sent: pattern -> present (the net change, coalesced)
+        self.notices: dict[bytes, bool] | None = None
+        self.ready_owed = False  # interest/ready goes after the pending notices
+        self.episodes: Episodes | None = None
+        self.dropping: Episode | None = None  # the open drop episode, if any
+        self.tick: Any = None  # the episodes' timer while any is open
+
+
+class Connection:
+    """A socket of the bus and everything about its way in and its way out.
+
+    It keeps its socket's file descriptor, not a socket object, and the state
+    an idle client never needs in a ``_Rare`` made on demand: an idle client
+    costs this object, its read watcher and its slot in the server's table."""
+
+    __slots__ = (
+        "_rare",
         "_read_watcher",
-        "_retry",
-        "_stash",
-        "_tick",
-        "_write_watcher",
-        "_writing",
         "account",
         "alive",
         "batch",
@@ -189,7 +225,6 @@ class Connection:
         "label",
         "msgs_in",
         "msgs_out",
-        "notices",
         "open",
         "packs",
         "pattern_bytes",
@@ -197,22 +232,19 @@ class Connection:
         "pending",
         "pid",
         "queue",
-        "ready_owed",
         "relay",
         "router",
         "shed",
         "since",
-        "sock",
         "uid",
         "upward",
-        "waiters",
     )
 
     def __init__(
         self,
         router: Router,
         handler: Handler,
-        sock: socket.socket | None,
+        fd: int,
         cid: int,
         creds: Credentials,
         account: Account,
@@ -265,34 +297,28 @@ class Connection:
         self.pattern_bytes = 0  # bytes of the distinct patterns it holds
         #: reasons this connection is not being read (block modes, a held packet)
         self.pauses = 0
-        #: publishers paused on this connection, with the action that paused them
-        self.waiters: list[tuple[Connection, Action]] | None = None
-        #: notices not yet sent: pattern -> present (the net change, coalesced)
-        self.notices: dict[bytes, bool] | None = None
-        self.ready_owed = False  # interest/ready goes after the pending notices
-        #: packets read but not handled yet because the connection was paused
-        self._stash: list[bytes | None] | None = None
-        self._retry = False  # the packet being handled is handled again on resume
-        self._episodes: Episodes | None = None
-        self._dropping: Episode | None = None  # the open drop episode, if any
-        self._tick: Any = None  # the episodes' timer while any is open
-        #: its bound logger, made on first use (``log``); given for the link
-        self._log: Any = log
+        #: the rest of its state, made on first need (the link's, for its logger)
+        self._rare: _Rare | None = None if log is None else _Rare(log)
         self._read_watcher: Any = None
-        self._write_watcher: Any = None
-        self._writing = False  # the write watcher is started
-        self.sock: socket.socket | None = None
-        self.fd = -1
-        if sock is not None:
-            self.attach(sock)
+        self.fd = -1  # its socket's descriptor; -1 while it has none
+        if fd >= 0:
+            self.attach(fd)
             self.open = not upward
+
+    def _more(self) -> _Rare:
+        """The rest of its state, made now if it had none."""
+        rare = self._rare
+        if rare is None:
+            rare = self._rare = _Rare(None)
+        return rare
 
     @property
     def log(self) -> Any:
         """This connection's logger (bound on first use: an idle client never pays for it)."""
-        if self._log is None:
-            self._log = self.router.log.bind(**self.who())
-        return self._log
+        rare = self._more()
+        if rare.log is None:
+            rare.log = self.router.log.bind(**self.who())
+        return rare.log
 
     def who(self) -> dict[str, int]:
         """Who it is, as its log lines say."""
@@ -356,14 +382,25 @@ class Connection:
     @property
     def dropping(self) -> bool:
         """Whether messages for it are being dropped now (an open drop episode)."""
-        return self._dropping is not None
+        return self._rare is not None and self._rare.dropping is not None
+
+    @property
+    def waiters(self) -> list[tuple[Connection, Action]]:
+        """The publishers it holds back, with the action that paused each."""
+        rare = self._rare
+        return [] if rare is None or rare.waiters is None else list(rare.waiters)
+
+    def _has_notices(self) -> bool:
+        rare = self._rare
+        return rare is not None and rare.notices is not None
 
     # --- its socket -------------------------------------------------------------
 
-    def attach(self, sock: socket.socket) -> None:
-        """Serve ``sock`` (non-blocking): read it from now on."""
-        self.sock = sock
-        self.fd = sock.fileno()
+    def attach(self, fd: int) -> None:
+        """Serve the socket ``fd`` (its own from now on, closed with it): read it
+        from now on."""
+        os.set_blocking(fd, False)
+        self.fd = fd
         self._read_watcher = self.router.loop.io(self.fd, _READ)
         if not self.pauses:
             self._read_watcher.start(self)
@@ -378,48 +415,59 @@ class Connection:
         now = _monotonic()
         for packet in pending or ():
             self._queue().push(packet, now)
-        self.notices = None
-        self.ready_owed = False
-        self._stash = None
+        rare = self._rare
+        if rare is not None:
+            rare.notices = None
+            rare.ready_owed = False
+            rare.stash = None
         self._close_socket()
 
     def _close_socket(self) -> None:
-        for watcher in (self._read_watcher, self._write_watcher):
-            if watcher is not None:
-                watcher.close()
-        self._read_watcher = self._write_watcher = None
-        self._writing = False
-        sock, self.sock = self.sock, None
-        self.fd = -1
-        if sock is not None:
-            sock.close()
+        if self._read_watcher is not None:
+            self._read_watcher.close()
+            self._read_watcher = None
+        rare = self._rare
+        if rare is not None:
+            if rare.write_watcher is not None:
+                rare.write_watcher.close()
+                rare.write_watcher = None
+            rare.writing = False
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # --- a live upgrade: its whole state, handed to the next process --------------
 
     def freeze(self) -> None:
         """Stop every watcher and timer: nothing more is read or written here
         until ``thaw`` (the hand-over failed) or the process ends (it went)."""
-        for watcher in (self._read_watcher, self._write_watcher, self._tick):
-            if watcher is not None:
-                watcher.stop()
+        if self._read_watcher is not None:
+            self._read_watcher.stop()
+        rare = self._rare
+        if rare is not None:
+            for watcher in (rare.write_watcher, rare.tick):
+                if watcher is not None:
+                    watcher.stop()
 
     def thaw(self) -> None:
         """Undo ``freeze``: the hand-over failed and this process serves on."""
         if self._read_watcher is not None and not self.pauses:
             self._read_watcher.start(self)
-        if self._writing and self._write_watcher is not None:
-            self._write_watcher.start(self._on_writable)
-        if self._tick is not None:
-            self._tick.start(self._on_tick)
+        rare = self._rare
+        if rare is None:
+            return
+        if rare.writing and rare.write_watcher is not None:
+            rare.write_watcher.start(self._on_writable)
+        if rare.tick is not None:
+            rare.tick.start(self._on_tick)
 
     def let_go(self) -> None:
         """The connection lives on in a newer process: close this process's copy
         of its socket, and nothing else (its peer notices nothing)."""
         self.alive = False
         self.open = False
-        if self._tick is not None:
-            self._tick.close()
-            self._tick = None
+        self._stop_ticking()
         self._close_socket()
 
     def export(self) -> dict[str, Any]:
@@ -436,6 +484,7 @@ class Connection:
             queued += packets
             times += waited
             modes = (q.soft, q.hard, q.order)
+        rare = self._rare or _Rare(None)
         return {
             "cid": self.cid,
             "creds": (self.gid, self.uid, self.pid),
@@ -447,8 +496,8 @@ class Connection:
                 "batch": self.batch,
                 "open": self.open,
                 "holding": self.holding,
-                "ready_owed": self.ready_owed,
-                "retry": self._retry,
+                "ready_owed": rare.ready_owed,
+                "retry": rare.retry,
             },
             "label": self.label,
             "since": self.since,
@@ -463,8 +512,8 @@ class Connection:
             "modes": modes,
             "queued": (queued, times),
             "shed": self.shed,
-            "notices": None if self.notices is None else dict(self.notices),
-            "stash": None if self._stash is None else list(self._stash),
+            "notices": None if rare.notices is None else dict(rare.notices),
+            "stash": None if rare.stash is None else list(rare.stash),
         }
 
     def adopt(self, state: dict[str, Any]) -> None:
@@ -478,8 +527,6 @@ class Connection:
         self.batch = flags["batch"]
         self.open = flags["open"]
         self.holding = flags["holding"]
-        self.ready_owed = flags["ready_owed"]
-        self._retry = flags["retry"]
         self.label = state["label"]
         self.since = state["since"]
         (
@@ -501,9 +548,13 @@ class Connection:
             for i in order:
                 q.push(packets[i], times[i])
         self.shed = state["shed"]
-        self.notices = state["notices"]
-        self._stash = state["stash"]
-        if self.queued[0] or self.notices is not None:
+        if flags["ready_owed"] or flags["retry"] or state["notices"] or state["stash"]:
+            rare = self._more()
+            rare.ready_owed = flags["ready_owed"]
+            rare.retry = flags["retry"]
+            rare.notices = state["notices"]
+            rare.stash = state["stash"]
+        if self.queued[0] or self._has_notices():
             self._want_write()
 
     # --- reading -------------------------------------------------------------
@@ -515,15 +566,18 @@ class Connection:
 
     def _on_readable(self) -> None:
         """The hub's callback: read a batch of packets and hand them over."""
-        if self.sock is None:
+        if self.fd < 0:
             return  # closed since this callback was scheduled
         router = self.router
         router.now = _monotonic()
         msgs = nbytes = done = 0
         try:
-            packets, self._stash = self._stash, None
+            packets = None
+            rare = self._rare
+            if rare is not None and rare.stash is not None:
+                packets, rare.stash = rare.stash, None
             if packets is None:
-                packets = recv_many(self.sock, self.fd, READ_BATCH)
+                packets = recv_many(self.fd, READ_BATCH)
             for packet in packets:
                 done += 1
                 if not packet:
@@ -546,13 +600,14 @@ class Connection:
                     router.flush(self)  # what was routed before it goes first
                     self.handler.handle(self, packet)
                 if self.pauses:
-                    if self._retry:  # held for later: handle it again on resume
-                        self._retry = False
+                    rare = self._more()
+                    if rare.retry:  # held for later: handle it again on resume
+                        rare.retry = False
                         done -= 1
-                    if done < len(packets) and self.sock is not None:
-                        self._stash = packets[done:]
+                    if done < len(packets) and self.fd >= 0:
+                        rare.stash = packets[done:]
                     break
-                if self.sock is None:
+                if self.fd < 0:
                     break
         except PeerError as e:
             if e.reason == "protocol_error":  # a refused SUB was counted as a SUB
@@ -596,16 +651,16 @@ class Connection:
         peer reads packed batches); how many the socket took."""
         sent: int
         if self.packs and len(packets) > 1:
-            sent = send_packed(self.sock, self.fd, packets, _BATCH)
+            sent = send_packed(self.fd, packets, _BATCH)
         else:
-            sent = send_all(self.sock, self.fd, packets)
+            sent = send_all(self.fd, packets)
         return sent
 
     def _zero_length(self) -> None:
         """recv returned 0: the peer closed, or it sent an empty packet."""
-        assert self.sock is not None
         try:
-            more = self.sock.recv(1, _PEEK)
+            with borrowed(self.fd) as sock:
+                more = sock.recv(1, _PEEK)
         except BlockingIOError:
             more = None  # still open: that was an empty packet
         except OSError:
@@ -618,7 +673,7 @@ class Connection:
 
     def fail(self, reason: str, detail: str) -> None:
         """It failed: its handler decides (a client is closed, the link reconnects)."""
-        if self.sock is not None:
+        if self.fd >= 0:
             self.handler.lost(self, reason, detail)
 
     def pause(self) -> None:
@@ -632,12 +687,12 @@ class Connection:
         self.pauses -= 1
         if self.pauses == 0 and self._read_watcher is not None:
             self._read_watcher.start(self)
-            if self._stash:
+            if self._rare is not None and self._rare.stash:
                 self.router.loop.run_callback(self)  # what was read before the pause
 
     def hold(self) -> None:
         """The packet being handled must wait: stop reading, and handle it again on resume."""
-        self._retry = True
+        self._more().retry = True
         self.pause()
 
     # --- its way out -----------------------------------------------------------------
@@ -659,7 +714,7 @@ class Connection:
                     pending.append(packet)
                 return
             try:
-                self.sock.send(packet)  # type: ignore[union-attr]
+                send_one(self.fd, packet)
             except BlockingIOError:
                 pass
             except OSError as e:
@@ -715,15 +770,7 @@ class Connection:
             # the upstream link is never paused: one slow local client must
             # not stop what comes down for everyone else
             if sender.alive and not sender.upward:
-                waiters = self.waiters
-                if waiters is None:
-                    waiters = self.waiters = []
-                for publisher, why in waiters:
-                    if publisher is sender and why is action:
-                        break
-                else:
-                    waiters.append((sender, action))
-                    sender.pause()
+                self.hold_back(sender, action)
         elif action is _DISCONNECT_ACTION:
             self._count_drop("slow_client_disconnected")
             self.close(
@@ -732,6 +779,19 @@ class Connection:
         else:
             self.start_shedding(action.value)
 
+    def hold_back(self, publisher: Connection, action: Action) -> None:
+        """Pause ``publisher`` until this connection's queue has room again
+        (``flood.still_blocked``), once per publisher and action."""
+        rare = self._more()
+        waiters = rare.waiters
+        if waiters is None:
+            waiters = rare.waiters = []
+        for held, why in waiters:
+            if held is publisher and why is action:
+                return
+        waiters.append((publisher, action))
+        publisher.pause()
+
     def reply(self, packet: bytes) -> None:
         """Send a server-made reply (whoami, drops/count): never a reason to disconnect."""
         if not self.alive:
@@ -739,7 +799,7 @@ class Connection:
         q = self._queue()
         if self.open and not q.count:
             try:
-                self.sock.send(packet)  # type: ignore[union-attr]
+                send_one(self.fd, packet)
                 return
             except BlockingIOError:
                 pass
@@ -756,9 +816,10 @@ class Connection:
         """A notice about ``pattern``; coalesced with any pending one for it."""
         if not self.alive:
             return
-        notices = self.notices
+        rare = self._more()
+        notices = rare.notices
         if notices is None:
-            notices = self.notices = {}
+            notices = rare.notices = {}
         if pattern in notices:
             del notices[pattern]  # add then remove (or remove then add): nothing to say
         else:
@@ -767,19 +828,23 @@ class Connection:
 
     def owe_ready(self) -> None:
         """Send ``interest/ready`` once the notices pending now have gone."""
-        self.ready_owed = True
-        if self.notices is None:
-            self.notices = {}
+        rare = self._more()
+        rare.ready_owed = True
+        if rare.notices is None:
+            rare.notices = {}
         self._want_write()
 
     def _want_write(self) -> None:
-        if self._writing or not self.open:
-            return  # already waiting; or written once the socket is there (and ready)
-        watcher = self._write_watcher
+        if not self.open:
+            return  # written once the socket is there (and ready)
+        rare = self._more()
+        if rare.writing:
+            return  # already waiting
+        watcher = rare.write_watcher
         if watcher is None:
-            watcher = self._write_watcher = self.router.loop.io(self.fd, _WRITE)
+            watcher = rare.write_watcher = self.router.loop.io(self.fd, _WRITE)
         watcher.start(self._on_writable)
-        self._writing = True
+        rare.writing = True
 
     def opened(self, hold: bool = False) -> None:
         """The link is ready: packets may go straight to the socket, notices go at
@@ -787,7 +852,7 @@ class Connection:
         ``release`` (the link after an outage: other relays subscribe first)."""
         self.open = True
         self.holding = hold
-        if self.queued[0] or self.notices is not None:
+        if self.queued[0] or self._has_notices():
             self._want_write()
 
     def release(self) -> None:
@@ -799,16 +864,17 @@ class Connection:
     def _on_writable(self) -> None:
         """The hub's callback: the socket can take more; notices first, then the queue."""
         try:
-            if self.notices is not None and not self._send_notices():
+            if self._has_notices() and not self._send_notices():
                 return
             q = self._queue()
             if q.count and not self.holding:
                 self._send_queued(q)
             self._room_made(q)
+            rare = self._rare
             idle = not q.count or self.holding
-            if idle and self.notices is None and self._write_watcher is not None:
-                self._write_watcher.stop()
-                self._writing = False
+            if idle and rare is not None and rare.notices is None and rare.writing:
+                rare.write_watcher.stop()
+                rare.writing = False
         except OSError as e:
             self.fail("io_error", str(e))
 
@@ -817,10 +883,10 @@ class Connection:
         end now ends, and the publishers it held back go on."""
         if self.shed is not None and shedding_ends(self.shed, q):
             self.shed = None
-            if self._dropping is not None:
-                self._dropping.held = False
-        if self.waiters:
-            self._wake_waiters()
+            if self._rare is not None and self._rare.dropping is not None:
+                self._rare.dropping.held = False
+        if self._rare is not None and self._rare.waiters:
+            self._wake_waiters(self._rare)
 
     def _send_queued(self, q: OutboundQueue) -> None:
         """Send a batch of the queue in one call; what the socket refuses goes back."""
@@ -847,38 +913,38 @@ class Connection:
 
     def _send_notices(self) -> bool:
         """Send pending notices; True once none is left."""
-        notices = self.notices
-        assert notices is not None and self.sock is not None
-        send = self.sock.send
+        rare = self._more()
+        notices = rare.notices
+        assert notices is not None and self.fd >= 0
         for _ in range(NOTICE_BATCH):
             if not notices:
                 break
             pattern, present = notices.popitem()
             try:
-                send(self._notice(pattern, present))
+                send_one(self.fd, self._notice(pattern, present))
             except BlockingIOError:
                 notices[pattern] = present
                 return False
         if notices:
             return False  # a large snapshot: the rest on the next wake-up
-        if self.ready_owed:
+        if rare.ready_owed:
             try:
-                send(codec.encode_cmsg(_READY, b""))
+                send_one(self.fd, codec.encode_cmsg(_READY, b""))
             except BlockingIOError:
                 return False
-            self.ready_owed = False
-        self.notices = None
+            rare.ready_owed = False
+        rare.notices = None
         return True
 
-    def _wake_waiters(self) -> None:
+    def _wake_waiters(self, rare: _Rare) -> None:
         """Resume the publishers this connection no longer holds back."""
-        waiters = self.waiters
+        waiters = rare.waiters
         assert waiters is not None
         q = self._queue()
         keep = [(p, a) for p, a in waiters if p.alive and still_blocked(a, q)]
         if len(keep) == len(waiters):
             return
-        self.waiters = keep or None
+        rare.waiters = keep or None
         for publisher, action in waiters:
             if publisher.alive and not still_blocked(action, q):
                 publisher.resume()
@@ -893,16 +959,16 @@ class Connection:
         """One message for this connection was not delivered: counted, and
         the drop episode begins (logged at once) or goes on."""
         self._count_drop(reason)
-        dropping = self._dropping
-        if dropping is not None:
-            dropping.count += 1
+        rare = self._rare
+        if rare is not None and rare.dropping is not None:
+            rare.dropping.count += 1
         else:
             self._begin_dropping(reason)
 
     def _begin_dropping(self, reason: str) -> None:
         episode = self._open_episodes().begin(DROPPING, _monotonic(), tell_end=True)
         assert episode is not None
-        self._dropping = episode
+        self._more().dropping = episode
         q = self._queue()
         self.log.warning(
             DROPPING,
@@ -918,8 +984,9 @@ class Connection:
         ``flood.shedding_ends``; the episode lasts as long."""
         self.drop(reason)
         self.shed = reason
-        if self._dropping is not None:
-            self._dropping.held = True
+        rare = self._more()  # drop() made it
+        if rare.dropping is not None:
+            rare.dropping.held = True
         self._want_write()  # the drained socket (soft) or queue (hard) ends it
 
     def warn(self, event: str, **fields: Any) -> None:
@@ -931,28 +998,35 @@ class Connection:
             self.router.stats.log_lines_suppressed += 1
 
     def _open_episodes(self) -> Episodes:
-        eps = self._episodes
+        rare = self._more()
+        eps = rare.episodes
         if eps is None:
-            eps = self._episodes = Episodes()
-        if self._tick is None:
-            self._tick = self.router.loop.timer(EPISODE_QUIET, EPISODE_QUIET)
-            self._tick.start(self._on_tick)
+            eps = rare.episodes = Episodes()
+        if rare.tick is None:
+            rare.tick = self.router.loop.timer(EPISODE_QUIET, EPISODE_QUIET)
+            rare.tick.start(self._on_tick)
         return eps
 
     def _on_tick(self) -> None:
         """Every ``EPISODE_QUIET`` seconds while an episode is open."""
-        eps = self._episodes
+        eps = self._more().episodes
         assert eps is not None
         self._report(eps.tick(_monotonic()))
-        if not eps and self._tick is not None:
-            self._tick.close()
-            self._tick = None
+        if not eps:
+            self._stop_ticking()
+
+    def _stop_ticking(self) -> None:
+        rare = self._rare
+        if rare is not None and rare.tick is not None:
+            rare.tick.close()
+            rare.tick = None
 
     def _report(self, reports: list[tuple[str, Episode]]) -> None:
+        rare = self._more()
         now = _monotonic()
         for what, episode in reports:
-            if episode is self._dropping and what is _ENDED:
-                self._dropping = None
+            if episode is rare.dropping and what is _ENDED:
+                rare.dropping = None
             self.log.warning(
                 episode.event + "." + what,
                 count=episode.count,
@@ -980,15 +1054,14 @@ class Connection:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
             self.dropped += lost
-        if reason != "closed" and self.sock is not None and not self.upward:
-            why_text = reason + (": " + detail if detail else "")
+        if reason != "closed" and self.fd >= 0 and not self.upward:
+            told = (reason + (": " + detail if detail else "")).encode("utf-8", "replace")
             with contextlib.suppress(OSError):
-                self.sock.send(codec.encode_cmsg(_DISCONNECT, why_text.encode("utf-8", "replace")))
-        if self._episodes is not None:
-            self._report(self._episodes.close())
-        if self._tick is not None:
-            self._tick.close()
-            self._tick = None
+                send_one(self.fd, codec.encode_cmsg(_DISCONNECT, told))
+        rare = self._rare
+        if rare is not None and rare.episodes is not None:
+            self._report(rare.episodes.close())
+        self._stop_ticking()
         level = self.log.info if reason in _ORDINARY else self.log.warning
         level(
             "upstream.closed" if self.upward else "client.disconnected",
@@ -996,9 +1069,12 @@ class Connection:
             detail=detail,
             lost=lost,
         )
-        self.notices = None
-        self._stash = None
-        waiters, self.waiters = self.waiters, None
+        waiters = None
+        rare = self._rare
+        if rare is not None:
+            rare.notices = None
+            rare.stash = None
+            waiters, rare.waiters = rare.waiters, None
         for publisher, _ in waiters or ():
             if publisher.alive:
                 publisher.resume()

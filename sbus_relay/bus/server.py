@@ -50,6 +50,7 @@ from sbus_relay.protocol.limits import (
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
+from .batchio import borrowed
 from .connection import Connection, Router
 from .upstream import UpstreamLink
 
@@ -280,13 +281,13 @@ class Server:
                 sock.send(codec.encode_cmsg(b"disconnect", why.encode()))
             sock.close()
             return
-        sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self.accounts[uid] = account
         account.connections += 1
         self._next_cid += 1
+        # the connection keeps the descriptor alone: no socket object per client
         conn = Connection(
-            self.router, self, sock, self._next_cid, Credentials(gid, uid, pid), account
+            self.router, self, sock.detach(), self._next_cid, Credentials(gid, uid, pid), account
         )
         self.clients[conn.cid] = conn
         self._ever_connected = True
@@ -553,10 +554,10 @@ class Server:
         started = time.monotonic()
         self._freeze()
         state, fds = self.export(skip=conn)
-        assert conn.sock is not None
         try:
-            handover.send_state(conn.sock, state, fds)
-            handover.wait_done(conn.sock)
+            with borrowed(conn.fd) as sock:
+                handover.send_state(sock, state, fds)
+                handover.wait_done(sock)
         except (OSError, UpgradeError) as exc:
             self._thaw()
             self.log.warning("upgrade.failed", to_pid=conn.pid, reason=str(exc))
@@ -618,14 +619,14 @@ class Server:
             state["fd"] = len(fds)
             fds.append(conn.fd)
             state["patterns"] = self.index.patterns_of(conn)
-            state["waiters"] = [(p.cid, a.name) for p, a in conn.waiters or ()]
+            state["waiters"] = [(p.cid, a.name) for p, a in conn.waiters]
             state["held"] = conn in self._awaiting_prefix
             clients.append(state)
         link = None
         if self.upstream is not None:
             link = self.upstream.export()
             link["patterns"] = self.index.patterns_of(self.upstream.conn)
-            if self.upstream.conn.sock is not None:
+            if self.upstream.conn.fd >= 0:
                 link["fd"] = len(fds)
                 fds.append(self.upstream.conn.fd)
         state = {
@@ -670,39 +671,31 @@ class Server:
         index.on_first = index.on_last = None
         byid: dict[int, Connection] = {}
         for cstate in state["clients"]:
-            conn = server._adopt_client(cstate, socket.socket(fileno=fds[cstate["fd"]]))
+            conn = server._adopt_client(cstate, fds[cstate["fd"]])
             byid[conn.cid] = conn
         for cstate in state["clients"]:
             conn = byid[cstate["cid"]]
             for cid, action in cstate["waiters"]:
-                publisher = byid[cid]
-                if conn.waiters is None:
-                    conn.waiters = []
-                conn.waiters.append((publisher, Action[action]))
-                publisher.pause()
+                conn.hold_back(byid[cid], Action[action])
             if cstate["held"]:
                 conn.pause()
                 server._awaiting_prefix.append(conn)
         link = state["upstream"]
         if link is not None and server.upstream is not None:
-            sock = socket.socket(fileno=fds[link["fd"]]) if "fd" in link else None
-            server.upstream.adopt(link, sock)
+            server.upstream.adopt(link, fds[link["fd"]] if "fd" in link else None)
             for pattern, count in link["patterns"].items():
                 for _ in range(count):
                     index.add(server.upstream.conn, pattern)
         index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
         return server
 
-    def _adopt_client(self, state: dict[str, Any], sock: socket.socket) -> Connection:
+    def _adopt_client(self, state: dict[str, Any], fd: int) -> Connection:
         gid, uid, pid = state["creds"]
         account = self.accounts.get(uid)
         if account is None:
             account = self.accounts[uid] = quota.Account(self._quotas.get(uid, self._default_quota))
         account.connections += 1
-        sock.setblocking(False)
-        conn = Connection(
-            self.router, self, sock, state["cid"], Credentials(gid, uid, pid), account
-        )
+        conn = Connection(self.router, self, fd, state["cid"], Credentials(gid, uid, pid), account)
         conn.adopt(state)
         self.clients[conn.cid] = conn
         for pattern, count in state["patterns"].items():

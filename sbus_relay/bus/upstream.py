@@ -63,6 +63,7 @@ from sbus_relay.protocol.limits import (
 )
 from sbus_relay.protocol.quota import unlimited
 
+from .batchio import send_one
 from .connection import Connection, Router
 
 _HELLO = (
@@ -113,7 +114,7 @@ class UpstreamLink:
         self.conn = Connection(
             host.router,
             self,
-            None,
+            -1,
             0,
             Credentials(os.getegid(), os.geteuid(), os.getpid()),
             unlimited(),
@@ -182,14 +183,14 @@ class UpstreamLink:
             "connections": self._connections,
         }
 
-    def adopt(self, state: dict[str, Any], sock: socket.socket | None) -> None:
-        """Take up the link an earlier process handed over (before ``start``)."""
+    def adopt(self, state: dict[str, Any], fd: int | None) -> None:
+        """Take up the link an earlier process handed over (before ``start``),
+        with its socket's descriptor if it had one."""
         self._adopted = True
-        if sock is not None:
-            sock.setblocking(False)
-            self.conn.attach(sock)
+        if fd is not None:
+            self.conn.attach(fd)
         self.conn.adopt(state["conn"])
-        self.connected = state["connected"] and sock is not None
+        self.connected = state["connected"] and fd is not None
         self.ready = state["ready"] and self.connected
         self._identity_known = state["identity_known"]
         self.interest_count = state["interest_count"]
@@ -214,13 +215,12 @@ class UpstreamLink:
         name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
         if name != self._hello[-1]:
             self._hello = (*self._hello[:-1], name)
-            sock = self.conn.sock
-            if self.connected and sock is not None:
+            if self.connected and self.conn.fd >= 0:
                 # straight to the socket, never into the queue, whose packets
                 # may go packed (a packed batch holds only MSG); a full socket
                 # leaves it to the next hello, a failed one to the reader
                 with contextlib.suppress(OSError):
-                    sock.send(name)
+                    send_one(self.conn.fd, name)
 
     def subscribe(self, pattern: bytes) -> None:
         """A local pattern went 0 -> 1: SUB it upstream."""
@@ -365,9 +365,9 @@ class UpstreamLink:
         self._connections += 1
         if self._connections > 1:
             self.host.router.stats.upstream_reconnects += 1
-        self.conn.attach(sock)
+        self.conn.attach(sock.detach())
         for packet in self._hello:  # a fresh socket's buffer takes these few at once
-            sock.send(packet)
+            send_one(self.conn.fd, packet)
         self.connected = True
         self._whoami_timer = gevent.get_hub().loop.timer(WHOAMI_TIMEOUT)
         self._whoami_timer.start(self._whoami_late)

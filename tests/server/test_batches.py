@@ -59,7 +59,7 @@ def test_runs_of_msg_packets_go_packed_and_anything_else_alone(
     msgs = [b"MSG k/%d\0" % i + b"x" * (i % 7) for i in range(BATCH_MESSAGES + 10)]
     reply = b"CMSG !/cred/whoami\0!/cred/1/2/3"
     packets = [*msgs[:5], reply, *msgs[5:]]
-    assert send_packed(a, a.fileno(), packets, BATCH_HEAD) == len(packets)
+    assert send_packed(a.fileno(), packets, BATCH_HEAD) == len(packets)
     assert (
         frames_of(b)
         == [
@@ -76,7 +76,7 @@ def test_a_frame_never_passes_the_largest_packet(
 ) -> None:
     a, b = pair
     big = [b"MSG big\0" + b"y" * 150_000 for _ in range(5)]
-    assert send_packed(a, a.fileno(), big, BATCH_HEAD) == 5
+    assert send_packed(a.fileno(), big, BATCH_HEAD) == 5
     frames = frames_of(b)
     assert all(len(f) <= MAX_PACKET for f in frames)
     assert frames == [encode_batch(big[0:2]), encode_batch(big[2:4]), encode_batch(big[4:])]
@@ -86,7 +86,7 @@ def test_only_whole_frames_count_as_sent(send_packed: Callable[..., int], pair: 
     a, b = pair
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 200_000)  # room for a frame or two
     packets = [b"MSG k\0" + b"z" * 300 for _ in range(20 * BATCH_MESSAGES)]
-    sent = send_packed(a, a.fileno(), packets, BATCH_HEAD)
+    sent = send_packed(a.fileno(), packets, BATCH_HEAD)
     assert 0 < sent < len(packets)
     got = frames_of(b)
     assert got == [

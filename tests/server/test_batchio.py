@@ -20,8 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "python": (batchio._recv_many_py, batchio._send_all_py),
 }
+SEND_ONE: dict[str, Callable[[int, bytes], None]] = {"python": batchio._send_one_py}
 if batchio.COMPILED:
     IMPLEMENTATIONS["compiled"] = (batchio.recv_many, batchio.send_all)
+    SEND_ONE["compiled"] = batchio.send_one
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -51,12 +53,12 @@ def test_packets_come_and_go_whole_and_in_order(impl: Any, pair: Any) -> None:
     recv_many, send_all = impl
     a, b = pair
     packets = [b"MSG k/%d\0" % i + b"x" * i for i in range(300)]  # more than one sendmmsg
-    assert send_all(a, a.fileno(), packets) == 300
+    assert send_all(a.fileno(), packets) == 300
     got: list[bytes] = []
     while len(got) < 300:
-        got += recv_many(b, b.fileno(), 64)
+        got += recv_many(b.fileno(), 64)
     assert got == packets
-    assert recv_many(b, b.fileno(), 64) == []  # nothing waiting: no error
+    assert recv_many(b.fileno(), 64) == []  # nothing waiting: no error
 
 
 def test_send_all_stops_where_the_socket_is_full(impl: Any, pair: Any) -> None:
@@ -64,10 +66,10 @@ def test_send_all_stops_where_the_socket_is_full(impl: Any, pair: Any) -> None:
     a, b = pair
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
     packets = [b"y" * 4000] * 1000
-    sent = send_all(a, a.fileno(), packets)
+    sent = send_all(a.fileno(), packets)
     assert 0 < sent < 1000
-    assert send_all(a, a.fileno(), packets[sent:]) == 0  # still full: 0, not an error
-    assert len(recv_many(b, b.fileno(), 64)) == min(sent, 64)
+    assert send_all(a.fileno(), packets[sent:]) == 0  # still full: 0, not an error
+    assert len(recv_many(b.fileno(), 64)) == min(sent, 64)
 
 
 def test_send_all_reports_what_went_before_an_error(impl: Any, pair: Any) -> None:
@@ -76,7 +78,32 @@ def test_send_all_reports_what_went_before_an_error(impl: Any, pair: Any) -> Non
     a, b = pair
     b.close()
     with pytest.raises(OSError):
-        send_all(a, a.fileno(), [b"x"])
+        send_all(a.fileno(), [b"x"])
+
+
+@pytest.mark.parametrize("name", sorted(SEND_ONE))
+def test_one_packet_goes_whole_and_a_full_or_closed_socket_raises(name: str, pair: Any) -> None:
+    send_one = SEND_ONE[name]
+    a, b = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    send_one(a.fileno(), b"MSG k\0one")
+    assert b.recv(100) == b"MSG k\0one"
+    with pytest.raises(BlockingIOError):
+        for _ in range(10_000):
+            send_one(a.fileno(), b"x" * 1000)
+    b.close()
+    with pytest.raises(OSError):  # the peer went: an error, never a signal
+        send_one(a.fileno(), b"x")
+
+
+def test_a_borrowed_socket_leaves_its_descriptor_open(pair: Any) -> None:
+    a, b = pair
+    with batchio.borrowed(a.fileno()) as sock:
+        sock.send(b"via a borrowed socket")
+    os.fstat(a.fileno())  # still open
+    assert b.recv(100) == b"via a borrowed socket"
+    a.send(b"and the owner's own")
+    assert b.recv(100) == b"and the owner's own"
 
 
 def test_an_over_long_packet_is_none_and_an_empty_one_ends_the_batch(impl: Any, pair: Any) -> None:
@@ -86,16 +113,16 @@ def test_an_over_long_packet_is_none_and_an_empty_one_ends_the_batch(impl: Any, 
     b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     a.send(b"ok")
     a.send(b"z" * 409_601)
-    assert recv_many(b, b.fileno(), 64) == [b"ok", None]
+    assert recv_many(b.fileno(), 64) == [b"ok", None]
     a.send(b"one")
     a.send(b"")
     a.send(b"after")  # the sender broke the protocol: what follows does not count
-    assert recv_many(b, b.fileno(), 64) == [b"one", b""]
+    assert recv_many(b.fileno(), 64) == [b"one", b""]
     c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     d.setblocking(False)
     c.send(b"last")
     c.close()
-    assert recv_many(d, d.fileno(), 64) == [b"last", b""]  # end of stream
+    assert recv_many(d.fileno(), 64) == [b"last", b""]  # end of stream
     d.close()
 
 
