@@ -27,6 +27,7 @@ cdef class SubscriptionIndex:
     cdef dict _prefix
     cdef dict _dead
     cdef dict _owned
+    cdef dict _stale
     cdef dict _extra
     cdef dict _solo
     cdef public dict cache
@@ -46,6 +47,10 @@ cdef class SubscriptionIndex:
                    hit=tuple, head=bytes, prefixes=dict, cache=dict)
     cpdef tuple match(self, bytes key)
     cpdef tuple holders(self, bytes pattern)
+    cdef tuple _holders(self, bytes pattern)
+    cdef list _held(self, client)
+    @cython.locals(seen=set, held=list)
+    cdef list _live(self, client, list owned)
     cpdef Py_ssize_t distinct_of(self, client)
     cpdef Py_ssize_t count_of(self, client, bytes pattern)
     cpdef add(self, client, bytes pattern)

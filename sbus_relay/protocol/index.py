@@ -18,9 +18,12 @@ Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing key
   (``!/cred/...``, already checked by ``keys.check_pattern``) live in a trie of
   their own, and secret keys are looked up only there, so no wildcard ever
   sees a secret message.
-* A leaf holds a tuple of the clients that subscribe there (each once); how
-  many times each client subscribed is kept per client (a set of its
-  patterns, and counts only for the duplicates).
+* A leaf holds a tuple of the clients that subscribe there (each once): the
+  one truth of who holds what.  Each client also has a list of the patterns
+  it subscribed to, so that it can be dropped without a scan; an UNSUB
+  leaves its entry behind, and the list is compacted once more than half of
+  it is such leftovers.  One list slot per stored pattern, not a set entry
+  (a third of the size).  Duplicates are counted apart, only for those.
   The ``on_first``/``on_last`` callbacks fire when the first client comes to a
   pattern and when the last one leaves.  One holder may be *quiet*: on a
   relay that is the upstream link, which holds the patterns the upstream
@@ -110,9 +113,11 @@ class SubscriptionIndex:
         self._exact: dict[bytes, Holders] = {}
         self._prefix: dict[bytes, Holders] = {}
         self._dead: dict[bytes, Holders] = {}
-        #: client -> its distinct patterns; a set (not a dict of counts) keeps a
-        #: stored pattern small, and the rare duplicates are counted in _extra
-        self._owned: dict[C, set[bytes]] = {}
+        #: client -> the patterns it subscribed to, including ones it has left
+        #: since (counted in _stale) until the list is compacted (``_compact``)
+        self._owned: dict[C, list[bytes]] = {}
+        #: client -> how many entries of its list it no longer holds
+        self._stale: dict[C, int] = {}
         #: client -> pattern -> how many times it holds it beyond the first
         self._extra: dict[C, dict[bytes, int]] = {}
         #: client -> (client,), shared by all the patterns it alone holds
@@ -196,7 +201,9 @@ class SubscriptionIndex:
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
         """The clients holding ``pattern`` (each once)."""
-        pattern = canonical(pattern)
+        return self._holders(canonical(pattern))
+
+    def _holders(self, pattern: bytes) -> Holders:
         slot = self._slot(pattern, create=False)
         if slot is None:
             return _EMPTY
@@ -210,27 +217,47 @@ class SubscriptionIndex:
     def patterns_of(self, client: C) -> dict[bytes, int]:
         """A copy of ``client``'s patterns and their counts."""
         extra = self._extra.get(client, {})
-        return {p: 1 + extra.get(p, 0) for p in self._owned.get(client, ())}
+        return {p: 1 + extra.get(p, 0) for p in self._held(client)}
 
     def distinct_of(self, client: C) -> int:
         """How many distinct patterns ``client`` holds (no copy)."""
-        return len(self._owned.get(client, ()))
+        owned = self._owned.get(client)
+        return 0 if owned is None else len(owned) - self._stale.get(client, 0)
 
     def count_of(self, client: C, pattern: bytes) -> int:
         """How many times ``client`` holds ``pattern``."""
         pattern = canonical(pattern)
-        if pattern not in self._owned.get(client, ()):
+        if client not in self._holders(pattern):
             return 0
         return 1 + self._extra.get(client, {}).get(pattern, 0)
 
     def patterns(self) -> Iterator[bytes]:
         """Every distinct pattern held by anyone."""
         seen: set[bytes] = set()
-        for owned in self._owned.values():
-            for p in owned:
+        for client in list(self._owned):
+            for p in self._held(client):
                 if p not in seen:
                     seen.add(p)
                     yield p
+
+    def _held(self, client: C) -> list[bytes]:
+        """``client``'s distinct patterns (its list, without what it has left)."""
+        owned = self._owned.get(client)
+        if owned is None:
+            return []
+        if client not in self._stale:
+            return owned
+        return self._live(client, owned)
+
+    def _live(self, client: C, owned: list[bytes]) -> list[bytes]:
+        """The entries of ``owned`` that ``client`` still holds, each once."""
+        seen: set[bytes] = set()
+        held: list[bytes] = []
+        for p in owned:
+            if p not in seen and client in self._holders(p):
+                seen.add(p)
+                held.append(p)
+        return held
 
     @property
     def distinct(self) -> int:
@@ -246,17 +273,17 @@ class SubscriptionIndex:
     def add(self, client: C, pattern: bytes) -> None:
         """Subscribe ``client`` to ``pattern`` once more."""
         pattern = canonical(pattern)
-        owned = self._owned.get(client)
-        if owned is None:
-            owned = self._owned[client] = set()
         heard = client is not self.quiet
         self._total += heard
-        if pattern in owned:  # a duplicate: recipients unchanged, only counted
+        before = self._attach(client, pattern)
+        if before is None:  # a duplicate: recipients unchanged, only counted
             extra = self._extra.setdefault(client, {})
             extra[pattern] = extra.get(pattern, 0) + 1
             return
-        owned.add(pattern)
-        before = self._attach(client, pattern)
+        owned = self._owned.get(client)
+        if owned is None:
+            owned = self._owned[client] = []
+        owned.append(pattern)
         self.cache.clear()
         if heard and not self._heard(before):
             self._distinct += 1
@@ -267,7 +294,7 @@ class SubscriptionIndex:
         """Remove one subscription; False if ``client`` did not hold ``pattern``."""
         pattern = canonical(pattern)
         owned = self._owned.get(client)
-        if owned is None or pattern not in owned:
+        if owned is None or client not in self._holders(pattern):
             return False
         self._total -= client is not self.quiet
         extra = self._extra.get(client)
@@ -279,11 +306,24 @@ class SubscriptionIndex:
                 if not extra:
                     del self._extra[client]
             return True
-        owned.discard(pattern)
-        self._detach_and_notify(client, pattern)
-        if not owned:
+        left = self._detach(client, pattern)
+        self.cache.clear()
+        stale = self._stale.get(client, 0) + 1  # its entry is left behind
+        if stale == len(owned):  # it holds nothing more
             del self._owned[client]
+            self._stale.pop(client, None)
             self._solo.pop(client, None)
+        elif 2 * stale > len(owned):
+            # compacted once more than half is left behind: as many removals
+            # came before as it keeps, so an UNSUB costs O(1) amortised
+            self._owned[client] = self._live(client, owned)
+            self._stale.pop(client, None)
+        else:
+            self._stale[client] = stale
+        if client is not self.quiet and not self._heard(left):
+            self._distinct -= 1
+            if self.on_last is not None:
+                self.on_last(pattern)
         return True
 
     # --- trie plumbing ---------------------------------------------------
@@ -309,14 +349,6 @@ class SubscriptionIndex:
         """Whether ``holders`` has anyone but the quiet holder."""
         quiet = self.quiet
         return any(h is not quiet for h in holders)
-
-    def _detach_and_notify(self, client: C, pattern: bytes) -> None:
-        left = self._detach(client, pattern)
-        self.cache.clear()
-        if client is not self.quiet and not self._heard(left):
-            self._distinct -= 1
-            if self.on_last is not None:
-                self.on_last(pattern)
 
     def _flat(self, kind: str) -> dict[bytes, Holders]:
         """The dict that holds patterns of ``kind`` outside the trie."""
@@ -365,22 +397,29 @@ class SubscriptionIndex:
             node = nxt
         return node, "tail" if tail else "exact"
 
-    def _attach(self, client: C, pattern: bytes) -> Holders:
-        """Store one more holder; the holders before it came."""
+    def _attach(self, client: C, pattern: bytes) -> Holders | None:
+        """Store one more holder; the holders before it came, or None if
+        ``client`` held ``pattern`` already (then nothing changes)."""
         slot = self._slot(pattern, create=True)
         assert slot is not None
         node, attr = slot
         if attr == "everything":
             before = self._everything
+            if client in before:
+                return None
             self._everything = self._with(before, client)
         elif node is None:
-            if attr == "prefix":
-                self._prefix_longest = max(self._prefix_longest, len(pattern))
             flat = self._flat(attr)
             before = flat.get(pattern, _EMPTY)
+            if client in before:
+                return None
+            if attr == "prefix":
+                self._prefix_longest = max(self._prefix_longest, len(pattern))
             flat[pattern] = self._with(before, client)
         else:
             before = getattr(node, attr)
+            if client in before:
+                return None
             setattr(node, attr, self._with(before, client))
         return before
 
