@@ -324,6 +324,21 @@ def _memory_side(ctx: _Context, kind: str) -> dict[str, Any]:
     return result
 
 
+def _memory_median(sides: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median cost per client, with the median cost per pattern;
+    every run's figures are kept beside them."""
+    by_client = sorted(sides, key=lambda side: float(side["per_client_bytes"]))
+    by_pattern = sorted(sides, key=lambda side: float(side["per_pattern_bytes"]))
+    middle = len(sides) // 2
+    return {
+        "clients": by_client[middle]["clients"],
+        "per_client_bytes": by_client[middle]["per_client_bytes"],
+        "patterns": by_pattern[middle]["patterns"],
+        "per_pattern_bytes": by_pattern[middle]["per_pattern_bytes"],
+        "runs": sides,
+    }
+
+
 def _memory(ctx: _Context, reference: Reference) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "title": "memory",
@@ -334,10 +349,14 @@ def _memory(ctx: _Context, reference: Reference) -> dict[str, Any]:
     kinds = ["ours"] + (["reference"] if reference.path is not None else [])
     if reference.path is None:
         entry["reference_left_out"] = reference.reason
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     try:
-        entry["sides"] = {kind: _memory_side(ctx, kind) for kind in kinds}
+        for _ in range(ctx.options.n_repeat):  # interleaved, like the throughput runs
+            for kind in kinds:
+                runs[kind].append(_memory_side(ctx, kind))
     except Failure as exc:
         return {**entry, "status": "failed", "reason": _first_line(exc), "detail": str(exc)}
+    entry["sides"] = {kind: _memory_median(sides) for kind, sides in runs.items()}
     for kind, side in entry["sides"].items():
         ctx.say(
             f"  memory {kind}: {side['per_client_bytes']:,.0f} B/client, "

@@ -70,6 +70,11 @@ WARMUP_PATTERN = "warmup/"
 WARMUP_PROBE_WAIT = 0.05
 #: Seconds left to a server to settle before its RSS is read.
 RSS_SETTLE = 0.5
+#: Idle clients connected, each with a pattern, before a memory measurement
+#: starts: what a server sets up on its first clients and first patterns (a
+#: logger, read buffers, its tables' first sizes) is not counted as the cost
+#: of the ones measured.
+MEMORY_WARM_CLIENTS = 50
 #: Seconds a publisher may still take once every subscriber is done; longer
 #: means the server stopped reading it (the reference blocks on a full socket).
 STALL_GRACE = 3.0
@@ -364,7 +369,8 @@ def relay_warmup(
 
 @dataclass(frozen=True)
 class MemoryResult:
-    """RSS of a fresh server, after idle clients connect, after they subscribe."""
+    """RSS of a server with a few clients already, after more idle clients
+    connect, after they subscribe: what each client and pattern adds."""
 
     clients: int
     patterns: int
@@ -387,10 +393,22 @@ class MemoryResult:
 def measure_memory(
     procs: ProcessSet, tools: Tools, server: Child, address: str, clients: int, per_client: int
 ) -> MemoryResult:
-    """RSS of ``server`` before, after ``clients`` idle connections, after their patterns."""
-    time.sleep(RSS_SETTLE)
-    rss0 = rss_bytes(server.pid)
+    """RSS of ``server`` before, after ``clients`` idle connections, after their patterns.
+
+    ``MEMORY_WARM_CLIENTS`` clients connect and subscribe first, and stay."""
     with ProcessSet(procs.log_dir, procs.env) as mine:
+        warm = mine.start(
+            "idle-warm",
+            _loadgen(
+                tools, "idle", address, "-c", MEMORY_WARM_CLIENTS, "-K", 1, "-P", "warm", "-w"
+            ),
+            stdin=True,
+        )
+        warm.expect("connected", IDLE_SETUP_TIMEOUT)
+        warm.tell("go")
+        warm.expect("ready", IDLE_SETUP_TIMEOUT)
+        time.sleep(RSS_SETTLE)
+        rss0 = rss_bytes(server.pid)
         idle = mine.start(
             "idle-mem",
             _loadgen(
