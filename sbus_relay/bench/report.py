@@ -239,6 +239,7 @@ def _side_line(title: str, side: str, s: dict[str, Any], note: str) -> str:
     return (
         f"{title:<46} {side:<9} {rate:>10} {_fmt(s.get('p50_us'), ',.0f'):>8} "
         f"{_fmt(s.get('p99_us'), ',.0f'):>8} {_fmt(s.get('cpu_us_per_delivery'), '.2f'):>8} "
+        f"{_fmt(s.get('load_cpu_us_per_delivery'), '.2f'):>8} "
         f"{s.get('rss_bytes', 0) / 2**20:>7.1f}  {note}"
     )
 
@@ -248,7 +249,7 @@ def format_table(results: dict[str, Any]) -> str:
     scenarios: dict[str, Any] = results["scenarios"]
     head = (
         f"{'scenario':<46} {'side':<9} {'deliv/s':>10} {'p50 us':>8} {'p99 us':>8} "
-        f"{'cpu us':>8} {'RSS MiB':>7}  ours/other"
+        f"{'cpu us':>8} {'load us':>8} {'RSS MiB':>7}  ours/other"
     )
     #: scenarios with a line of their own, below the table
     apart = ("memory", "footprint", "upgrade", "restart")
@@ -302,7 +303,8 @@ def format_table(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"deliv/s: deliveries per second at the reading subscribers; p50/p99: send-to-receive "
-        f"latency; cpu us: server CPU time per delivery; RSS: server memory after the run. "
+        f"latency; cpu us: server CPU time per delivery; load us: the load generators' CPU "
+        f"time per delivery (they share the cores); RSS: server memory after the run. "
         f"{runs}, {meta['payload_bytes']}-byte payloads.",
     ]
     if meta.get("hot_path"):

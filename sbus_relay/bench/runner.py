@@ -269,6 +269,7 @@ def _side_summary(runs: list[RunResult]) -> dict[str, Any]:
         "p50_us": med([r.lat_p50_us for r in runs]),
         "p99_us": med([r.lat_p99_us for r in runs]),
         "cpu_us_per_delivery": med([r.cpu_us_per_delivery for r in runs]),
+        "load_cpu_us_per_delivery": med([r.load_cpu_us_per_delivery for r in runs]),
         "rss_bytes": med([r.rss_bytes for r in runs]),
         "delivered": min(r.delivered for r in runs),
         "expected": runs[-1].expected,

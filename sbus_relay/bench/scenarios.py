@@ -217,6 +217,9 @@ class RunResult:
     truncated: int
     cpu_s: float  # server CPU time during the run
     cpu_us_per_delivery: float
+    #: the load generators' CPU per delivery (publishers and subscribers,
+    #: while the messages flowed): what the load costs the shared cores
+    load_cpu_us_per_delivery: float
     rss_bytes: int  # server RSS at the end of the run
     stalled: bool  # a publisher never finished: the server stopped reading it
 
@@ -325,6 +328,7 @@ def drive(
     lasts = [int(r["last_ns"]) for r in sub_results if r["count"]]
     window = (max(lasts) - start) / 1e9 if lasts else 0.0
     cpu = max(0.0, cpu1 - cpu0)
+    load_ns = sum(int(r.get("cpu_ns", 0)) for r in [*pub_results, *sub_results])
     return RunResult(
         sent=sum(int(r["sent"]) for r in pub_results),
         expected=load.expected,
@@ -339,6 +343,7 @@ def drive(
         truncated=sum(int(r["truncated"]) for r in sub_results),
         cpu_s=round(cpu, 3),
         cpu_us_per_delivery=cpu * 1e6 / delivered if delivered else 0.0,
+        load_cpu_us_per_delivery=load_ns / 1e3 / delivered if delivered else 0.0,
         rss_bytes=rss,
         stalled=stalled_run,
     )

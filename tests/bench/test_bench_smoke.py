@@ -85,7 +85,14 @@ def test_every_side_measured_and_lossless(live: dict[str, Any]) -> None:
     for name, s in scenarios.items():
         for side_name, side in s["sides"].items():
             assert len(side["runs"]) == 1, (name, side_name)
-            for key in ("median", "p50_us", "p99_us", "cpu_us_per_delivery", "rss_bytes"):
+            for key in (
+                "median",
+                "p50_us",
+                "p99_us",
+                "cpu_us_per_delivery",
+                "rss_bytes",
+                "load_cpu_us_per_delivery",
+            ):
                 assert side[key] > 0, (name, side_name, key, side[key])
             if not (name == "stalled" and side_name == "reference"):
                 lossless(side)

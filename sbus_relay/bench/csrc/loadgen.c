@@ -32,7 +32,10 @@
  *   loadgen stalled -a ADDR [-p PATTERN]
  *       Subscribe (barrier, "ready") and never read again, until stdin's EOF.
  *
- * Every mode ends by printing one JSON line on stdout.  Sockets are blocking
+ * Every mode ends by printing one JSON line on stdout; pub and sub include
+ * "cpu_ns", the CPU time they used while the messages flowed (from "go", and
+ * from "ready"), so that the bench can say what the load itself costs the
+ * cores it shares with the server.  Sockets are blocking
  * for sending: a server applying backpressure to a publisher simply slows it
  * down, and the throughput is measured at the subscribers.
  *
@@ -273,6 +276,16 @@ static size_t make_packet(unsigned char *buf, const struct options *o, unsigned 
 	return 5 + klen + (size_t)o->size;
 }
 
+/* CPU time this process has used, user and system, in nanoseconds. */
+static uint64_t cpu_ns(void)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return 0;
+	return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000u +
+	       ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
+}
+
 static int run_pub(const struct options *o)
 {
 	size_t slot = 5 + MAX_KEY + (size_t)o->size;
@@ -281,7 +294,7 @@ static int run_pub(const struct options *o)
 	unsigned char *bufs;
 	struct mmsghdr msgs[BATCH];
 	struct iovec iov[BATCH];
-	uint64_t start, end, interval = 0, total = 0, *seq;
+	uint64_t start, end, interval = 0, total = 0, *seq, cpu0;
 
 	if (slot > MAX_PACKET) {
 		fprintf(stderr, "loadgen: packet too large\n");
@@ -304,6 +317,7 @@ static int run_pub(const struct options *o)
 	}
 	if (o->rate > 0)
 		interval = (uint64_t)(1e9 / o->rate);
+	cpu0 = cpu_ns();
 	start = now_ns();
 	while ((long)total < o->count) {
 		int n = (int)(o->count - (long)total < batch ? o->count - (long)total : batch);
@@ -333,8 +347,10 @@ static int run_pub(const struct options *o)
 		c = (c + 1) % conns;
 	}
 	end = now_ns();
-	printf("{\"mode\":\"pub\",\"sent\":%llu,\"start_ns\":%llu,\"end_ns\":%llu}\n",
-	       (unsigned long long)total, (unsigned long long)start, (unsigned long long)end);
+	printf("{\"mode\":\"pub\",\"sent\":%llu,\"start_ns\":%llu,\"end_ns\":%llu,"
+	       "\"cpu_ns\":%llu}\n",
+	       (unsigned long long)total, (unsigned long long)start, (unsigned long long)end,
+	       (unsigned long long)(cpu_ns() - cpu0));
 	fflush(stdout);
 	/* Closing at once would lose packets still in the socket: the reference
 	 * sbusd drops a client at its hang-up before reading what it left. */
@@ -418,6 +434,7 @@ static int run_sub(const struct options *o)
 	long conns = o->clients, want = o->count * o->clients, open_conns, c, ok;
 	int *fds, ep, i, k, timed_out = 0;
 	char line[4096];
+	uint64_t cpu0;
 
 	memset(&s, 0, sizeof(s));
 	s.last_seq = calloc((size_t)conns * MAX_PUBLISHERS, sizeof(*s.last_seq));
@@ -459,6 +476,7 @@ static int run_sub(const struct options *o)
 	}
 	open_conns = conns;
 	say("ready");
+	cpu0 = cpu_ns();
 	while (s.count < want && open_conns > 0) {
 		double wait_s = s.count ? o->idle_s : o->start_s;
 		int n = epoll_wait(ep, evs, BATCH, (int)(wait_s * 1000));
@@ -498,13 +516,14 @@ static int run_sub(const struct options *o)
 	       "\"last_ns\":%llu,\"control\":%ld,\"truncated\":%ld,\"gaps\":%ld,"
 	       "\"reordered\":%ld,\"timed_out\":%s,\"closed\":%ld,\"barrier\":%ld,"
 	       "\"lat_n\":%zu,\"lat_p50_us\":%.1f,\"lat_p90_us\":%.1f,"
-	       "\"lat_p99_us\":%.1f,\"lat_max_us\":%.1f}\n",
+	       "\"lat_p99_us\":%.1f,\"lat_max_us\":%.1f,\"cpu_ns\":%llu}\n",
 	       s.count, (unsigned long long)s.bytes, (unsigned long long)s.first,
 	       (unsigned long long)s.last, s.control, s.truncated, s.gaps, s.reordered,
 	       timed_out ? "true" : "false", conns - open_conns, ok, s.nlat,
 	       percentile_us(s.lat, s.nlat, 0.50), percentile_us(s.lat, s.nlat, 0.90),
 	       percentile_us(s.lat, s.nlat, 0.99),
-	       s.nlat ? (double)s.lat[s.nlat - 1] / 1000.0 : 0.0);
+	       s.nlat ? (double)s.lat[s.nlat - 1] / 1000.0 : 0.0,
+	       (unsigned long long)(cpu_ns() - cpu0));
 	fflush(stdout);
 	for (c = 0; c < conns; c++)
 		close(fds[c]);
