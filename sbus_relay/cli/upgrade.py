@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _hierarchy_file(address: str) -> bool:
+    """Whether ``-a`` names a YAML file (a tree for ``up``) rather than a socket."""
+    return address.endswith((".yaml", ".yml")) and os.path.isfile(address)
+
+
 def run(args: argparse.Namespace) -> int:
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.ops.children import children_of, process_status
@@ -45,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tree is not None and args.address is not None:
         raise UsageError("give -a ADDRESS or a hierarchy file, not both")
+    if args.address is not None and _hierarchy_file(args.address):
+        raise UsageError(
+            f"{args.address} is a hierarchy file, not a bus's address: "
+            f"sbus-relay upgrade {args.address} (without -a) upgrades every bus it runs"
+        )
     if args.tree is not None:
         addresses = [(spec.name, spec.address) for spec in load_hierarchy(args.tree).buses]
     else:

@@ -247,6 +247,17 @@ def test_a_relay_reconnects_when_its_upstream_binds_again_not_after_its_back_off
         raise AssertionError(f"{exc}\n{relay.log()[-2500:]}") from None
 
 
+def test_a_hierarchy_file_given_as_an_address_is_named_as_one(tmp_path: Path) -> None:
+    hierarchy = tmp_path / "tree.yaml"
+    hierarchy.write_text("buses: []\n")
+    done = run_cli("upgrade", "-a", str(hierarchy))
+    assert done.returncode == 2 and not done.stdout
+    said = done.stderr.decode()
+    assert said.count("\n") == 1 and "Traceback" not in said
+    assert f"{hierarchy} is a hierarchy file" in said
+    assert f"sbus-relay upgrade {hierarchy} (without -a)" in said
+
+
 def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path) -> None:
     sock_dir = tempfile.mkdtemp(dir="/tmp")
     hierarchy = tmp_path / "tree.yaml"
