@@ -35,7 +35,10 @@ Pauses: a publisher is not read while a client in a block mode it filled is
 relay waiting for its identity prefix).  Pauses are counted, so each release
 resumes exactly one.  Interest notices (to a relay below: ``CMSG
 interest/add``; to the upstream: ``SUB``/``UNSUB``) wait coalesced per
-pattern in ``notices`` and go before the queue.
+pattern in ``notices`` and go before the queue.  That, the publishers it
+holds back, a stash of packets read while paused, its write watcher, its
+episodes and its logger live in a ``_Rare`` part made on first need: an
+idle client has none of them.
 """
 
 from __future__ import annotations
@@ -548,12 +551,13 @@ class Connection:
             for i in order:
                 q.push(packets[i], times[i])
         self.shed = state["shed"]
-        if flags["ready_owed"] or flags["retry"] or state["notices"] or state["stash"]:
+        notices, stash = state["notices"], state["stash"]
+        if flags["ready_owed"] or flags["retry"] or notices is not None or stash is not None:
             rare = self._more()
             rare.ready_owed = flags["ready_owed"]
             rare.retry = flags["retry"]
-            rare.notices = state["notices"]
-            rare.stash = state["stash"]
+            rare.notices = notices
+            rare.stash = stash
         if self.queued[0] or self._has_notices():
             self._want_write()
 
