@@ -114,7 +114,7 @@ class SubscriptionIndex:
         self._prefix: dict[bytes, Holders] = {}
         self._dead: dict[bytes, Holders] = {}
         #: client -> the patterns it subscribed to, including ones it has left
-        #: since (counted in _stale) until the list is compacted (``_compact``)
+        #: since (counted in _stale) until the list is compacted (``remove``)
         self._owned: dict[C, list[bytes]] = {}
         #: client -> how many entries of its list it no longer holds
         self._stale: dict[C, int] = {}
