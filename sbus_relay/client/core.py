@@ -1,15 +1,20 @@
-"""A small sbus client: one SEQPACKET connection, one packet per message.
+"""The blocking client: ``Client``, over the protocol core (``session.py``).
 
 Blocking with the stdlib ``socket``.  Cooperative under gevent either when
-gevent has monkey-patched ``socket`` (``addresses.connect`` then builds a gevent
-socket) or with ``Client(..., cooperative=True)``.
+gevent has monkey-patched ``socket`` and ``time`` (``addresses.connect`` then
+builds a gevent socket) or with ``Client(..., cooperative=True)``.
 
-The server keeps no state for us beyond subscriptions and modes (the protocol
-"No state-keeping required in clients"), so this class is thin: it encodes with
-``codec``, receives into one reusable buffer one byte larger than the largest
-legal packet so that an over-long packet is detected (docs/protocol.md,
-Packets), and keeps a bounded backlog of messages that arrived while it waited
-for a reply.
+There is no thread and no greenlet behind a ``Client``: everything happens in
+the caller's own calls.  A lost connection is noticed by the call that meets
+it (a send that fails, a receive that reads the end); with ``reconnect`` on,
+that call connects again with capped back-off (within its own timeout: a
+``receive`` still times out), the session sends its handshake, and the call
+goes on.  A ``publish`` while away is buffered and returns at once; it tries
+one connection if the back-off allows, without waiting.
+
+Every packet is received into one reusable buffer one byte larger than the
+largest legal packet, so that an over-long packet is detected
+(docs/protocol.md, Packets).
 """
 
 from __future__ import annotations
@@ -17,127 +22,160 @@ from __future__ import annotations
 import socket
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
-from sbus_relay.ops.addresses import Address, connect
-from sbus_relay.protocol.codec import (
-    Control,
-    Publish,
-    decode,
-    encode_cmsg,
-    encode_msg,
-    encode_sub,
-    encode_unsub,
+from sbus_relay.ops.addresses import Address, connect, parse_address
+from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
+from sbus_relay.protocol.keys import WHOAMI
+from sbus_relay.protocol.limits import (
+    CLIENT_BUFFER_BYTES,
+    CLIENT_BUFFER_MESSAGES,
+    CLIENT_PENDING_MESSAGES,
+    CLIENT_RECONNECT_MAX,
+    CLIENT_RECONNECT_MIN,
+    MAX_PACKET,
 )
-from sbus_relay.protocol.errors import BusClosed, PeerError, UsageError
-from sbus_relay.protocol.limits import CLIENT_PENDING_MESSAGES, MAX_PACKET
+
+from .session import (
+    FLOOD_MODES,
+    Closing,
+    Data,
+    Message,
+    Ready,
+    Session,
+    State,
+    WhoamiReply,
+    as_bytes,
+    encode_request,
+    split_request,
+)
+from .stats import ClientStats, Outage
+
+__all__ = ["FLOOD_MODES", "WHOAMI_KEY", "Client", "Message"]
 
 #: The credentials request and reply key (docs/protocol.md, "Credentials").
-WHOAMI_KEY = b"!/cred/whoami"
-#: The server's notice, just before it closes us, of why (docs/protocol.md).
-DISCONNECT_KEY = b"disconnect"
+WHOAMI_KEY = WHOAMI
 #: Packets read, without waiting, to find the server's disconnect notice after
 #: a failed send: it is behind at most the messages already queued to us.
 NOTICE_SCAN_PACKETS = 64
-#: Flood-control modes a client may ask for (docs/protocol.md, Flood control).
-FLOOD_MODES = frozenset(
-    {
-        "blocking/soft/queue",
-        "blocking/soft/discard",
-        "blocking/soft/block",
-        "blocking/soft/error",
-        "blocking/hard/discard",
-        "blocking/hard/block",
-        "blocking/hard/error",
-        "order/queue",
-        "order/stack",
-        "order/random",
-    }
-)
 
-Data = str | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One received packet: a publish (``control=False``) or a server control message."""
-
-    control: bool
-    key: bytes
-    payload: bytes
-    packet: bytes
-
-
-def _bytes(value: Data) -> bytes:
-    return value.encode("utf-8") if isinstance(value, str) else value
+Disconnected = Callable[[str], None]
+Reconnected = Callable[[Outage], None]
 
 
 class Client:
-    """A connection to a bus.  ``timeout`` (seconds, None = forever) applies to
-    every send and to ``receive``/``whoami`` unless they are given their own."""
+    """A connection to a bus that comes back by itself.
+
+    ``timeout`` (seconds, None = forever) applies to every send and to
+    ``receive``/``whoami``/``request`` unless they are given their own.
+    ``reconnect=False`` makes a lost connection final (``BusClosed``).
+    ``batch=True`` asks the bus for packed batches (docs/protocol.md,
+    "Packed batches"); a bus that does not know them is detected.
+    """
 
     def __init__(
-        self, address: str | Address, *, timeout: float | None = None, cooperative: bool = False
+        self,
+        address: str | Address,
+        *,
+        timeout: float | None = None,
+        cooperative: bool = False,
+        reconnect: bool = True,
+        batch: bool = False,
+        buffer_messages: int = CLIENT_BUFFER_MESSAGES,
+        buffer_bytes: int = CLIENT_BUFFER_BYTES,
+        on_disconnected: Disconnected | None = None,
+        on_reconnected: Reconnected | None = None,
     ) -> None:
-        sock = connect(address)
-        if cooperative:
-            from gevent import socket as gsocket
-
-            sock = gsocket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
-        self._sock: socket.socket = sock
+        self.address = parse_address(address) if isinstance(address, str) else address
         self.timeout = timeout
-        # One buffer for the connection's life: MAX_PACKET + 1 bytes, so a packet
-        # that fills it is over-long even if MSG_TRUNC were not reported.
+        self.cooperative = cooperative
+        # An inherited descriptor cannot be connected again.
+        self.reconnect = reconnect and self.address.kind != "fd"
+        self.on_disconnected = on_disconnected
+        self.on_reconnected = on_reconnected
+        self.session = Session(
+            batch=batch, buffer_messages=buffer_messages, buffer_bytes=buffer_bytes
+        )
         self._buffer = bytearray(MAX_PACKET + 1)
         self._view = memoryview(self._buffer)
         self._pending: deque[Message] = deque()
+        self._answers: deque[bytes] = deque()
         self._closed = False
+        #: why the client closed for good, when the bus decided it
+        self._final: BusClosed | None = None
+        self._sock: socket.socket | None = None
+        self._backoff = CLIENT_RECONNECT_MIN
+        self._next_try = 0.0
+        self._down_since = 0.0
+        self._down_reason = ""
+        self._outages: list[Outage] = []
+        self._request_seq = 0
+        self._attach(connect(self.address))
 
     # --- sending -------------------------------------------------------------
 
     def send_raw(self, packet: bytes) -> None:
-        """Send one packet as is (tests use it to send malformed ones)."""
+        """Send one packet as is, on this connection (tests send malformed ones)."""
         self._check_open()
-        self._sock.settimeout(self.timeout)
+        self._flush()
+        sock = self._connected_socket(self._deadline(None))
+        sock.settimeout(self.timeout)
         try:
-            sent = self._sock.send(packet)
+            sock.send(packet)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise self._closed_error(str(exc)) from exc
-        if sent != len(packet):  # cannot happen on SEQPACKET; be loud if it does
-            raise BusClosed(f"short send: {sent} of {len(packet)} bytes")
-
-    def _send(self, packet: bytes) -> None:
-        if len(packet) > MAX_PACKET:
-            raise UsageError(f"packet of {len(packet)} bytes is over the {MAX_PACKET}-byte limit")
-        self.send_raw(packet)
 
     def subscribe(self, pattern: Data) -> None:
-        """``SUB pattern``; the same pattern twice needs two unsubscribes."""
-        self._send(encode_sub(_bytes(pattern)))
+        """``SUB pattern``, held across reconnects; the same pattern twice needs
+        two unsubscribes."""
+        self._check_open()
+        self.session.subscribe(pattern)
+        self._flush()
 
     def unsubscribe(self, pattern: Data) -> None:
-        """``UNSUB pattern``."""
-        self._send(encode_unsub(_bytes(pattern)))
+        """``UNSUB pattern``: one hold of it."""
+        self._check_open()
+        self.session.unsubscribe(pattern)
+        self._flush()
 
     def publish(self, key: Data, payload: Data = b"") -> None:
-        """``MSG key\\0payload``."""
-        self._send(encode_msg(_bytes(key), _bytes(payload)))
+        """``MSG key\\0payload``.  While the bus is away it waits in the buffer
+        (``BufferFull`` when that is full) and goes out, in order, once back."""
+        self._check_open()
+        if self.session.state is State.DISCONNECTED:
+            self._try_now()
+        self.session.publish(key, payload)
+        self._flush()
+
+    def publish_many(self, items: Iterable[tuple[Data, Data]]) -> int:
+        """Publish several ``(key, payload)`` at once: packed batches where the bus
+        agreed to them, else one packet each; how many."""
+        self._check_open()
+        if self.session.state is State.DISCONNECTED:
+            self._try_now()
+        count = self.session.publish_many(items)
+        self._flush()
+        return count
 
     def control(self, key: Data, payload: Data | None = None) -> None:
-        """``CMSG key[\\0payload]`` to the server."""
-        self._send(encode_cmsg(_bytes(key), None if payload is None else _bytes(payload)))
+        """``CMSG key[\\0payload]`` to the bus, on this connection."""
+        self._check_open()
+        self._connected_socket(self._deadline(None))
+        self.session.control(key, payload)
+        self._flush()
 
     def echo(self, on: bool) -> None:
         """Receive (or not) our own publishes when subscribed (docs/protocol.md, Echo)."""
-        self.control(b"echo/on" if on else b"echo/off")
+        self._check_open()
+        self.session.set_echo(on)
+        self._flush()
 
     def flood(self, mode: str) -> None:
         """Ask for a flood-control mode, e.g. ``"blocking/soft/discard"`` (docs/protocol.md)."""
-        if mode not in FLOOD_MODES:
-            raise UsageError(f"unknown flood mode {mode!r}; one of {sorted(FLOOD_MODES)}")
-        self.control(mode)
+        self._check_open()
+        self.session.set_flood(mode)
+        self._flush()
 
     # --- receiving -----------------------------------------------------------
 
@@ -146,77 +184,241 @@ class Client:
 
         ``timeout`` None means the client's own timeout.
         """
-        if self._pending:
-            return self._pending.popleft()
-        return self._next(self.timeout if timeout is None else timeout)
+        deadline = self._deadline(timeout)
+        while not self._pending:
+            self._step(deadline)
+        return self._pending.popleft()
 
-    def iter_messages(self, timeout: float | None = None) -> Iterator[Message]:
-        """Messages until the bus closes the connection (``TimeoutError`` propagates)."""
+    def messages(self, timeout: float | None = None) -> Iterator[Message]:
+        """Messages until the client closes for good (``TimeoutError`` propagates)."""
         while True:
             try:
                 yield self.receive(timeout)
             except BusClosed:
                 return
 
+    iter_messages = messages
+
     def whoami(self, timeout: float | None = None) -> str:
-        """Our credentials as the server sees them, e.g. ``"!/cred/100/1000/1111"``.
+        """Our credentials as the bus sees them, e.g. ``"!/cred/100/1000/1111"``.
 
         Messages that arrive before the reply are kept for ``receive`` (bounded by
         ``CLIENT_PENDING_MESSAGES``), so asking never loses one.
         """
-        limit = self.timeout if timeout is None else timeout
-        deadline = None if limit is None else time.monotonic() + limit
-        self.control(WHOAMI_KEY)
+        self._check_open()
+        deadline = self._deadline(timeout)
+        self.session.ask_whoami()
+        self._flush()
+        while not self._answers:
+            self._step(deadline, waiting=True)
+        return self._answers.popleft().decode("utf-8", "surrogateescape")
+
+    def request(self, key: Data, payload: Data = b"", timeout: float | None = None) -> Message:
+        """Publish a request to ``key`` and wait for its reply, which comes to
+        this client's own secret inbox (docs/client.md, "Request and reply")."""
+        self._check_open()
+        deadline = self._deadline(timeout)
+        inbox = self._inbox(deadline)
+        self._request_seq += 1
+        reply_to = inbox + b"%d" % self._request_seq
+        self.publish(key, encode_request(reply_to, as_bytes(payload)))
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            message = self._next(remaining)
-            if message.control and message.key == WHOAMI_KEY:
-                return message.payload.decode("utf-8", "surrogateescape")
-            if len(self._pending) >= CLIENT_PENDING_MESSAGES:
-                raise UsageError(
-                    f"over {CLIENT_PENDING_MESSAGES} messages arrived while waiting for"
-                    " whoami; receive() them first"
-                )
-            self._pending.append(message)
+            for i, message in enumerate(self._pending):
+                if message.key == reply_to and not message.control:
+                    del self._pending[i]
+                    return message
+            self._step(deadline, waiting=True)
+
+    def reply(self, request: Message, payload: Data = b"") -> None:
+        """Answer a request received with ``receive``."""
+        reply_to, _ = split_request(request.payload)
+        self.publish(reply_to, payload)
 
     @property
     def buffered(self) -> int:
         """Messages already received and waiting for ``receive`` (select() won't see them)."""
         return len(self._pending)
 
-    def _next(self, timeout: float | None) -> Message:
-        """The next packet as a Message; the server's disconnect notice raises BusClosed."""
-        message = self._parse(self._recv(timeout))
-        if message.control and message.key == DISCONNECT_KEY:
-            reason = message.payload.decode("utf-8", "replace")
-            raise BusClosed(f"the bus closed the connection: {reason}", reason)
-        return message
+    @property
+    def stats(self) -> ClientStats:
+        """What happened to this client so far (reconnects, outages, buffered, lost)."""
+        return ClientStats.of(self.session, self._outages)
+
+    # --- inside ------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        limit = self.timeout if timeout is None else timeout
+        return None if limit is None else time.monotonic() + limit
+
+    def _inbox(self, deadline: float | None) -> bytes:
+        """This client's reply inbox, subscribed (and confirmed) on first use."""
+        session = self.session
+        if session.identity is None:
+            self.whoami(_left(deadline))
+        inbox = session.inbox()
+        if inbox not in session.patterns:
+            session.subscribe(inbox)
+            self.whoami(_left(deadline))  # its answer means the SUB is in place
+            inbox = session.inbox()
+        return inbox
+
+    def _step(self, deadline: float | None, waiting: bool = False) -> None:
+        """Read one packet (connecting again first if need be) and take in what it means."""
+        self._check_open()
+        sock = self._connected_socket(deadline)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            packet = self._recv(sock, remaining)
+        except BusClosed as exc:
+            self._lost(exc)
+            return
+        self._take(self.session.receive(packet), waiting)
+
+    def _take(self, events: list[Message | WhoamiReply | Ready | Closing], waiting: bool) -> None:
+        for event in events:
+            if isinstance(event, Message):
+                if waiting and len(self._pending) >= CLIENT_PENDING_MESSAGES:
+                    raise UsageError(
+                        f"over {CLIENT_PENDING_MESSAGES} messages arrived while waiting for"
+                        " a reply; receive() them first"
+                    )
+                self._pending.append(event)
+            elif isinstance(event, WhoamiReply):
+                self._answers.append(event.identity)
+            elif isinstance(event, Ready):
+                self._ready(event)
+            else:
+                said = BusClosed(f"the bus closed the connection: {_said(event)}", event.reason)
+                self._lost(said, final=event.final)
+        self._flush()
+
+    def _ready(self, event: Ready) -> None:
+        if self.session.connections > 1 and self._down_since:
+            outage = Outage(
+                reason=self._down_reason,
+                seconds=time.monotonic() - self._down_since,
+                renamed=event.renamed,
+            )
+            self._outages.append(outage)
+            self._down_since = 0.0
+            if self.on_reconnected is not None:
+                self.on_reconnected(outage)
+
+    def _connected_socket(self, deadline: float | None) -> socket.socket:
+        """The live socket, connecting again (within ``deadline``) if it is gone."""
+        while self._sock is None:
+            self._check_open()
+            now = time.monotonic()
+            if now < self._next_try:
+                wait = self._next_try - now
+                if deadline is not None and now + wait > deadline:
+                    self._sleep(max(0.0, deadline - now))
+                    raise TimeoutError("the bus is away; still trying to connect")
+                self._sleep(wait)
+            self._try_now()
+        return self._sock
+
+    def _try_now(self) -> None:
+        """One connection attempt if the back-off allows it now."""
+        if self._sock is not None or time.monotonic() < self._next_try or self._closed:
+            return
+        try:
+            sock = connect(self.address)
+        except AddressError:
+            self._next_try = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, CLIENT_RECONNECT_MAX)
+            return
+        self._attach(sock)
+
+    def _attach(self, sock: socket.socket) -> None:
+        if self.cooperative:
+            from gevent import socket as gsocket
+
+            sock = gsocket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self._sock = sock
+        self._backoff = CLIENT_RECONNECT_MIN
+        self._next_try = 0.0
+        ready = self.session.connection_made()
+        self._flush()
+        if ready is not None:
+            self._ready(ready)
+
+    def _flush(self) -> None:
+        """Send what the session queued; a failure is a lost connection."""
+        sock = self._sock
+        if sock is None:
+            return
+        packets = self.session.outgoing()
+        if not packets:
+            return
+        sock.settimeout(self.timeout)
+        for i, packet in enumerate(packets):
+            try:
+                sock.send(packet)
+            except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError) as exc:
+                self.session.put_back(packets[i:])
+                self._lost(self._closed_error(str(exc)))
+                return
+            except TimeoutError:
+                self.session.put_back(packets[i:])
+                raise
+
+    def _lost(self, exc: BusClosed, final: bool = False) -> None:
+        """The connection is gone: connect again later, or (no reconnect, or a
+        final refusal) close for good and raise."""
+        if self._sock is None:
+            if final or not self.reconnect:
+                self._give_up(exc)
+                raise exc
+            return
+        self._sock.close()
+        self._sock = None
+        self.session.connection_lost()
+        if final or not self.reconnect:
+            self._give_up(exc)
+            raise exc
+        self._down_since = time.monotonic()
+        self._down_reason = exc.reason or "closed"
+        self._next_try = 0.0
+        if self.on_disconnected is not None:
+            self.on_disconnected(self._down_reason)
+
+    def _give_up(self, why: BusClosed | None = None) -> None:
+        if self._final is None:
+            self._final = why
+        if not self._closed:
+            self.session.give_up()
+            self._closed = True
+            self._view.release()
 
     def _closed_error(self, error: str) -> BusClosed:
         """A send failed: the reason is the disconnect notice still waiting to be read."""
+        sock = self._sock
+        if sock is None:
+            return BusClosed(f"the bus closed the connection: {error}")
         try:
             for _ in range(NOTICE_SCAN_PACKETS):
-                message = self._next(0.0)
-                if len(self._pending) < CLIENT_PENDING_MESSAGES:
-                    self._pending.append(message)
-        except BusClosed as exc:
-            if exc.reason:
-                return exc
-        except (OSError, PeerError):
+                for event in self.session.receive(self._recv(sock, 0.0)):
+                    if isinstance(event, Closing):
+                        return BusClosed(
+                            f"the bus closed the connection: {_said(event)}", event.reason
+                        )
+                    if isinstance(event, Message) and len(self._pending) < CLIENT_PENDING_MESSAGES:
+                        self._pending.append(event)
+        except (OSError, PeerError, BusClosed):
             pass
         return BusClosed(f"the bus closed the connection: {error}")
 
-    def _recv(self, timeout: float | None) -> bytes:
-        self._check_open()
-        self._sock.settimeout(timeout)
+    def _recv(self, sock: socket.socket, timeout: float | None) -> bytes:
+        sock.settimeout(timeout)
         try:
-            size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
+            size, _ancdata, flags, _addr = sock.recvmsg_into([self._view])
         except (ConnectionResetError, BrokenPipeError) as exc:
             # A reset is reported once, before the packets still queued to us
             # (the server's disconnect notice among them): read those first.
             try:
-                self._sock.settimeout(0.0)
-                size, _ancdata, flags, _addr = self._sock.recvmsg_into([self._view])
+                sock.settimeout(0.0)
+                size, _ancdata, flags, _addr = sock.recvmsg_into([self._view])
             except OSError:
                 size = 0
             if size == 0:
@@ -228,34 +430,45 @@ class Client:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
         return bytes(self._view[:size])
 
-    @staticmethod
-    def _parse(packet: bytes) -> Message:
-        event = decode(packet)
-        if isinstance(event, Publish):
-            return Message(False, event.key, event.payload, packet)
-        if isinstance(event, Control):
-            return Message(True, event.key, event.payload or b"", packet)
-        raise PeerError("protocol_error", "server sent a SUB or UNSUB packet")
+    def _sleep(self, seconds: float) -> None:
+        if self.cooperative:
+            import gevent
+
+            gevent.sleep(seconds)
+        else:
+            time.sleep(seconds)
 
     # --- lifetime ------------------------------------------------------------
 
     def fileno(self) -> int:
-        """The socket's descriptor, for select/poll (mind ``buffered``)."""
+        """The current connection's descriptor, for select/poll (mind ``buffered``;
+        it changes when the client connects again)."""
+        if self._sock is None:
+            raise BusClosed("not connected: the bus is away")
         return self._sock.fileno()
 
     @property
+    def connected(self) -> bool:
+        """A connection is up (it may still be in its handshake)."""
+        return self._sock is not None
+
+    @property
     def closed(self) -> bool:
-        """True after ``close``."""
+        """True after ``close``, or once the client gave up for good."""
         return self._closed
 
     def close(self) -> None:
-        """Close the connection (idempotent); the server forgets our subscriptions."""
+        """Close the connection (idempotent); the bus forgets our subscriptions.
+        Publishes still buffered are lost, and counted (``stats.unsent``)."""
         if not self._closed:
-            self._closed = True
-            self._view.release()
-            self._sock.close()
+            if self._sock is not None:
+                _drain_and_close(self._sock)
+                self._sock = None
+            self._give_up()
 
     def _check_open(self) -> None:
+        if self._final is not None:
+            raise BusClosed(str(self._final), self._final.reason)
         if self._closed:
             raise UsageError("the client is closed")
 
@@ -269,3 +482,24 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _said(event: Closing) -> str:
+    return f"{event.reason}: {event.detail}" if event.detail else event.reason
+
+
+def _drain_and_close(sock: socket.socket) -> None:
+    """Close, reading first what already arrived: a socket closed with unread
+    packets resets its peer, which the bus would log as an I/O error."""
+    try:
+        sock.settimeout(0.0)
+        for _ in range(NOTICE_SCAN_PACKETS):
+            if not sock.recv(MAX_PACKET):
+                break
+    except OSError:
+        pass
+    sock.close()
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import PeerError, UsageError
-from .limits import MAX_PACKET
+from .limits import BATCH_MESSAGES, MAX_PACKET
 
 #: The head of a packed batch: then, per MSG packet, its length in 4 bytes
 #: (big-endian) and the packet (docs/protocol.md, "Packed batches").
@@ -120,6 +120,52 @@ def encode_batch(packets: list[bytes]) -> bytes:
         parts.append(len(packet).to_bytes(4, "big"))
         parts.append(packet)
     return b"".join(parts)
+
+
+def pack_batches(packets: list[bytes]) -> list[bytes]:
+    """MSG ``packets`` as few packed batches as the bounds allow (``BATCH_MESSAGES``
+    per frame, a frame within ``MAX_PACKET``); a packet that fits no frame with
+    another goes in one of its own, and a lone packet goes as it is."""
+    frames: list[bytes] = []
+    start = 0
+    while start < len(packets):
+        size = len(BATCH_HEAD) + 4 + len(packets[start])
+        end = start + 1
+        while end < len(packets) and end - start < BATCH_MESSAGES:
+            size += 4 + len(packets[end])
+            if size > MAX_PACKET:
+                break
+            end += 1
+        group = packets[start:end]
+        frames.append(group[0] if len(group) == 1 else encode_batch(group))
+        start = end
+    return frames
+
+
+def unpack_batch(frame: bytes) -> list[bytes]:
+    """The MSG packets of one packed batch (``CMSG batch\\0...``), in order.
+
+    A malformed frame -- a length past its end, more than ``BATCH_MESSAGES``
+    packets, or anything but a MSG inside -- raises ``PeerError``.
+    """
+    if not frame.startswith(BATCH_HEAD):
+        raise PeerError("protocol_error", "not a packed batch")
+    packets: list[bytes] = []
+    offset = len(BATCH_HEAD)
+    end = len(frame)
+    while offset < end:
+        if end - offset < 4 or len(packets) == BATCH_MESSAGES:
+            raise PeerError("protocol_error", "malformed packed batch")
+        size = int.from_bytes(frame[offset : offset + 4], "big")
+        offset += 4
+        if size > end - offset:
+            raise PeerError("protocol_error", "malformed packed batch")
+        packet = frame[offset : offset + size]
+        offset += size
+        if not packet.startswith(MSG) or packet.find(NUL, 4) < 0:
+            raise PeerError("protocol_error", "a packed batch holds only MSG packets")
+        packets.append(packet)
+    return packets
 
 
 def _check_field(value: bytes) -> None:

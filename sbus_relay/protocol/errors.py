@@ -59,3 +59,8 @@ class BusClosed(SbusError):
 
 class UpgradeError(SbusError):
     """A live upgrade could not hand the bus over: the old process serves on."""
+
+
+class BufferFull(SbusError):
+    """A client away from its bus has no room left to keep another publish:
+    nothing was kept of the one refused, and everything kept before it stays."""

@@ -149,3 +149,15 @@ CLIENT_PENDING_MESSAGES = 10_000
 #: Relays and users shown by name in the per-relay and per-user series, per
 #: dimension; everyone else is summed as "other" (``accounting_top``).
 ACCOUNTING_TOP = 10
+
+# --- the client library (``client``, docs/client.md) --------------------------
+#: Publishes a client keeps while it is away from its bus, sent in order once
+#: it is back; one more is refused with ``BufferFull`` (never dropped unseen).
+CLIENT_BUFFER_MESSAGES = 65_536
+#: ... and their bytes: as much as one client's hard limit in the server.
+CLIENT_BUFFER_BYTES = 16 * 1024 * 1024
+#: Reconnect back-off of a client: first delay and cap, seconds.  The cap is
+#: lower than a relay's: a master restarted by its supervisor is back within
+#: about a second, and every extra wait is messages not received.
+CLIENT_RECONNECT_MIN = 0.02
+CLIENT_RECONNECT_MAX = 0.5

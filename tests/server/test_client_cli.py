@@ -182,7 +182,7 @@ def test_receive_times_out(sbusd: BusProcess) -> None:
 
 
 def test_iter_messages_ends_when_the_bus_stops(sbusd: BusProcess) -> None:
-    with Client(sbusd.address, timeout=WAIT) as client:
+    with Client(sbusd.address, timeout=WAIT, reconnect=False) as client:
         client.subscribe("k")
         client.publish("k", "one")
         client.whoami()
