@@ -5,27 +5,49 @@ reads the payload from stdin (bytes, unchanged); no payload is an empty one.
 It exits 0 only once the bus has taken the message: after the MSG it asks
 whoami, and as the server handles a client's packets in order, the reply
 proves the MSG was accepted.  A refusal exits 1 with the server's reason.
+
+``--lines KEY`` publishes every line of stdin (without its newline) as one
+message to KEY; ``--lines -`` reads lines as ``sub`` prints them, ``KEY``, a
+tab, ``PAYLOAD`` with ``sub``'s backslash escapes, so ``sub ... | pub --lines -``
+replays traffic.  Lines that are ready together go together, packed into
+batches when the bus knows them; at the end of input it confirms as above.
+While the bus is away (restarted) lines wait in the client's bounded buffer.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
+from typing import TYPE_CHECKING, BinaryIO
 
 from .options import add_address_argument, bus_address
+
+if TYPE_CHECKING:
+    from sbus_relay.ops.addresses import Address
 
 #: Seconds to wait for the bus to confirm it took the message.  A relay
 #: answers only once its upstream has told it who it is, so this is generous.
 CONFIRM_TIMEOUT = 10.0
 
 
+#: Lines gathered into one publish_many at most: a packed batch's worth.
+LINES_AT_ONCE = 256
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """KEY, optional PAYLOAD (or - for stdin), -a ADDRESS."""
+    """KEY, optional PAYLOAD (or - for stdin), or --lines KEY|-; -a ADDRESS."""
     add_address_argument(parser)
-    parser.add_argument("key", metavar="KEY", help="routing key")
+    parser.add_argument("key", metavar="KEY", nargs="?", help="routing key")
     parser.add_argument(
         "payload", metavar="PAYLOAD", nargs="?", default="", help="payload; - reads stdin"
+    )
+    parser.add_argument(
+        "--lines",
+        metavar="KEY|-",
+        help="publish each line of stdin to KEY; with -, each line is KEY<tab>PAYLOAD"
+        " as sub prints it",
     )
 
 
@@ -38,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from sbus_relay.protocol.limits import MAX_PACKET
 
     address = parse_address(bus_address(args))  # a malformed address: usage error (2)
+    if args.lines is not None:
+        if args.key is not None:
+            raise UsageError("--lines takes its key as its own value: pub --lines KEY|-")
+        return _lines(address, args.lines)
+    if args.key is None:
+        raise UsageError("a KEY to publish to is needed (or --lines KEY|-)")
     key = os.fsencode(args.key)
     if not valid_key(key):
         # The bus would take it and drop it (reserved_key): say so instead.
@@ -53,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         payload = os.fsencode(args.payload)
     try:
-        with Client(address, timeout=CONFIRM_TIMEOUT) as client:
+        with Client(address, timeout=CONFIRM_TIMEOUT, reconnect=False) as client:
             client.publish(key, payload)
             client.whoami()
     except TimeoutError:
@@ -68,3 +96,91 @@ def run(args: argparse.Namespace) -> int:
         print(f"sbus-relay pub: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _lines(address: Address, target: str) -> int:
+    """``--lines KEY|-``: publish stdin's lines, gathered, then confirm."""
+    from sbus_relay.client import Client
+    from sbus_relay.protocol.errors import AddressError, BufferFull, BusClosed, UsageError
+
+    fixed = None if target == "-" else _checked_key(target)
+    stdin = sys.stdin.buffer
+    number = 0
+    try:
+        with Client(address, timeout=CONFIRM_TIMEOUT, batch=True) as client:
+            while True:
+                lines = _ready_lines(stdin)
+                if not lines:
+                    break
+                items = []
+                for line in lines:
+                    number += 1
+                    items.append(_item(line, fixed, number))
+                client.publish_many(items)
+            client.whoami()
+    except TimeoutError:
+        print(
+            f"sbus-relay pub: the bus did not confirm the messages within {CONFIRM_TIMEOUT:g} s",
+            file=sys.stderr,
+        )
+        return 1
+    except (AddressError, BusClosed, BufferFull, UsageError) as exc:
+        where = f"line {number}: " if isinstance(exc, UsageError) and number else ""
+        print(f"sbus-relay pub: {where}{exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _ready_lines(stdin: BinaryIO) -> list[bytes]:
+    """The next line, and those already waiting behind it (up to LINES_AT_ONCE);
+    empty at the end of input."""
+    first = stdin.readline()
+    if not first:
+        return []
+    lines = [first]
+    while len(lines) < LINES_AT_ONCE and _more_waiting(stdin):
+        line = stdin.readline()
+        if not line:
+            break
+        lines.append(line)
+    return lines
+
+
+def _more_waiting(stdin: BinaryIO) -> bool:
+    """Input is ready without waiting (buffered already, or on the descriptor)."""
+    peek = getattr(stdin, "peek", None)
+    if peek is not None and len(peek(0)) > 0:
+        return True
+    try:
+        ready, _, _ = select.select([stdin], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return bool(ready)
+
+
+def _item(line: bytes, key: bytes | None, number: int) -> tuple[bytes, bytes]:
+    from sbus_relay.protocol.errors import UsageError
+
+    from .sub import unescape
+
+    line = line.removesuffix(b"\n").removesuffix(b"\r")
+    if key is not None:
+        return key, line
+    text = line.decode("utf-8", "surrogateescape")
+    raw_key, tab, payload = text.partition("\t")
+    if not tab:
+        raise UsageError("with --lines -, each line is KEY<tab>PAYLOAD; this one has no tab")
+    return _checked_key(os.fsdecode(unescape(raw_key))), unescape(payload)
+
+
+def _checked_key(text: str) -> bytes:
+    from sbus_relay.protocol.errors import UsageError
+    from sbus_relay.protocol.keys import valid_key
+
+    key = os.fsencode(text)
+    if not valid_key(key):
+        raise UsageError(
+            f"key {text!r} uses the reserved '!' segment, which only secret "
+            "keys (!/cred/<gid>/<uid>/<pid>/...) may; the bus would drop it"
+        )
+    return key

@@ -4,6 +4,11 @@ Like ``mosquitto_sub -t`` or ``nats sub``: one line per message, the key, a
 tab and the payload, with backslash escapes for anything not printable so a
 line is always one message.  ``--json`` prints one object per line instead:
 ``{"key": ..., "payload": ..., "encoding": "utf-8" | "base64"}``.
+
+It asks the bus for packed batches (one packet carries many messages; a bus
+that does not know them is detected and sends one by one), and follows the
+bus across restarts: when it goes away, ``sub`` says so on stderr, connects
+again and subscribes again (``--no-reconnect``: exit 1 instead).
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--count", type=count, metavar="N", help="exit after N messages")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log (to stderr) when subscribed"
+    )
+    parser.add_argument(
+        "--no-reconnect",
+        action="store_true",
+        help="exit 1 when the bus goes away instead of connecting again",
     )
 
 
@@ -69,11 +79,41 @@ def as_json(key: bytes, payload: bytes) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
+def unescape(text: str) -> bytes:
+    """The bytes ``escape`` printed as ``text`` (``pub --lines -`` reads them back)."""
+    out = bytearray()
+    i = 0
+    named = {"\\": b"\\", "n": b"\n", "t": b"\t", "r": b"\r", "0": b"\0"}
+    widths = {"x": 2, "u": 4, "U": 8}
+    while i < len(text):
+        char = text[i]
+        if char != "\\" or i + 1 == len(text):
+            out += char.encode("utf-8", "surrogateescape")
+            i += 1
+            continue
+        kind = text[i + 1]
+        if kind in named:
+            out += named[kind]
+            i += 2
+        elif kind in widths and _is_hex(text[i + 2 : i + 2 + widths[kind]], widths[kind]):
+            code = int(text[i + 2 : i + 2 + widths[kind]], 16)
+            out += bytes([code]) if kind == "x" else chr(code).encode("utf-8", "surrogatepass")
+            i += 2 + widths[kind]
+        else:  # not an escape sub prints: the backslash as it is
+            out += b"\\"
+            i += 1
+    return bytes(out)
+
+
+def _is_hex(text: str, width: int) -> bool:
+    return len(text) == width and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Subscribe, then print messages until --count is reached or the bus closes."""
     import structlog
 
-    from sbus_relay.client import Client
+    from sbus_relay.client import Client, Outage
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.protocol.errors import AddressError, BusClosed
 
@@ -83,7 +123,20 @@ def run(args: argparse.Namespace) -> int:
     out: BinaryIO = sys.stdout.buffer
     seen = 0
     try:
-        with Client(address) as client:
+
+        def away(reason: str) -> None:
+            log.warning("bus_away", reason=reason, address=str(address))
+
+        def back(outage: Outage) -> None:
+            log.warning("bus_back", away_ms=round(outage.seconds * 1000, 1))
+
+        with Client(
+            address,
+            batch=True,
+            reconnect=not args.no_reconnect,
+            on_disconnected=away,
+            on_reconnected=back,
+        ) as client:
             for pattern in args.patterns:
                 client.subscribe(os.fsencode(pattern))
             try:

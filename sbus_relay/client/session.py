@@ -90,6 +90,9 @@ FINAL_REASONS = frozenset(
     }
 )
 
+#: Who asked a whoami: the handshake, the caller, or the session itself (to
+#: learn the identity a secret pattern was made for).
+_HANDSHAKE, _CALLER, _LEARN = 0, 1, 2
 #: What follows a client's identity in the keys of its reply inbox.
 INBOX = b"/inbox/"
 
@@ -178,8 +181,9 @@ class Session:
         self.flood: dict[str, str] = {}
         #: the last identity the bus gave us, ``<prefix>!/cred/<gid>/<uid>/<pid>``
         self.identity: bytes | None = None
-        #: who asked each whoami not yet answered, in order: True for the caller
-        self._whoamis: deque[bool] = deque()
+        #: who asked each whoami not yet answered, in order (``_HANDSHAKE``,
+        #: ``_CALLER``, ``_LEARN``)
+        self._whoamis: deque[int] = deque()
         #: whoamis the caller still waits for when the connection was lost
         self._reask = 0
         self._outbox: list[bytes] = []
@@ -206,6 +210,10 @@ class Session:
         self.patterns.append(raw)
         if self._on_bus(raw):
             self._outbox.append(packet)
+            if self.identity is None and is_secret(raw) and _LEARN not in self._whoamis:
+                # learn the identity it was made for, to rename it if that changes
+                self._whoamis.append(_LEARN)
+                self._outbox.append(codec.encode_cmsg(WHOAMI))
 
     def unsubscribe(self, pattern: Data) -> None:
         """``UNSUB pattern``: drops one hold of it."""
@@ -280,7 +288,7 @@ class Session:
         if self.state is State.DISCONNECTED:
             self._reask += 1
             return
-        self._whoamis.append(True)
+        self._whoamis.append(_CALLER)
         self._outbox.append(codec.encode_cmsg(WHOAMI))
 
     # --- connections ---------------------------------------------------------------
@@ -311,13 +319,13 @@ class Session:
         self._whoamis = deque()
         ready = None
         if self.batch or self.identity is not None or any(map(is_secret, self.patterns)):
-            self._whoamis.append(False)
+            self._whoamis.append(_HANDSHAKE)
             out.append(codec.encode_cmsg(WHOAMI))
         else:
             self.state = State.READY
             ready = Ready(b"", False, 0)
         for _ in range(self._reask):
-            self._whoamis.append(True)
+            self._whoamis.append(_CALLER)
             out.append(codec.encode_cmsg(WHOAMI))
         self._reask = 0
         out.extend(self._buffer)
@@ -335,7 +343,7 @@ class Session:
             return
         self.state = State.DISCONNECTED
         self.packing = False
-        self._reask += sum(1 for mine in self._whoamis if mine)
+        self._reask += sum(1 for asker in self._whoamis if asker == _CALLER)
         self._whoamis.clear()
         unsent = [p for p in self._outbox if p.startswith(codec.MSG)]
         for packet in self._outbox:
@@ -434,10 +442,10 @@ class Session:
         return self.state is State.HANDSHAKE and not is_secret(pattern)
 
     def _whoami_answered(self, identity: bytes) -> list[Event]:
-        mine = self._whoamis.popleft()
-        if mine:
+        asker = self._whoamis.popleft()
+        if asker != _HANDSHAKE:
             self._refresh(identity)
-            return [WhoamiReply(identity)]
+            return [WhoamiReply(identity)] if asker == _CALLER else []
         # the handshake's own: the bus has everything sent before it
         if self._batch_asked:  # no answer came first: the bus does not know it
             self._batch_asked = False

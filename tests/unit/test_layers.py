@@ -98,6 +98,25 @@ def test_the_protocol_core_does_no_io() -> None:
             assert not bad, f"{name} imports {bad}"
 
 
+#: The client library's sans-I/O core: its protocol state machine and counts.
+CLIENT_CORE = ("sbus_relay.client.session", "sbus_relay.client.stats")
+
+
+def test_the_client_core_does_no_io_and_reads_the_wire_through_protocol() -> None:
+    found = modules()
+    for name in CLIENT_CORE:
+        deps = imports(name, found[name])
+        bad = {dep for dep in deps if dep.split(".")[0] in IO_MODULES}
+        assert not bad, f"{name} imports {bad}"
+        outside = {
+            d
+            for d in deps
+            if d.startswith("sbus_relay.")
+            and not d.startswith(("sbus_relay.protocol", *CLIENT_CORE))
+        }
+        assert not outside, f"{name} imports {outside}: only protocol/ and the core itself"
+
+
 def test_no_import_circles() -> None:
     edges = internal_edges()
     # a package's __init__ re-exporting its modules is not a circle with them
