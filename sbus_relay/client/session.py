@@ -352,6 +352,7 @@ class Session:
         self._outbox.clear()
         self._buffer.extendleft(reversed(unsent))
         self._buffer_bytes += sum(len(p) for p in unsent)
+        self.buffered_total += len(unsent)
 
     def give_up(self) -> int:
         """The client closes for good: the publishes still waiting are lost; how many."""

@@ -15,6 +15,7 @@ import pytest
 
 from sbus_relay.bench.build import BuildError
 from sbus_relay.bench.reference import build_reference, find_sources
+from tests.relay.conftest import tree  # noqa: F401 (hierarchies of buses, as the relay tests build)
 from tests.support import BusProcess, is_listening, short_dir, start_bus
 
 #: Seconds any one wait of these tests may take.
