@@ -71,6 +71,11 @@ TARGETS: tuple[Target, ...] = (
         "restart", "master restart: relays ready again after", "relays_ready_max_ms", 100, False,
         "ms", low_inclusive=True,
     ),
+    Target("client", "Python subscriber, best of ours / nats-py", "sub_ratio", 1.0, True, "x"),
+    Target(
+        "client", "2 -> 4 batched, bus CPU per delivery / NATS's", "cpu_ratio_2to4", 1.0, False,
+        "x",
+    ),
 )  # fmt: skip
 
 #: A target's verdicts: its figure meets the bound, misses it, is noise (outside
@@ -104,7 +109,7 @@ def evaluate(name: str, entry: dict[str, Any]) -> None:
     """Add the ratio, the figures the targets read, and each target's verdict."""
     sides = entry.get("sides", {})
     ours = sides.get("ours", {})
-    if name in ("upgrade", "restart"):
+    if name in ("upgrade", "restart", "client"):
         pass  # their figures are the entry's own (``continuity``)
     elif name == "memory":
         entry["per_client_bytes"] = ours.get("per_client_bytes")
@@ -252,7 +257,7 @@ def format_table(results: dict[str, Any]) -> str:
         f"{'cpu us':>8} {'load us':>8} {'RSS MiB':>7}  ours/other"
     )
     #: scenarios with a line of their own, below the table
-    apart = ("memory", "footprint", "upgrade", "restart")
+    apart = ("memory", "footprint", "upgrade", "restart", "client")
     lines = [head, "-" * len(head)] if set(scenarios) - set(apart) else []
     left_out = {s.get("reference_left_out") for s in scenarios.values()} - {None, ""}
     if len(left_out) == 1:  # the same reason everywhere: say it once, above the table
@@ -297,6 +302,8 @@ def format_table(results: dict[str, Any]) -> str:
     for name in ("upgrade", "restart"):
         if name in scenarios:
             lines += ["", format_continuity(scenarios[name])]
+    if "client" in scenarios:
+        lines += ["", *format_client(scenarios["client"])]
     lines += ["", *format_targets(results)]
     meta = results["meta"]
     runs = f"Medians of {meta['repeat']} interleaved runs" if meta["repeat"] != 1 else "One run"
@@ -333,6 +340,28 @@ def format_continuity(entry: dict[str, Any]) -> str:
         line += "; relays ready " + ", ".join(f"{ms:g}" for ms in entry["relays_ready_ms"])
         line += " ms after the new master listened"
     return line
+
+
+def format_client(entry: dict[str, Any]) -> list[str]:
+    """The client library's figures: subscriber rates, 2 -> 4 CPU, the restart."""
+    if entry["status"] != "ok":
+        return [f"{entry['title']}: {entry['status'].upper()}: {entry.get('reason', '')}"]
+    lines = [f"{entry['title']} ({entry['messages']:,} messages):"]
+    nats = entry["rates"].get("nats-py")
+    for name, rate in entry["rates"].items():
+        versus = f"  {rate / nats:.2f}x nats-py" if nats and name != "nats-py" else ""
+        lines.append(f"  {name:<22} {rate:>12,.0f} msg/s{versus}")
+    for side, cpu in entry["cpu_us_per_delivery_2to4"].items():
+        lines.append(f"  2 -> 4 batched, {side:<7} {cpu:>8.2f} us server CPU per delivery")
+    if entry.get("nats_left_out"):
+        lines.append(f"  NATS left out: {entry['nats_left_out']}")
+    r = entry["restart"]
+    lines.append(
+        f"  master restart at {r['rate']:,} msg/s: longest gap {r['gap_ms']:g} ms, "
+        f"{r['lost']:,} of {r['published']:,} lost, {r['reordered']} reordered; "
+        f"master away {r['master_down_ms']:g} ms"
+    )
+    return lines
 
 
 def format_footprint(foot: dict[str, Any]) -> list[str]:

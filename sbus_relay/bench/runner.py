@@ -31,7 +31,7 @@ from typing import Any
 
 from sbus_relay import accel
 
-from . import continuity, report
+from . import clientbench, continuity, report
 from .build import build_programs
 from .procs import BenchProcessError, ProcessSet, rss_bytes
 from .reference import Reference, resolve_reference
@@ -101,6 +101,7 @@ SCENARIO_NAMES = (
     "footprint",
     "upgrade",
     "restart",
+    "client",
 )
 
 
@@ -517,6 +518,11 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
                     entry = run(tools, procs, workdir, options.quick, say)
                     report.evaluate(name, entry)
                     results["scenarios"][name] = entry
+            if not options.only or "client" in options.only:
+                say("client")
+                entry = clientbench.run(tools, procs, workdir, options, say)
+                report.evaluate("client", entry)
+                results["scenarios"]["client"] = entry
             if options.profile_path is not None:
                 from .profile import profile_one_to_one
 

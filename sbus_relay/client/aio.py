@@ -39,6 +39,7 @@ from sbus_relay.protocol.limits import (
 
 from .core import _drain_and_close
 from .session import (
+    FINAL_REASONS,
     Data,
     Event,
     Message,
@@ -299,7 +300,7 @@ class AsyncClient:
             inbox = session.inbox()
         return inbox
 
-    def _readable(self) -> None:
+    def _readable(self, flush: bool = True) -> None:
         sock = self._sock
         if sock is None:
             return
@@ -331,7 +332,8 @@ class AsyncClient:
             self._lost(BusClosed(f"the bus broke the protocol: {exc}", exc.reason), final=True)
         if self._messages:
             self._arrived.set()
-        self._flush()
+        if flush:
+            self._flush()
 
     def _take(self, events: list[Event]) -> None:
         for event in events:
@@ -398,6 +400,8 @@ class AsyncClient:
             self._get_loop().add_writer(sock.fileno(), self._writable)
             return
         except OSError as exc:
+            # the bus's notice of why may be waiting behind what it sent us
+            self._readable(flush=False)
             self._lost(BusClosed(f"the bus closed the connection: {exc}"))
             return
         self._wake_drain()
@@ -452,6 +456,7 @@ class AsyncClient:
     def _lost(self, exc: BusClosed, final: bool = False) -> None:
         if self._sock is None:
             return
+        final = final or exc.reason in FINAL_REASONS
         self._detach()
         if final or not self.reconnect:
             self._shut(exc)

@@ -38,6 +38,7 @@ from sbus_relay.protocol.limits import (
 )
 
 from .session import (
+    FINAL_REASONS,
     FLOOD_MODES,
     Closing,
     Data,
@@ -366,6 +367,7 @@ class Client:
     def _lost(self, exc: BusClosed, final: bool = False) -> None:
         """The connection is gone: connect again later, or (no reconnect, or a
         final refusal) close for good and raise."""
+        final = final or exc.reason in FINAL_REASONS
         if self._sock is None:
             if final or not self.reconnect:
                 self._give_up(exc)

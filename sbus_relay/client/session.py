@@ -285,7 +285,9 @@ class Session:
     def ask_whoami(self) -> None:
         """Ask who the bus sees; answered by a ``WhoamiReply`` event (asked
         again on the next connection if this one is lost first)."""
-        if self.state is State.DISCONNECTED:
+        if self.state is not State.READY:
+            # answered once the secret patterns are in place too, so that the
+            # answer still means "everything asked before me took effect"
             self._reask += 1
             return
         self._whoamis.append(_CALLER)
@@ -324,10 +326,7 @@ class Session:
         else:
             self.state = State.READY
             ready = Ready(b"", False, 0)
-        for _ in range(self._reask):
-            self._whoamis.append(_CALLER)
-            out.append(codec.encode_cmsg(WHOAMI))
-        self._reask = 0
+            self._send_reasked()
         out.extend(self._buffer)
         self._buffer.clear()
         self._buffer_bytes = 0
@@ -457,7 +456,14 @@ class Session:
         for pattern in self.patterns:
             if is_secret(pattern):
                 self._outbox.append(codec.encode_sub(pattern))
+        self._send_reasked()
         return [Ready(identity, self.packing, renamed)]
+
+    def _send_reasked(self) -> None:
+        for _ in range(self._reask):
+            self._whoamis.append(_CALLER)
+            self._outbox.append(codec.encode_cmsg(WHOAMI))
+        self._reask = 0
 
     def _refresh(self, identity: bytes) -> None:
         """A whoami on a live connection: a relay between us and the master may

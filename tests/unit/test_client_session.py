@@ -172,8 +172,10 @@ def test_whoamis_the_caller_waits_for_are_asked_again_after_a_loss() -> None:
     s.outgoing()
     s.connection_lost()  # neither answered
     s.connection_made()
-    assert s.outgoing().count(b"CMSG !/cred/whoami") == 2
+    assert s.outgoing().count(b"CMSG !/cred/whoami") == 1  # the handshake's
     assert isinstance(s.receive(WHOAMI_REPLY + ME)[0], Ready)
+    # the caller's goes after the secret SUB: its answer still proves it in place
+    assert s.outgoing() == [b"SUB !/cred////x", b"CMSG !/cred/whoami"]
     assert s.receive(WHOAMI_REPLY + ME) == [WhoamiReply(ME)]
 
 
