@@ -57,6 +57,9 @@ from .stats import ClientStats, Outage
 #: take them (the writer's high-water mark); resumed below half of it.
 WRITE_QUEUE_HIGH = 4 * BATCH_MESSAGES
 
+#: Seconds ``close`` gives what is queued to reach the socket.
+CLOSE_FLUSH = 1.0
+
 Disconnected = Callable[[str], None]
 Reconnected = Callable[[Outage], None]
 
@@ -136,7 +139,7 @@ class AsyncClient:
             return
         if self._sock is not None and (self._writes or self.session.pending_output):
             with contextlib.suppress(TimeoutError, BusClosed):
-                await asyncio.wait_for(self.flush(), 1.0)
+                await self.flush(CLOSE_FLUSH)
         self._shut(None)
 
     @property
@@ -193,11 +196,17 @@ class AsyncClient:
             await self._drain(WRITE_QUEUE_HIGH // 2)
         return count
 
-    async def flush(self) -> None:
-        """Wait until everything queued is in the socket (not while the bus is away)."""
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait (within ``timeout``) until the bus is there and has been handed
+        every publish, the buffered ones too; ``TimeoutError`` if it is still away."""
         self._check_open()
-        self._flush()
-        await self._drain(0)
+        limit = self.timeout if timeout is None else timeout
+        async with asyncio.timeout(limit):
+            while self._sock is None:
+                self._check_open()
+                await asyncio.sleep(CLIENT_RECONNECT_MIN)
+            self._flush()
+            await self._drain(0)
 
     async def control(self, key: Data, payload: Data | None = None) -> None:
         """``CMSG key[\\0payload]`` to the bus, on this connection."""
@@ -221,6 +230,9 @@ class AsyncClient:
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises ``TimeoutError`` or ``BusClosed``."""
+        messages = self._messages
+        if messages and self._reading:  # the common case, without a timer
+            return messages.popleft()
         limit = self.timeout if timeout is None else timeout
         async with asyncio.timeout(limit):
             while not self._messages:
@@ -306,10 +318,11 @@ class AsyncClient:
             return
         session = self.session
         view = self._view
+        views = [view]
         try:
             for _ in range(READ_BATCH):
                 try:
-                    size, _anc, flags, _addr = sock.recvmsg_into([view])
+                    size, _anc, flags, _addr = sock.recvmsg_into(views)
                 except BlockingIOError:
                     break
                 if size == 0:
@@ -318,9 +331,14 @@ class AsyncClient:
                     raise PeerError(
                         "protocol_error", f"server sent a packet over {MAX_PACKET} bytes"
                     )
-                self._take(session.receive(bytes(view[:size])))
-                if self._sock is not sock:
-                    return  # lost or closed while taking what it meant
+                packet = bytes(view[:size])
+                events = session.receive(packet)
+                if packet[:1] == b"M" and not self._requests:  # one message
+                    self._messages.extend(events)  # type: ignore[arg-type]
+                else:
+                    self._take(events)
+                    if self._sock is not sock:
+                        return  # lost or closed while taking what it meant
                 if len(self._messages) >= CLIENT_PENDING_MESSAGES:
                     self._stop_reading()
                     break

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
+from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import (
@@ -100,6 +101,10 @@ class Client:
         )
         self._buffer = bytearray(MAX_PACKET + 1)
         self._view = memoryview(self._buffer)
+        self._views = [self._view]
+        #: the timeout the socket has now: set again only when it changes
+        #: (each change is a system call)
+        self._sock_timeout: float | None = -1.0
         self._pending: deque[Message] = deque()
         self._answers: deque[bytes] = deque()
         self._closed = False
@@ -121,7 +126,7 @@ class Client:
         self._check_open()
         self._flush()
         sock = self._connected_socket(self._deadline(None))
-        sock.settimeout(self.timeout)
+        self._set_timeout(sock, self.timeout)
         try:
             sock.send(packet)
         except (BrokenPipeError, ConnectionResetError) as exc:
@@ -159,6 +164,15 @@ class Client:
         self._flush()
         return count
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait (within ``timeout``) until the bus is there and has been handed
+        every publish, the buffered ones too; ``TimeoutError`` if it is still away."""
+        self._check_open()
+        deadline = self._deadline(timeout)
+        while self.session.buffered or self._sock is None:
+            self._connected_socket(deadline)
+            self._flush()
+
     def control(self, key: Data, payload: Data | None = None) -> None:
         """``CMSG key[\\0payload]`` to the bus, on this connection."""
         self._check_open()
@@ -185,10 +199,13 @@ class Client:
 
         ``timeout`` None means the client's own timeout.
         """
+        pending = self._pending
+        if pending:
+            return pending.popleft()
         deadline = self._deadline(timeout)
-        while not self._pending:
+        while not pending:
             self._step(deadline)
-        return self._pending.popleft()
+        return pending.popleft()
 
     def messages(self, timeout: float | None = None) -> Iterator[Message]:
         """Messages until the client closes for good (``TimeoutError`` propagates)."""
@@ -273,7 +290,16 @@ class Client:
         except BusClosed as exc:
             self._lost(exc)
             return
-        self._take(self.session.receive(packet), waiting)
+        events = self.session.receive(packet)
+        if packet[:1] == b"M" or packet.startswith(BATCH_HEAD):  # messages only
+            self._pending.extend(events)  # type: ignore[arg-type]
+            if waiting and len(self._pending) > CLIENT_PENDING_MESSAGES:
+                raise UsageError(
+                    f"over {CLIENT_PENDING_MESSAGES} messages arrived while waiting for"
+                    " a reply; receive() them first"
+                )
+            return
+        self._take(events, waiting)
 
     def _take(self, events: list[Message | WhoamiReply | Ready | Closing], waiting: bool) -> None:
         for event in events:
@@ -337,6 +363,7 @@ class Client:
 
             sock = gsocket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
         self._sock = sock
+        self._sock_timeout = -1.0
         self._backoff = CLIENT_RECONNECT_MIN
         self._next_try = 0.0
         ready = self.session.connection_made()
@@ -352,7 +379,7 @@ class Client:
         packets = self.session.outgoing()
         if not packets:
             return
-        sock.settimeout(self.timeout)
+        self._set_timeout(sock, self.timeout)
         for i, packet in enumerate(packets):
             try:
                 sock.send(packet)
@@ -412,15 +439,28 @@ class Client:
         return BusClosed(f"the bus closed the connection: {error}")
 
     def _recv(self, sock: socket.socket, timeout: float | None) -> bytes:
-        sock.settimeout(timeout)
+        """One packet.  A read that does not wait is tried first: while packets
+        are waiting that is one system call per packet, where a socket with a
+        timeout polls before every read."""
         try:
-            size, _ancdata, flags, _addr = sock.recvmsg_into([self._view])
+            if self._sock_timeout != 0.0:
+                sock.settimeout(0.0)
+                self._sock_timeout = 0.0
+            try:
+                size, _ancdata, flags, _addr = sock.recvmsg_into(self._views)
+            except BlockingIOError:
+                if timeout == 0.0:
+                    raise TimeoutError("timed out") from None
+                sock.settimeout(timeout)
+                self._sock_timeout = timeout
+                size, _ancdata, flags, _addr = sock.recvmsg_into(self._views)
         except (ConnectionResetError, BrokenPipeError) as exc:
             # A reset is reported once, before the packets still queued to us
             # (the server's disconnect notice among them): read those first.
             try:
                 sock.settimeout(0.0)
-                size, _ancdata, flags, _addr = sock.recvmsg_into([self._view])
+                self._sock_timeout = 0.0
+                size, _ancdata, flags, _addr = sock.recvmsg_into(self._views)
             except OSError:
                 size = 0
             if size == 0:
@@ -431,6 +471,11 @@ class Client:
         if flags & socket.MSG_TRUNC or size > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
         return bytes(self._view[:size])
+
+    def _set_timeout(self, sock: socket.socket, timeout: float | None) -> None:
+        if self._sock_timeout != timeout:
+            sock.settimeout(timeout)
+            self._sock_timeout = timeout
 
     def _sleep(self, seconds: float) -> None:
         if self.cooperative:

@@ -224,7 +224,8 @@ class _Listener:
         from sbus_relay.client import Client
 
         self._connected_since_loss = False
-        with Client(self.address, timeout=READY_TIMEOUT) as client:
+        # reconnect=False: this loop reconnects itself, and counts each gap
+        with Client(self.address, timeout=READY_TIMEOUT, reconnect=False) as client:
             client.subscribe(self.pattern)
             client.whoami()  # the reply means the SUB is in place
             self._connected_since_loss = True
@@ -374,7 +375,9 @@ class _Publisher:
                 if client is None:
                     from sbus_relay.client import Client
 
-                    client = Client(self.address, timeout=WRITE_TIMEOUT)
+                    # a lost bus fails the task (Spark retries it): nothing is
+                    # left in a buffer when the task ends
+                    client = Client(self.address, timeout=WRITE_TIMEOUT, reconnect=False)
                 client.publish(key, b"" if payload is None else payload)
                 count += 1
         finally:

@@ -16,6 +16,7 @@ only the key); ``decode`` builds an event object and serves everything else.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from .errors import PeerError, UsageError
@@ -26,6 +27,8 @@ from .limits import BATCH_MESSAGES, MAX_PACKET
 BATCH_HEAD = b"CMSG batch\0"
 #: What a peer sends to be sent packed batches, and the answer that says it will be.
 BATCH_ON = b"batch/on"
+#: A packed message's length: 4 bytes, big-endian.
+_U32 = struct.Struct(">I")
 SUB = b"SUB "
 UNSUB = b"UNSUB "
 MSG = b"MSG "
@@ -151,12 +154,14 @@ def unpack_batch(frame: bytes) -> list[bytes]:
     if not frame.startswith(BATCH_HEAD):
         raise PeerError("protocol_error", "not a packed batch")
     packets: list[bytes] = []
+    append = packets.append
     offset = len(BATCH_HEAD)
     end = len(frame)
+    lengths = _U32.unpack_from
     while offset < end:
         if end - offset < 4 or len(packets) == BATCH_MESSAGES:
             raise PeerError("protocol_error", "malformed packed batch")
-        size = int.from_bytes(frame[offset : offset + 4], "big")
+        (size,) = lengths(frame, offset)
         offset += 4
         if size > end - offset:
             raise PeerError("protocol_error", "malformed packed batch")
@@ -164,7 +169,7 @@ def unpack_batch(frame: bytes) -> list[bytes]:
         offset += size
         if not packet.startswith(MSG) or packet.find(NUL, 4) < 0:
             raise PeerError("protocol_error", "a packed batch holds only MSG packets")
-        packets.append(packet)
+        append(packet)
     return packets
 
 
