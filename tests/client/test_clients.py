@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
 from sbus_relay.client import AsyncClient, BufferFull, BusClosed, Client, UsageError
 from tests.client.conftest import WAIT, Master
+from tests.relay.conftest import Hierarchy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -176,3 +178,34 @@ def test_no_reconnect_makes_a_lost_bus_final(master: Master) -> None:
     assert client.closed
     client.close()
     assert not os.path.exists(master.address) or True
+
+
+def test_batched_delivery_through_a_relay(tree: Hierarchy) -> None:
+    """A relay is a bus like any other: it packs for a client that asks."""
+    top = tree.bus("m")
+    relay = tree.bus("r", upstream=top)
+    with (
+        Client(relay.address, timeout=WAIT, batch=True) as sub,
+        Client(top.address, timeout=WAIT, batch=True) as pub,
+    ):
+        sub.subscribe("v/")
+        sub.whoami()
+        pub.whoami()
+        deadline = time.monotonic() + WAIT
+        while True:  # the relay's pattern reaches the master a moment later
+            pub.publish("v/probe", "")
+            try:
+                sub.receive(0.2)
+                break
+            except TimeoutError:
+                assert time.monotonic() < deadline
+        while sub.buffered:
+            sub.receive()
+        pub.publish_many((f"v/{i}", b"%d" % i) for i in range(300))
+        got = []
+        while len(got) < 300:
+            message = sub.receive()
+            if message.key != b"v/probe":
+                got.append(message.payload)
+        assert got == [b"%d" % i for i in range(300)]
+        assert sub.stats.batched and pub.stats.batched
