@@ -131,8 +131,10 @@ def test_sub_says_the_server_stopped(tmp_path: Path) -> None:
     err_path = tmp_path / "sub.err"
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [os.path.join(VENV_BIN, "sbus-relay"), "sub", "-v", "--no-reconnect"]
-            + ["-a", bus.address, "k"],
+            [
+                *(os.path.join(VENV_BIN, "sbus-relay"), "sub", "-v", "--no-reconnect"),
+                *("-a", bus.address, "k"),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
