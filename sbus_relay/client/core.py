@@ -149,8 +149,11 @@ class Client:
         """``MSG key\\0payload``.  While the bus is away it waits in the buffer
         (``BufferFull`` when that is full) and goes out, in order, once back."""
         self._check_open()
-        if self.session.state is State.DISCONNECTED:
-            self._try_now()
+        state = self.session.state
+        if state is not State.READY:
+            if state is State.DISCONNECTED:
+                self._try_now()
+            self._advance_handshake()
         self.session.publish(key, payload)
         self._flush()
 
@@ -158,8 +161,11 @@ class Client:
         """Publish several ``(key, payload)`` at once: packed batches where the bus
         agreed to them, else one packet each; how many."""
         self._check_open()
-        if self.session.state is State.DISCONNECTED:
-            self._try_now()
+        state = self.session.state
+        if state is not State.READY:
+            if state is State.DISCONNECTED:
+                self._try_now()
+            self._advance_handshake()
         count = self.session.publish_many(items)
         self._flush()
         return count
@@ -330,6 +336,16 @@ class Client:
             self._down_since = 0.0
             if self.on_reconnected is not None:
                 self.on_reconnected(outage)
+
+    def _advance_handshake(self) -> None:
+        """Take in, without waiting, what already arrived while a handshake is
+        under way: a client that only publishes never reads otherwise, and its
+        handshake (batched delivery, secret patterns) would wait until it does."""
+        while self._sock is not None and self.session.state is State.HANDSHAKE:
+            try:
+                self._step(time.monotonic())
+            except TimeoutError:
+                return
 
     def _connected_socket(self, deadline: float | None) -> socket.socket:
         """The live socket, connecting again (within ``deadline``) if it is gone."""
