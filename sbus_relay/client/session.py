@@ -374,11 +374,7 @@ class Session:
         if packet.startswith(codec.MSG):
             return [_message(packet)]
         if packet.startswith(codec.BATCH_HEAD):
-            # unpack_batch checked that each holds its NUL
-            return [
-                Message(False, p[4 : (nul := p.find(b"\0", 4))], p[nul + 1 :], p)
-                for p in codec.unpack_batch(packet)
-            ]
+            return codec.split_batch(packet, Message)
         event = codec.decode(packet)
         if not isinstance(event, codec.Control):
             raise PeerError("protocol_error", "server sent a SUB or UNSUB packet")

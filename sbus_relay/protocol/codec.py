@@ -17,7 +17,9 @@ only the key); ``decode`` builds an event object and serves everything else.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import PeerError, UsageError
 from .limits import BATCH_MESSAGES, MAX_PACKET
@@ -27,6 +29,7 @@ from .limits import BATCH_MESSAGES, MAX_PACKET
 BATCH_HEAD = b"CMSG batch\0"
 #: What a peer sends to be sent packed batches, and the answer that says it will be.
 BATCH_ON = b"batch/on"
+T = TypeVar("T")
 #: A packed message's length: 4 bytes, big-endian.
 _U32 = struct.Struct(">I")
 SUB = b"SUB "
@@ -171,6 +174,32 @@ def unpack_batch(frame: bytes) -> list[bytes]:
             raise PeerError("protocol_error", "a packed batch holds only MSG packets")
         append(packet)
     return packets
+
+
+def split_batch(frame: bytes, make: Callable[[bool, bytes, bytes, bytes], T]) -> list[T]:
+    """``make(False, key, payload, packet)`` for each MSG of a packed batch, in
+    order, in one pass (a client's receiving path); the checks of ``unpack_batch``."""
+    out: list[T] = []
+    append = out.append
+    offset = len(BATCH_HEAD)
+    end = len(frame)
+    lengths = _U32.unpack_from
+    find = frame.find
+    count = 0
+    while offset < end:
+        if end - offset < 4 or count == BATCH_MESSAGES:
+            raise PeerError("protocol_error", "malformed packed batch")
+        (size,) = lengths(frame, offset)
+        start = offset + 4
+        offset = start + size
+        nul = find(NUL, start + 4, offset)
+        if offset > end or nul < 0 or not frame.startswith(MSG, start):
+            if offset > end:
+                raise PeerError("protocol_error", "malformed packed batch")
+            raise PeerError("protocol_error", "a packed batch holds only MSG packets")
+        append(make(False, frame[start + 4 : nul], frame[nul + 1 : offset], frame[start:offset]))
+        count += 1
+    return out
 
 
 def _check_field(value: bytes) -> None:
