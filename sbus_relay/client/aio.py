@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
+from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.limits import (
     BATCH_MESSAGES,
@@ -244,11 +245,11 @@ class AsyncClient:
             self._read_again()
         return message
 
-    async def messages(self) -> AsyncIterator[Message]:
-        """Messages until the client closes for good."""
+    async def messages(self, timeout: float | None = None) -> AsyncIterator[Message]:
+        """Messages until the client closes for good (``TimeoutError`` propagates)."""
         while True:
             try:
-                yield await self.receive(None)
+                yield await self.receive(timeout)
             except BusClosed:
                 return
             except UsageError:
@@ -333,7 +334,7 @@ class AsyncClient:
                     )
                 packet = bytes(view[:size])
                 events = session.receive(packet)
-                if packet[:1] == b"M" and not self._requests:  # one message
+                if (packet[:1] == b"M" or packet.startswith(BATCH_HEAD)) and not self._requests:
                     self._messages.extend(events)  # type: ignore[arg-type]
                 else:
                     self._take(events)

@@ -209,3 +209,29 @@ def test_batched_delivery_through_a_relay(tree: Hierarchy) -> None:
                 got.append(message.payload)
         assert got == [b"%d" % i for i in range(300)]
         assert sub.stats.batched and pub.stats.batched
+
+
+def test_both_clients_have_the_same_names_and_arguments() -> None:
+    import inspect
+
+    def public(cls: type) -> dict[str, inspect.Signature | None]:
+        out: dict[str, inspect.Signature | None] = {}
+        for name, value in vars(cls).items():
+            if name.startswith("_") and name != "__init__":
+                continue
+            out[name] = inspect.signature(value) if callable(value) else None
+        return out
+
+    blocking, asynchronous = public(Client), public(AsyncClient)
+    #: what only one of them has, and why: a blocking client's descriptor,
+    #: raw packets for tests and gevent's switch; asyncio's explicit connect
+    only_blocking = {"send_raw", "fileno", "iter_messages"}
+    only_async = {"connect"}
+    assert set(blocking) - only_blocking == set(asynchronous) - only_async
+    for name, signature in blocking.items():
+        if name in only_blocking or signature is None:
+            continue
+        theirs = asynchronous[name]
+        assert theirs is not None
+        ours_params = [p for p in signature.parameters if p != "cooperative"]
+        assert ours_params == list(theirs.parameters), name
