@@ -22,6 +22,8 @@ import select
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
+from sbus_relay.protocol.limits import MAX_PACKET
+
 from .options import add_address_argument, bus_address
 
 if TYPE_CHECKING:
@@ -34,6 +36,9 @@ CONFIRM_TIMEOUT = 10.0
 
 #: Lines gathered into one publish_many at most: a packed batch's worth.
 LINES_AT_ONCE = 256
+#: Bytes of one line read at most: a longer one cannot be a message (it is
+#: refused, naming its number), and is never held whole.
+LINE_LIMIT = MAX_PACKET + 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,12 +139,12 @@ def _lines(address: Address, target: str) -> int:
 def _ready_lines(stdin: BinaryIO) -> list[bytes]:
     """The next line, and those already waiting behind it (up to LINES_AT_ONCE);
     empty at the end of input."""
-    first = stdin.readline()
+    first = stdin.readline(LINE_LIMIT)
     if not first:
         return []
     lines = [first]
     while len(lines) < LINES_AT_ONCE and _more_waiting(stdin):
-        line = stdin.readline()
+        line = stdin.readline(LINE_LIMIT)
         if not line:
             break
         lines.append(line)
@@ -165,12 +170,21 @@ def _item(line: bytes, key: bytes | None, number: int) -> tuple[bytes, bytes]:
 
     line = line.removesuffix(b"\n").removesuffix(b"\r")
     if key is not None:
-        return key, line
+        return _fits(key, line)
     text = line.decode("utf-8", "surrogateescape")
     raw_key, tab, payload = text.partition("\t")
     if not tab:
         raise UsageError("with --lines -, each line is KEY<tab>PAYLOAD; this one has no tab")
-    return _checked_key(os.fsdecode(unescape(raw_key))), unescape(payload)
+    return _fits(_checked_key(os.fsdecode(unescape(raw_key))), unescape(payload))
+
+
+def _fits(key: bytes, payload: bytes) -> tuple[bytes, bytes]:
+    from sbus_relay.protocol.errors import UsageError
+
+    size = len(b"MSG ") + len(key) + 1 + len(payload)
+    if size > MAX_PACKET:
+        raise UsageError(f"a message of {size} bytes is over the {MAX_PACKET}-byte packet limit")
+    return key, payload
 
 
 def _checked_key(text: str) -> bytes:

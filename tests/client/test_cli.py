@@ -91,3 +91,10 @@ def test_sub_follows_its_bus_across_a_restart(master: Master, tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_pub_lines_refuses_a_line_too_long_for_a_packet(master: Master) -> None:
+    data = b"short\n" + b"x" * 500_000 + b"\n"
+    done = run_cli("pub", "-a", master.address, "--lines", "k", input=data)
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "line 2" in err and "409600" in err, err
