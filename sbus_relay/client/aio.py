@@ -34,6 +34,7 @@ from sbus_relay.protocol.limits import (
     CLIENT_PENDING_MESSAGES,
     CLIENT_RECONNECT_MAX,
     CLIENT_RECONNECT_MIN,
+    CLIENT_RESUBSCRIBE_GRACE,
     MAX_PACKET,
     READ_BATCH,
 )
@@ -138,7 +139,9 @@ class AsyncClient:
         waiting for the bus are lost and counted (``stats.unsent``)."""
         if self._closed:
             return
-        if self._sock is not None and (self._writes or self.session.pending_output):
+        if self._sock is not None and (
+            self._writes or self.session.pending_output or self.session.holding
+        ):
             with contextlib.suppress(TimeoutError, BusClosed):
                 await self.flush(CLOSE_FLUSH)
         self._shut(None)
@@ -206,6 +209,7 @@ class AsyncClient:
             while self._sock is None:
                 self._check_open()
                 await asyncio.sleep(CLIENT_RECONNECT_MIN)
+            self._release()
             self._flush()
             await self._drain(0)
 
@@ -452,11 +456,20 @@ class AsyncClient:
         sock.setblocking(False)
         self._sock = sock
         ready = self.session.connection_made()
+        if self.session.holding:
+            self._get_loop().call_later(CLIENT_RESUBSCRIBE_GRACE, self._release, sock)
         self._reading = False
         self._read_again()
         self._flush()
         if ready is not None:
             self._on_ready(ready)
+
+    def _release(self, sock: socket.socket | None = None) -> None:
+        """Send what was buffered while away (its grace is over, or a flush or a
+        close wants it now); not for a connection that is gone since."""
+        if self.session.holding and (sock is None or sock is self._sock):
+            self.session.release()
+            self._flush()
 
     def _detach(self) -> None:
         sock, self._sock = self._sock, None

@@ -19,6 +19,7 @@ largest legal packet, so that an over-long packet is detected
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections import deque
@@ -27,7 +28,13 @@ from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
 from sbus_relay.protocol.codec import BATCH_HEAD
-from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
+from sbus_relay.protocol.errors import (
+    AddressError,
+    BusClosed,
+    PeerError,
+    SbusError,
+    UsageError,
+)
 from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import (
     CLIENT_BUFFER_BYTES,
@@ -35,6 +42,7 @@ from sbus_relay.protocol.limits import (
     CLIENT_PENDING_MESSAGES,
     CLIENT_RECONNECT_MAX,
     CLIENT_RECONNECT_MIN,
+    CLIENT_RESUBSCRIBE_GRACE,
     MAX_PACKET,
 )
 
@@ -113,6 +121,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._backoff = CLIENT_RECONNECT_MIN
         self._next_try = 0.0
+        self._release_at = 0.0
         self._down_since = 0.0
         self._down_reason = ""
         self._outages: list[Outage] = []
@@ -154,6 +163,8 @@ class Client:
             if state is State.DISCONNECTED:
                 self._try_now()
             self._advance_handshake()
+        if self.session.holding:
+            self._release(time.monotonic() >= self._release_at)
         self.session.publish(key, payload)
         self._flush()
 
@@ -166,6 +177,8 @@ class Client:
             if state is State.DISCONNECTED:
                 self._try_now()
             self._advance_handshake()
+        if self.session.holding:
+            self._release(time.monotonic() >= self._release_at)
         count = self.session.publish_many(items)
         self._flush()
         return count
@@ -177,6 +190,7 @@ class Client:
         deadline = self._deadline(timeout)
         while self.session.buffered or self._sock is None:
             self._connected_socket(deadline)
+            self._release(True)
             self._flush()
 
     def control(self, key: Data, payload: Data | None = None) -> None:
@@ -290,12 +304,25 @@ class Client:
         """Read one packet (connecting again first if need be) and take in what it means."""
         self._check_open()
         sock = self._connected_socket(deadline)
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        now = time.monotonic()
+        remaining = None if deadline is None else max(0.0, deadline - now)
+        holding = self.session.holding
+        if holding:
+            if now >= self._release_at:
+                self._release(True)
+                return
+            until = self._release_at - now
+            remaining = until if remaining is None else min(remaining, until)
         try:
             packet = self._recv(sock, remaining)
         except BusClosed as exc:
             self._lost(exc)
             return
+        except TimeoutError:
+            if holding and time.monotonic() >= self._release_at:
+                self._release(True)
+                return
+            raise
         events = self.session.receive(packet)
         if packet[:1] == b"M" or packet.startswith(BATCH_HEAD):  # messages only
             self._pending.extend(events)  # type: ignore[arg-type]
@@ -336,6 +363,12 @@ class Client:
             self._down_since = 0.0
             if self.on_reconnected is not None:
                 self.on_reconnected(outage)
+
+    def _release(self, due: bool) -> None:
+        """Send what was buffered while away, once its grace is over."""
+        if due and self.session.holding:
+            self.session.release()
+            self._flush()
 
     def _advance_handshake(self) -> None:
         """Take in, without waiting, what already arrived while a handshake is
@@ -383,6 +416,7 @@ class Client:
         self._backoff = CLIENT_RECONNECT_MIN
         self._next_try = 0.0
         ready = self.session.connection_made()
+        self._release_at = time.monotonic() + CLIENT_RESUBSCRIBE_GRACE
         self._flush()
         if ready is not None:
             self._ready(ready)
@@ -524,6 +558,9 @@ class Client:
         """Close the connection (idempotent); the bus forgets our subscriptions.
         Publishes still buffered are lost, and counted (``stats.unsent``)."""
         if not self._closed:
+            if self._sock is not None and self.session.holding:
+                with contextlib.suppress(OSError, SbusError):
+                    self._release(True)  # connected: the buffered ones go, not lost
             if self._sock is not None:
                 _drain_and_close(self._sock)
                 self._sock = None

@@ -21,8 +21,11 @@ A session outlives its connections.  Its state moves
   left (docs/protocol.md, "Packets").
 * ``connection_made`` queues the handshake: ``CMSG batch/on`` when batched
   delivery was asked, the echo and flood modes, every non-secret ``SUB``, a
-  whoami, the whoamis the caller is still waiting for (asked again), then the
-  publishes buffered while away, in order.
+  whoami, and the whoamis the caller is still waiting for (asked again).
+  The publishes buffered while away follow at ``release``, which the I/O
+  layer calls a grace period later (``CLIENT_RESUBSCRIBE_GRACE``): the bus's
+  other clients, which lost their connections too, subscribe again first.
+  Until then new publishes join the buffer, in order.
 * Secret patterns (``<prefix>!/cred/...``) carry the identity the bus gives
   us, and that changes when a relay in between restarts.  They are sent once
   the handshake's whoami is answered, renamed from the identity the last
@@ -191,6 +194,8 @@ class Session:
         self._outbox: list[bytes] = []
         self._buffer: deque[bytes] = deque()
         self._buffer_bytes = 0
+        #: a new connection holds back what was buffered until ``release``
+        self.holding = False
         self.buffer_messages = buffer_messages
         self.buffer_bytes = buffer_bytes
         #: counts: connections made, publishes taken, buffered while away,
@@ -236,7 +241,7 @@ class Session:
         """``MSG key\\0payload``; buffered while away (``BufferFull`` past its bound)."""
         packet = codec.encode_msg(as_bytes(key), as_bytes(payload))
         _fits(packet)
-        if self.state is State.DISCONNECTED:
+        if self.state is State.DISCONNECTED or self.holding:
             self._keep(packet)
         else:
             self._outbox.append(packet)
@@ -248,7 +253,7 @@ class Session:
         packets = [codec.encode_msg(as_bytes(k), as_bytes(p)) for k, p in items]
         for packet in packets:
             _fits(packet)
-        if self.state is State.DISCONNECTED:
+        if self.state is State.DISCONNECTED or self.holding:
             self._room_for(packets)
             for packet in packets:
                 self._keep(packet)
@@ -329,10 +334,23 @@ class Session:
             self.state = State.READY
             ready = Ready(b"", False, 0)
             self._send_reasked()
-        out.extend(self._buffer)
+        # What was published while away waits a little more (``release``):
+        # sent at once, it would reach the bus before the other clients that
+        # lost it too have subscribed again.
+        self.holding = bool(self._buffer)
+        if not self.holding:
+            self.release()
+        return ready
+
+    def release(self) -> None:
+        """Send what was buffered while away (after the grace that lets the bus's
+        other clients subscribe again); publishes go straight out again."""
+        self.holding = False
+        if self.state is State.DISCONNECTED:
+            return
+        self._outbox.extend(self._buffer)
         self._buffer.clear()
         self._buffer_bytes = 0
-        return ready
 
     def connection_lost(self) -> None:
         """The connection is gone: what was not sent waits for the next one.

@@ -162,3 +162,8 @@ CLIENT_BUFFER_BYTES = 16 * 1024 * 1024
 #: the bus's return and the next try is messages the client does not receive.
 CLIENT_RECONNECT_MIN = 0.02
 CLIENT_RECONNECT_MAX = 0.1
+#: Seconds a client that reconnected holds what it buffered while away: the
+#: bus's other clients reconnect within the back-off cap and subscribe again;
+#: sent sooner, the buffered messages reach a bus where nobody listens yet
+#: (as a relay's ``RESUBSCRIBE_GRACE``).
+CLIENT_RESUBSCRIBE_GRACE = 0.15

@@ -55,7 +55,7 @@ def test_blocking_client_comes_back_after_kill_9_with_its_state(master: Master) 
 
         sub.whoami()  # drives its reconnect: subscribed again once answered
         assert len(ups) == 1 and ups[0].reason == "closed" and 0 < ups[0].seconds < WAIT
-        pub.whoami()  # reconnects, sends the buffer in order
+        pub.flush(WAIT)  # reconnects, sends the buffer in order (without its grace)
         assert downs == ["closed"]
         got = [sub.receive().payload for _ in range(5)]
         assert got == [b"1", b"2", b"3", b"4", b"5"]

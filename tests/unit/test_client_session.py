@@ -68,12 +68,13 @@ def test_first_handshake_sends_modes_and_subscriptions_and_is_ready_at_once() ->
     assert s.buffered == 1
     ready = s.connection_made()
     assert ready is not None and s.state is State.READY
-    assert s.outgoing() == [
-        b"CMSG echo/off",
-        b"CMSG blocking/hard/block",
-        b"SUB a/",
-        b"MSG k\0early",
-    ]
+    assert s.outgoing() == [b"CMSG echo/off", b"CMSG blocking/hard/block", b"SUB a/"]
+    assert s.holding  # what was buffered waits for the others to subscribe again
+    s.publish("k", "later")  # joins it, in order
+    s.release()
+    assert s.outgoing() == [b"MSG k\0early", b"MSG k\0later"]
+    s.publish("k", "now")
+    assert s.outgoing() == [b"MSG k\0now"]
 
 
 def test_batch_agreed_before_the_whoami_reply_packs_publishes() -> None:
@@ -160,6 +161,7 @@ def test_lost_connection_keeps_what_the_socket_did_not_take() -> None:
     assert s.buffered == 1
     s.publish("k", "3")
     s.connection_made()
+    s.release()
     assert s.outgoing()[-2:] == [b"MSG k\x002", b"MSG k\x003"]
 
 
@@ -227,6 +229,7 @@ operation = st.one_of(
     st.tuples(st.just("connect"), st.booleans()),
     st.tuples(st.just("lose"), st.integers(min_value=0, max_value=5)),
     st.tuples(st.just("flush")),
+    st.tuples(st.just("release")),
 )
 
 
@@ -269,6 +272,9 @@ def test_what_goes_out_is_in_the_grammar_in_order_and_resubscribed(
         elif name == "connect" and s.state is State.DISCONNECTED:
             held.clear()
             send(handshake(s, batch_answer=bool(op[1])))
+        elif name == "release":
+            s.release()
+            send(s.outgoing())
         elif name == "lose" and s.state is not State.DISCONNECTED:
             out = s.outgoing()
             cut = min(int(op[1]), len(out))  # type: ignore[call-overload]
