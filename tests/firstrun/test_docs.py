@@ -7,8 +7,10 @@
   line; a line that names one config file and ports gives that file's; the
   README's ``/clients`` example asks ``make run``'s bus;
 * docs/performance.md's tables are printed from the JSON of the one run it
-  states, whose targets are the code's, and every figure its prose quotes is
-  in those tables; the scenario table's targets are the code's;
+  states, and its client library's figures from the JSON of the client run
+  (``bench --only client``) it states; between them those runs judged every
+  target of the code, and every figure its prose quotes is in those tables;
+  the scenario table's targets are the code's;
 * the README says how to get the reference, and that ``make test`` runs the
   slow tests too, and for how long.
 """
@@ -58,6 +60,9 @@ HOST_PORT = re.compile(r"\b(?:127\.0\.0\.1|0\.0\.0\.0|localhost):(\d{2,5})\b")
 OTHER_PROGRAMS = {9090: "Prometheus", 3000: "Grafana"}
 PERFORMANCE = ROOT / "docs" / "performance.md"
 RUN_JSON = ROOT / "docs" / "performance-run.json"
+#: The client library's own run (``bench --only client``): its scenario
+#: measures against NATS, not against the reference, in a run of its own.
+CLIENT_RUN_JSON = ROOT / "docs" / "client-run.json"
 
 
 def _cited(pattern: re.Pattern[str]) -> list[tuple[str, int, str]]:
@@ -219,11 +224,33 @@ def test_the_performance_figures_are_the_stated_run(run: dict[str, Any]) -> None
     assert f"Measured on {meta['date'][:10]}" in text
 
 
-def test_the_stated_run_judged_the_code_s_targets(run: dict[str, Any]) -> None:
-    stated = [(v["label"], v["bound"]) for v in run["targets"]]
+@pytest.fixture(scope="module")
+def client_run() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(CLIENT_RUN_JSON.read_text())
+    return data
+
+
+def test_the_stated_runs_judged_the_code_s_targets(
+    run: dict[str, Any], client_run: dict[str, Any]
+) -> None:
+    stated = [(v["label"], v["bound"]) for v in run["targets"] if v["scenario"] != "client"]
+    stated += [(v["label"], v["bound"]) for v in client_run["targets"]]
     assert stated == [(t.label, t.bound) for t in report.TARGETS], (
-        "the targets changed since docs/performance.md's run: rerun its command"
+        "the targets changed since docs/performance.md's runs: rerun their commands"
     )
+
+
+def test_the_client_figures_are_the_stated_client_run(client_run: dict[str, Any]) -> None:
+    text = PERFORMANCE.read_text()
+    expected = _trimmed("\n".join(report.format_client(client_run["scenarios"]["client"])))
+    assert _trimmed(_block_after(text, "### The client library")) == expected, (
+        "docs/performance.md's client figures are not the client run's; they should read:\n"
+        + expected
+    )
+    meta = client_run["meta"]
+    assert meta["only"] == ["client"] and not meta["quick"]
+    command = _block_after(text, "The client library's figures come from one run of")
+    assert "--only client" in command and "--json docs/client-run.json" in command
 
 
 def test_every_figure_the_prose_quotes_is_in_the_run_s_tables(run: dict[str, Any]) -> None:
