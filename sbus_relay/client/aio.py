@@ -206,16 +206,16 @@ class AsyncClient:
         self._check_open()
         limit = self.timeout if timeout is None else timeout
         async with asyncio.timeout(limit):
-            while self._sock is None:
-                self._check_open()
-                await asyncio.sleep(CLIENT_RECONNECT_MIN)
+            await self._connected(None)
             self._release()
             self._flush()
             await self._drain(0)
 
     async def control(self, key: Data, payload: Data | None = None) -> None:
-        """``CMSG key[\\0payload]`` to the bus, on this connection."""
+        """``CMSG key[\\0payload]`` to the bus, on this connection (waiting, within
+        the client's timeout, for one while the bus is away)."""
         self._check_open()
+        await self._connected(self.timeout)
         self.session.control(key, payload)
         self._flush()
 
@@ -230,6 +230,13 @@ class AsyncClient:
         self._check_open()
         self.session.set_flood(mode)
         self._flush()
+
+    async def _connected(self, timeout: float | None) -> None:
+        """Wait until a connection is up (the reconnect task makes it)."""
+        async with asyncio.timeout(timeout):
+            while self._sock is None:
+                self._check_open()
+                await asyncio.sleep(CLIENT_RECONNECT_MIN)
 
     # --- receiving -----------------------------------------------------------
 
