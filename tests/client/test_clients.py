@@ -235,3 +235,21 @@ def test_both_clients_have_the_same_names_and_arguments() -> None:
         assert theirs is not None
         ours_params = [p for p in signature.parameters if p != "cooperative"]
         assert ours_params == list(theirs.parameters), name
+
+
+def test_async_no_reconnect_makes_a_lost_bus_final_after_what_arrived(master: Master) -> None:
+    async def main() -> None:
+        async with AsyncClient(master.address, timeout=WAIT, reconnect=False) as client:
+            await client.subscribe("k")
+            await client.whoami()
+            await client.publish("k", "last")
+            await client.flush()
+            assert (await client.receive()).payload == b"last"
+            master.kill()
+            with pytest.raises(BusClosed):
+                await client.receive()
+            with pytest.raises(BusClosed):
+                await client.publish("k", "after")
+            assert client.closed and client.stats.reconnects == 0
+
+    asyncio.run(main())
