@@ -55,6 +55,9 @@ from .session import (
 )
 from .stats import ClientStats, Outage
 
+#: MSG_TRUNC as a plain int: ``flags & socket.MSG_TRUNC`` goes through
+#: the enum's ``__and__`` on every packet received.
+_TRUNC = int(socket.MSG_TRUNC)
 #: Packets waiting for the socket past which ``publish`` waits for it to
 #: take them (the writer's high-water mark); resumed below half of it.
 WRITE_QUEUE_HIGH = 4 * BATCH_MESSAGES
@@ -339,7 +342,7 @@ class AsyncClient:
                     break
                 if size == 0:
                     raise BusClosed("the bus closed the connection")
-                if flags & socket.MSG_TRUNC:
+                if flags & _TRUNC:
                     raise PeerError(
                         "protocol_error", f"server sent a packet over {MAX_PACKET} bytes"
                     )

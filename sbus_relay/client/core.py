@@ -66,6 +66,9 @@ __all__ = ["FLOOD_MODES", "WHOAMI_KEY", "Client", "Message"]
 
 #: The credentials request and reply key (docs/protocol.md, "Credentials").
 WHOAMI_KEY = WHOAMI
+#: MSG_TRUNC as a plain int: ``flags & socket.MSG_TRUNC`` goes through
+#: the enum's ``__and__`` on every packet received.
+_TRUNC = int(socket.MSG_TRUNC)
 #: Packets read, without waiting, to find the server's disconnect notice after
 #: a failed send: it is behind at most the messages already queued to us.
 NOTICE_SCAN_PACKETS = 64
@@ -518,7 +521,7 @@ class Client:
         if size == 0:
             # The server never sends empty packets, so 0 bytes is end of stream.
             raise BusClosed("the bus closed the connection")
-        if flags & socket.MSG_TRUNC or size > MAX_PACKET:
+        if flags & _TRUNC or size > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
         return bytes(self._view[:size])
 
