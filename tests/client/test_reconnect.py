@@ -163,3 +163,32 @@ def test_a_relay_whose_upstream_identity_changes(tree: Hierarchy) -> None:
         assert client.session.patterns == [(after + "/inbox/").encode()]
         assert delivered(client, far, after + "/inbox/x", b"through") == b"through"
         assert client.stats.reconnects == 0  # B kept us connected
+
+
+def test_a_cooperative_client_reconnects_without_blocking_other_greenlets(
+    master: Master,
+) -> None:
+    import gevent
+
+    ticks: list[float] = []
+
+    def ticker() -> None:  # runs only if the client's waits yield
+        for _ in range(200):
+            ticks.append(time.monotonic())
+            gevent.sleep(0.01)
+
+    with Client(master.address, timeout=WAIT, cooperative=True) as client:
+        client.subscribe("g/")
+        client.whoami()
+        master.kill()
+        background = gevent.spawn(ticker)
+        with pytest.raises(TimeoutError):
+            client.receive(0.5)  # the bus is away: it retries, yielding meanwhile
+        assert len(ticks) >= 10
+        master.start()
+        client.whoami()  # back, subscribed again
+        assert client.stats.reconnects == 1
+        with Client(master.address, timeout=WAIT) as pub:
+            pub.publish("g/1", "after")
+        assert client.receive().payload == b"after"
+        background.kill()
