@@ -82,7 +82,8 @@ def events(err: Path, name: str) -> list[dict[str, object]]:
 
 
 def wait_event(err: Path, name: str) -> dict[str, object]:
-    return wait_until(lambda: next(iter(events(err, name)), None), f"{name} in {err.name}")
+    found = wait_until(lambda: events(err, name), f"{name} in {err.name}")
+    return found[0]
 
 
 def test_the_first_start_serves_and_the_second_takes_over(node: Node) -> None:
