@@ -75,9 +75,8 @@ def test_a_rolling_update_of_the_master_pod_disconnects_nobody(
     image: str, node: Path, tmp_path: Path
 ) -> None:
     args, socket_mount, config_mount, port = daemonset_master()
-    socket_dir = host_dir(
-        node, "run-sbus"
-    )  # the node's /run/sbus, chowned as the init container does
+    # the node's /run/sbus, chowned to the image's user as the init container does
+    socket_dir = host_dir(node, "run-sbus")
     config_dir = node / "config"
     config_dir.mkdir()
     dropped = shipped_master_config(config_dir / "master.yaml")
