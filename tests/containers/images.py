@@ -77,6 +77,15 @@ def image_exists(podman: str, name: str) -> bool:
     return found.returncode == 0
 
 
+def _dangling(podman: str) -> set[str]:
+    """The ids of the untagged images."""
+    listed = subprocess.run(
+        [podman, "images", "-q", "--no-trunc", "--filter", "dangling=true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return set(listed.stdout.split())
+
+
 def _drop_other_tags(podman: str, repo: str, keep: str) -> None:
     """Remove the images of ``repo`` but ``keep`` (older inputs' images)."""
     listed = subprocess.run(
@@ -198,7 +207,11 @@ def project_image(podman: str) -> str:
                 "-v", f"{wheel_dir}:/wheels:ro"]  # fmt: skip
         for key, value in args.items():
             argv += ["--build-arg", f"{key}={value}"]
+        before = _dangling(podman)
         _run([*argv, str(work)], "podman build")
+        # the build stage's image, left untagged: ours to remove
+        for left in _dangling(podman) - before:
+            subprocess.run([podman, "rmi", left], capture_output=True, timeout=120, check=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _drop_other_tags(podman, IMAGE_NAME, name)
