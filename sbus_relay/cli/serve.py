@@ -567,8 +567,6 @@ def _upgrade(server: Any, log: Any, start_dir: str) -> None:
 
     import gevent
 
-    global _spawned_successor
-    _spawned_successor = True
     env = {**os.environ, TAKE_OVER_ENV: server.address}
     # Where our stderr goes nowhere (a daemon), the new process's goes to us
     # until it serves, so that a failure can say why in our log.
@@ -588,6 +586,7 @@ def _upgrade(server: Any, log: Any, start_dir: str) -> None:
     except OSError as exc:
         log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
         return
+    _successors.append(child)
     log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv), cwd=start_dir)
     gevent.spawn(_watch_successor, server, child, log)
 
@@ -648,9 +647,10 @@ def _bus_answers(address: str) -> bool:
 #: Seconds between a lingering bus's looks at whether it was told to stop (a
 #: signal wakes it at once; the timer only keeps gevent's loop from ending).
 LINGER_TICK = 60.0
-#: Whether this process started its successor itself (SIGUSR2): then it ends
-#: once it handed over, as always; its successor is not in another container.
-_spawned_successor = False
+#: The processes this one started to take it over (SIGUSR2).  One of them still
+#: running once the bus is handed over is the taker: then this process ends as
+#: always, its successor being no container's restart.
+_successors: list[Any] = []
 
 
 def _linger(config: ServerConfig, log: Any) -> None:
@@ -659,7 +659,7 @@ def _linger(config: ServerConfig, log: Any) -> None:
     that start would take the bus back.  It answers ``/healthz`` (200) on its
     metrics address where that is free (its own network namespace), so that its
     pod's liveness probe leaves it be until the pod is deleted."""
-    if _spawned_successor:
+    if any(child.poll() is None for child in _successors):
         return
     import gevent
     from gevent.event import Event

@@ -32,6 +32,8 @@ DOCKERFILE = REPO / "configs" / "deploy" / "Dockerfile"
 #: The Debian release and mirror of the base; its Python is the build's and the image's.
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
+#: That release's Python: the wheels downloaded here are for it, whatever runs the tests.
+BASE_PYTHON = "3.11"
 #: What the Dockerfile needs of a base: Python with venv, and (the build stage)
 #: a C compiler and Python's headers for the hot path.
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev")
@@ -143,7 +145,7 @@ def _requirements() -> list[str]:
 def wheels() -> Path:
     """A directory with the wheels of every requirement, downloaded once per set."""
     wanted = _requirements()
-    key = _digest(" ".join(wanted).encode(), sys.version.encode())
+    key = _digest(" ".join(wanted).encode(), BASE_PYTHON.encode())
     target = CACHE / f"wheels-{key}"
     if target.is_dir():
         return target
@@ -151,7 +153,8 @@ def wheels() -> Path:
     partial = Path(tempfile.mkdtemp(prefix="wheels-", dir=CACHE))
     try:
         _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
-              "--dest", str(partial), *wanted], "pip download")  # fmt: skip
+              "--python-version", BASE_PYTHON, "--dest", str(partial), *wanted],
+             "pip download")  # fmt: skip
         partial.rename(target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
