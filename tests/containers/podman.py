@@ -35,7 +35,7 @@ IMAGE_UID = 10001
 #: Seconds a podman command may take (a run, a stop, an exec).
 PODMAN_TIMEOUT = 60
 #: Seconds to wait for a container's bus or a log line.
-WAIT = 20.0
+WAIT = 60.0
 
 
 def container_problem() -> str | None:

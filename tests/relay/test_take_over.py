@@ -23,6 +23,9 @@ from tests.support import VENV_BIN, run_cli, short_dir
 
 pytestmark = pytest.mark.timeout(90)
 
+#: Seconds a process gets to start (a busy machine's imports) or to hand over.
+START = 30.0
+
 
 class Node:
     """A socket directory, a config, and the ``serve --take-over`` processes started on it."""
@@ -82,7 +85,7 @@ def events(err: Path, name: str) -> list[dict[str, object]]:
 
 
 def wait_event(err: Path, name: str) -> dict[str, object]:
-    found = wait_until(lambda: events(err, name), f"{name} in {err.name}")
+    found = wait_until(lambda: events(err, name), f"{name} in {err.name}", timeout=START)
     return found[0]
 
 
