@@ -53,8 +53,8 @@ def shipped_master_config(target: Path) -> list[str]:
             load_config(str(target))
             return dropped
         except ConfigError as exc:
-            unknown = [k for k in document if k not in dropped and f"{k}:" in str(exc)]
-            if not unknown or "unknown" not in str(exc):
+            unknown = [k for k in document if f"{k}: unknown key" in str(exc)]
+            if not unknown:
                 raise
             dropped.append(unknown[0])
             del document[unknown[0]]
