@@ -111,6 +111,8 @@ def test_a_rolling_update_of_the_master_pod_disconnects_nobody(
         containers.append(new)
         took = new.wait_event("upgrade.took_over")
         assert took["clients"] == 2  # the relay and the node's client
+        handed = old.wait_event("upgrade.handed_over")
+        print(f"hand-over between the containers: {handed['seconds'] * 1000:.0f} ms")
         old.wait_event("upgrade.lingering")
         assert old.events("upgrade.lingering")[0]["healthz"] is True  # its own network
         assert old.http_status(port) == 200
