@@ -34,8 +34,33 @@ IMAGE_PYTHON = "/opt/sbus-relay/bin/python"
 IMAGE_UID = 10001
 #: Seconds a podman command may take (a run, a stop, an exec).
 PODMAN_TIMEOUT = 60
+#: Tries to remove a container before its failure fails the test.
+REMOVE_TRIES = 3
 #: Seconds to wait for a container's bus or a log line.
 WAIT = 60.0
+
+
+#: What every container here gets, as the manifests' securityContext says: a
+#: read-only root, no capability, no new privileges; and only ``lo``.
+HARDENED = ("--read-only", "--cap-drop=all", "--security-opt=no-new-privileges", "--network=none")
+
+
+def run_once(
+    image: str,
+    command: Sequence[str],
+    *,
+    mounts: Sequence[tuple[Path | str, str, str]] = (),
+    user: str | None = None,
+    cap_add: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (not the entrypoint: an init container's ``command``) to its end."""
+    assert PODMAN is not None
+    argv = [PODMAN, "run", "--rm", *HARDENED, *(["--user", user] if user else [])]
+    argv += [f"--cap-add={cap}" for cap in cap_add]
+    for source, target, options in mounts:
+        argv += ["-v", f"{source}:{target}:{options}"]
+    argv += ["--entrypoint", command[0], image, *command[1:]]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=PODMAN_TIMEOUT, check=False)
 
 
 def container_problem() -> str | None:
@@ -90,13 +115,15 @@ class Container:
         *,
         mounts: Sequence[tuple[Path | str, str, str]] = (),
         pid_host: bool = False,
+        pid_of: Container | None = None,
         uid_base: int | None = None,
     ) -> None:
         self.name = f"sbus-test-{role}-{secrets.token_hex(4)}"
-        argv = ["run", "-d", "--name", self.name, "--read-only", "--cap-drop=all",
-                "--security-opt=no-new-privileges", "--network=none"]  # fmt: skip
+        argv = ["run", "-d", "--name", self.name, *HARDENED]
         if pid_host:
             argv.append("--pid=host")
+        if pid_of is not None:  # a pod's shareProcessNamespace
+            argv.append(f"--pid=container:{pid_of.name}")
         if uid_base is not None:
             # a user namespace: the container's ids 0..65535 are the host's uid_base..
             argv += ["--uidmap", f"0:{uid_base}:65536", "--gidmap", f"0:{uid_base}:65536"]
@@ -206,7 +233,29 @@ class Container:
         return self.exit_code()
 
     def remove(self) -> None:
-        podman("rm", "-f", "-t", "0", self.name, check=False)
+        """Remove it (a few tries: an ``exec`` session may be ending); one that
+        stays, such as a container another still depends on, fails the test."""
+        for _ in range(REMOVE_TRIES - 1):
+            if subprocess.run(
+                [str(PODMAN), "rm", "-f", "-t", "0", self.name],
+                capture_output=True, timeout=PODMAN_TIMEOUT, check=False,
+            ).returncode == 0:  # fmt: skip
+                return
+            time.sleep(1)
+        podman("rm", "-f", "-t", "0", self.name)
+
+
+def remove_all(containers: list[Container]) -> None:
+    """Remove every one, the last started first (one sharing another's PID
+    namespace before that one); the first failure is raised after all were tried."""
+    failure: BaseException | None = None
+    for container in reversed(containers):
+        try:
+            container.remove()
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def host_pid_of(container_pid: int, outer_pid: int) -> int:

@@ -18,15 +18,24 @@ namespace mapping 0 to 200000 is uid 210001 to it).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.containers.podman import IMAGE_UID, Container, host_dir, host_pid_of
+from tests.containers.podman import (
+    IMAGE_UID,
+    WAIT,
+    Container,
+    host_dir,
+    host_pid_of,
+    remove_all,
+)
 from tests.deploy.shipped import free_port
 from tests.namespaces.helpers import Agent
 from tests.relay.helpers import wait_until
@@ -96,11 +105,12 @@ class Site:
     def close(self) -> None:
         for agent in self.agents:
             agent.close()
-        for container in self.containers:
-            container.remove()
-        self.master.stop()
-        if self.successor is not None:
-            with_pid_gone(self.successor)
+        try:
+            remove_all(self.containers)
+        finally:
+            self.master.stop()
+            if self.successor is not None:
+                with_pid_gone(self.successor)
 
 
 def with_pid_gone(pid: int) -> None:
@@ -246,3 +256,50 @@ def test_the_master_upgrades_live_under_the_containers(site: Site) -> None:
     for relay in (a, b):
         assert relay.events("upstream.lost") == [], relay.logs()
         assert len(relay.events("upstream.connected")) == 1
+
+
+EXAMPLE_APP = Path(__file__).resolve().parents[2] / "configs/deploy/kubernetes/example-app.yaml"
+
+
+def test_the_example_pod_runs_as_its_manifest_says(site: Site) -> None:
+    """example-app.yaml's two containers with their own args: the relay sidecar
+    and the app, sharing /run (the emptyDir) and the relay's PID namespace."""
+    pod = yaml.safe_load(EXAMPLE_APP.read_text())["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+    (sidecar,) = pod["initContainers"]
+    (app_spec,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    bus_dir = host_dir(site.root, "pod-bus")
+
+    def mounts(container: dict[str, Any]) -> list[tuple[Path | str, str, str]]:
+        found: list[tuple[Path | str, str, str]] = []
+        for mount in container["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            source = bus_dir if "emptyDir" in volume else site.master_dir
+            found.append((source, mount["mountPath"], "rw"))
+        return found
+
+    relay = Container(site.image, "sidecar", sidecar["args"], mounts=mounts(sidecar))
+    site.containers.append(relay)
+    wait_relay(relay, bus_dir)
+    app = Container(site.image, "app", app_spec["args"], mounts=mounts(app_spec), pid_of=relay)
+    site.containers.append(app)
+    # the app subscribes through the relay; a client of the app's pod sees the
+    # app's process by its pid in the pod, and the relay's on the node
+    probe = site.agent(app, RELAY_SOCKET)
+    relay_cred = cred(IMAGE_UID, IMAGE_UID, relay.host_pid())
+    assert probe.whoami() == relay_cred + "/" + cred(IMAGE_UID, IMAGE_UID, probe.pid)
+    assert probe.pid not in (0, 1)
+    host = site.agent(None, site.socket)
+    wait_until(
+        lambda: _published_and_printed(host, app), "the app prints a message from the node", WAIT
+    )
+
+
+def _published_and_printed(host: Agent, app: Container) -> bool:
+    """Publish on the master; whether the app's log has it (its sub may still be starting)."""
+    host.pub("demo/from-the-node", "hello pod")
+    for line in app.logs().splitlines():
+        if line.startswith("{") and json.loads(line).get("key") == "demo/from-the-node":
+            return json.loads(line)["payload"] == "hello pod"
+    return False

@@ -16,13 +16,14 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from sbus_relay.ops.config import load_config
 from sbus_relay.protocol.errors import ConfigError
-from tests.containers.podman import IMAGE_UID, Container, host_dir
+from tests.containers.podman import IMAGE_UID, Container, host_dir, remove_all, run_once
 from tests.namespaces.helpers import Agent
 
 pytestmark = pytest.mark.timeout(1200)  # the first run makes the base and the image
@@ -32,11 +33,15 @@ DAEMONSET = KUBERNETES / "master-daemonset.yaml"
 RELAY_SOCKET = "/run/sbus.socket"
 
 
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]
+    return spec
+
+
 def daemonset_master() -> tuple[list[str], str, str, int]:
     """The master container's args, its socket directory's mount path, its
     config's mount path and its metrics port, from the DaemonSet."""
-    spec = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]
-    (master,) = spec["containers"]
+    (master,) = pod_spec()["containers"]
     mounts = {m["name"]: m["mountPath"] for m in master["volumeMounts"]}
     port = next(p["containerPort"] for p in master["ports"] if p["name"] == "metrics")
     return master["args"], mounts["socket-dir"], mounts["config"], port
@@ -75,8 +80,20 @@ def test_a_rolling_update_of_the_master_pod_disconnects_nobody(
     image: str, node: Path, tmp_path: Path
 ) -> None:
     args, socket_mount, config_mount, port = daemonset_master()
-    # the node's /run/sbus, chowned to the image's user as the init container does
-    socket_dir = host_dir(node, "run-sbus")
+    # the node's /run/sbus as the kubelet makes it (root's), given to the
+    # image's user by the init container, run as the DaemonSet says
+    socket_dir = node / "run-sbus"
+    socket_dir.mkdir(mode=0o755)
+    (init,) = pod_spec()["initContainers"]
+    context = init["securityContext"]
+    assert context["capabilities"]["drop"] == ["ALL"]
+    done = run_once(
+        image, init["command"], user=str(context["runAsUser"]),
+        cap_add=context["capabilities"]["add"],
+        mounts=[(socket_dir, m["mountPath"], "rw") for m in init["volumeMounts"]],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (socket_dir.stat().st_uid, socket_dir.stat().st_gid) == (IMAGE_UID, IMAGE_UID)
     config_dir = node / "config"
     config_dir.mkdir()
     dropped = shipped_master_config(config_dir / "master.yaml")
@@ -136,5 +153,4 @@ def test_a_rolling_update_of_the_master_pod_disconnects_nobody(
     finally:
         for agent in agents:
             agent.close()
-        for container in containers:
-            container.remove()
+        remove_all(containers)
