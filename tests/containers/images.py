@@ -89,7 +89,8 @@ def _dangling(podman: str) -> set[str]:
 
 
 def _drop_other_tags(podman: str, repo: str, keep: str) -> None:
-    """Remove the images of ``repo`` but ``keep`` (older inputs' images)."""
+    """Remove the images of ``repo`` but ``keep`` (older inputs' images); one
+    that a container still uses (another checkout's run) stays."""
     listed = subprocess.run(
         [podman, "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
         capture_output=True, text=True, timeout=60, check=False,
@@ -97,7 +98,7 @@ def _drop_other_tags(podman: str, repo: str, keep: str) -> None:
     for name in listed.stdout.split():
         if name != keep:
             subprocess.run(
-                [podman, "rmi", "-f", name], capture_output=True, timeout=120, check=False
+                [podman, "rmi", name], capture_output=True, timeout=120, check=False
             )
 
 
