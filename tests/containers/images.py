@@ -97,9 +97,7 @@ def _drop_other_tags(podman: str, repo: str, keep: str) -> None:
     )  # fmt: skip
     for name in listed.stdout.split():
         if name != keep:
-            subprocess.run(
-                [podman, "rmi", name], capture_output=True, timeout=120, check=False
-            )
+            subprocess.run([podman, "rmi", name], capture_output=True, timeout=120, check=False)
 
 
 def base_image(podman: str) -> str:
