@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,10 +150,10 @@ def site(image: str, tmp_path: Path) -> Iterator[Site]:
     try:
         yield built
     finally:
-        built.close()
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            built.close()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def cred(gid: int, uid: int, pid: int) -> str:
