@@ -36,6 +36,12 @@ IMAGE_UID = 10001
 PODMAN_TIMEOUT = 60
 #: Tries to remove a container before its failure fails the test.
 REMOVE_TRIES = 3
+#: A relay's count of the patterns its upstream wants (it sends up only what matches).
+INTEREST = "sbus_upstream_interest_patterns"
+#: A bus's count of the patterns its clients hold.
+STORED = "sbus_patterns_stored"
+#: The metrics port of configs/relay.yaml, inside each container.
+RELAY_METRICS = 9801
 #: Seconds to wait for a container's bus or a log line.
 WAIT = 60.0
 
@@ -197,6 +203,24 @@ class Container:
         assert result.returncode == 0, result.stderr
         return int(result.stdout.strip())
 
+    def metric(self, port: int, name: str) -> float:
+        """The sum of a metric's samples, scraped from inside the container's network."""
+        code = (
+            "import urllib.request\n"
+            f"print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics', timeout=5)"
+            ".read().decode())\n"
+        )
+        result = self.exec(IMAGE_PYTHON, "-c", code)
+        assert result.returncode == 0, result.stderr
+        return sum_of(result.stdout, name)
+
+    def wait_metric(self, port: int, name: str, at_least: float, timeout: float = WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(port, name) < at_least:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {name} below {at_least} after {timeout}s")
+            time.sleep(0.1)
+
     def agent(self, log_dir: Path, address: str, user: str | None = None) -> Agent:
         """A client of the bus at ``address`` running inside this container."""
         assert PODMAN is not None
@@ -243,6 +267,15 @@ class Container:
                 return
             time.sleep(1)
         podman("rm", "-f", "-t", "0", self.name)
+
+
+def sum_of(text: str, name: str) -> float:
+    """The sum of the samples of metric ``name`` in a Prometheus text answer."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def remove_all(containers: list[Container]) -> None:

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,15 @@ import yaml
 
 from tests.containers.podman import (
     IMAGE_UID,
+    INTEREST,
+    RELAY_METRICS,
+    STORED,
     WAIT,
     Container,
     host_dir,
     host_pid_of,
     remove_all,
+    sum_of,
 )
 from tests.deploy.shipped import free_port
 from tests.namespaces.helpers import Agent
@@ -94,6 +99,14 @@ class Site:
         wait_relay(container, run)
         return container, run
 
+    def wait_stored(self, at_least: int) -> None:
+        """Until the master holds ``at_least`` patterns (its relays' SUBs arrive
+        after their clients' returned)."""
+        wait_until(
+            lambda: sum_of(urlopen_text(self.metrics), STORED) >= at_least,
+            f"{at_least} patterns on the master", WAIT,
+        )  # fmt: skip
+
     def agent(self, container: Container | None, address: str, user: str | None = None) -> Agent:
         if container is None:
             uid = int(user.split(":")[0]) if user else IMAGE_UID
@@ -112,6 +125,11 @@ class Site:
             self.master.stop()
             if self.successor is not None:
                 with_pid_gone(self.successor)
+
+
+def urlopen_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
 
 
 def with_pid_gone(pid: int) -> None:
@@ -169,6 +187,9 @@ def test_traffic_crosses_containers_both_ways(site: Site) -> None:
     host.sub("up/")
     in_b.sub("down/")
     in_b.sub("side/")
+    # what each relay sends up is what is wanted above it: wait until they know
+    site.wait_stored(3)
+    a.wait_metric(RELAY_METRICS, INTEREST, 2)
     in_a.pub("up/from-a", "1")
     assert host.messages(1) == [("up/from-a", "1")]
     host.pub("down/from-host", "2")
@@ -214,6 +235,7 @@ def test_secret_keys_stay_in_their_container(site: Site) -> None:
     key = owner.whoami() + "/inbox"
     owner.sub(key)
     snoop.sub("")
+    site.wait_stored(2)
     host = site.agent(None, site.socket)
     host.pub(key, "for a only")
     assert owner.messages(1) == [(key, "for a only")]
@@ -232,6 +254,7 @@ def test_a_killed_relay_container_restarts_and_relays_again(site: Site) -> None:
     assert a.host_pid() != first_pid
     in_a = site.agent(a, RELAY_SOCKET)
     assert in_a.whoami().startswith(cred(10001, 10001, a.host_pid()) + "/")
+    a.wait_metric(RELAY_METRICS, INTEREST, 1)
     in_a.pub("up/after-restart", "x")
     assert host.messages(1) == [("up/after-restart", "x")]
 
@@ -244,6 +267,8 @@ def test_the_master_upgrades_live_under_the_containers(site: Site) -> None:
     in_b = site.agent(b, RELAY_SOCKET)
     host.sub("up/")
     in_b.sub("side/")
+    site.wait_stored(2)
+    a.wait_metric(RELAY_METRICS, INTEREST, 2)
     upgraded = run_cli("upgrade", "-a", site.socket, timeout=60)
     assert upgraded.returncode == 0, upgraded.stderr
     old, new = map(int, re.findall(r"pid (\d+)", upgraded.stdout.decode()))

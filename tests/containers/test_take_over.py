@@ -23,7 +23,16 @@ import yaml
 
 from sbus_relay.ops.config import load_config
 from sbus_relay.protocol.errors import ConfigError
-from tests.containers.podman import IMAGE_UID, Container, host_dir, remove_all, run_once
+from tests.containers.podman import (
+    IMAGE_UID,
+    INTEREST,
+    RELAY_METRICS,
+    STORED,
+    Container,
+    host_dir,
+    remove_all,
+    run_once,
+)
 from tests.namespaces.helpers import Agent
 
 pytestmark = pytest.mark.timeout(1200)  # the first run makes the base and the image
@@ -121,6 +130,8 @@ def test_a_rolling_update_of_the_master_pod_disconnects_nobody(
         agents.append(host)
         host.sub("up/")
         app.sub("down/")
+        old.wait_metric(port, STORED, 2)
+        relay.wait_metric(RELAY_METRICS, INTEREST, 1)
         app.pub("up/before", "0")
         assert host.messages(1) == [("up/before", "0")]
 
