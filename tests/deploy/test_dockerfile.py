@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,18 @@ def test_the_image_runs_the_cli_as_a_user_of_its_own_from_a_build_stage() -> Non
     assert 'ENTRYPOINT ["sbus-relay"]' in lines
     # the build fails rather than ship the pure-Python path
     assert "sys.exit(m != 'compiled (Cython)')" in DOCKERFILE.read_text()
+
+
+def test_the_build_context_sends_what_the_dockerfiles_copy_and_no_build_products() -> None:
+    lines = (DEPLOY.parents[1] / ".dockerignore").read_text().splitlines()
+    patterns = [line for line in lines if line and not line.startswith("#")]
+    assert patterns[0] == "**"  # everything out, then what is copied back in
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    for dockerfile in (DOCKERFILE, DEPLOY / "Dockerfile.spark"):
+        for line in dockerfile.read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["COPY"] and not words[1].startswith("--from="):
+                for source in words[1:-1]:
+                    name = source.rstrip("/")
+                    assert any(fnmatch(name, p) for p in allowed), f"{dockerfile.name}: {name}"
+    assert {"**/*.so", "**/__pycache__", "sbus_relay/_compiled.json"} <= set(patterns)
