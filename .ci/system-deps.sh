@@ -10,6 +10,9 @@
 #   systemd-socket-activate  socket activation run (systemd need not be PID 1)
 #   docker-compose         tests/deploy: validates the compose file (no daemon)
 #   tmux                   tests/metrics/test_top.py: the live view in a real terminal
+#   podman, runc,          tests/containers: the image built on a Debian base made
+#   debootstrap            with debootstrap, relays and masters in real containers
+#                          (.ci/containers.sh sets podman up for this machine)
 set -euo pipefail
 
 missing=()
@@ -20,12 +23,17 @@ command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate
     || missing+=(systemd)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 python3 - <<'PY' || missing+=(python3-dev)
 import os, sys, sysconfig
 sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
 PY
 
+here=$(dirname "$0")
 if [ ${#missing[@]} -eq 0 ]; then
+    bash "$here/containers.sh"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -36,3 +44,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq </dev/null
 apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+bash "$here/containers.sh"

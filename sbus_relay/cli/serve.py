@@ -13,6 +13,16 @@ set to the address it serves; that process, fully initialised, takes the running
 tells systemd its pid, and serves on.  A bus run by ``sbus-relay up`` leaves
 upgrades to ``up`` (``$SBUS_SUPERVISED``), which starts the new process itself.
 
+``serve --take-over`` starts the same hand-over from the new side, for a new
+process that nobody started from the old one (a Kubernetes pod replacing the
+master's pod, docs/kubernetes.md): if a bus answers on the config's address,
+take it over, else start as usual.  The new process serves metrics on a socket
+of its own where it can bind one (another network namespace: the old one's
+belongs to a pod that is going away).  A bus started with ``--take-over`` that
+hands itself to a process it did not start stays, serving nothing but
+``/healthz``, until it is stopped: a container whose process ended would be
+started again, and would take the bus back.
+
 SIGINT and SIGTERM stop the server.  SIGHUP reloads ``serve``'s config
 (docs/reliability.md, "Reload"): the file is read again, the flags applied
 over it, and the result handed to ``Server.reconfigure`` -- or, with an
@@ -144,6 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="allow USER (name or uid) to connect; repeatable",
     )  # fmt: skip
     parser.add_argument(
+        "--take-over", action="store_true", default=None,
+        help="if a bus answers on the address, take it over (its sockets and connections)"
+        " instead of binding; the same command starts the first bus and its successors",
+    )  # fmt: skip
+    parser.add_argument(
         "--check", action="store_true", default=None,
         help="only validate the config (file and flags) and exit: what systemctl reload"
         " runs first",
@@ -169,7 +184,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{getattr(args, 'config', None) or COMMAND_LINE}: valid")
         return 0
     start = os.getcwd()  # a daemon leaves it: its reloads read the file named from here
-    return run_server(config, lambda: config_from(args, start), source=args.config or COMMAND_LINE)
+    return run_server(
+        config,
+        lambda: config_from(args, start),
+        source=args.config or COMMAND_LINE,
+        take_over=bool(getattr(args, "take_over", None)),
+    )
 
 
 def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str, str | None]:
@@ -203,12 +223,17 @@ def _listener(config: ServerConfig, log: Any = None) -> tuple[socket.socket, str
 
 
 def run_server(
-    config: ServerConfig, reload: Loader | None = None, *, source: str = COMMAND_LINE
+    config: ServerConfig,
+    reload: Loader | None = None,
+    *,
+    source: str = COMMAND_LINE,
+    take_over: bool = False,
 ) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves.
 
     ``reload`` reads the config again on SIGHUP (``source`` names its file);
     without one SIGHUP stops the server, as it does the reference sbusd.
+    ``take_over``: take over the bus answering on the address, if one does.
     """
     _log_to(config, None, source)
     start_dir = os.getcwd()  # where an upgrade runs this command line again
@@ -223,8 +248,10 @@ def run_server(
         hangup_stops = False  # started under nohup: a hang-up is not ours to act on
     early = _EarlySignals(reload is not None)
     serving = os.environ.get(TAKE_OVER_ENV)
+    if take_over and not serving and _bus_answers(config.address):
+        serving = config.address
     if serving:
-        return _take_over(config, serving, log, reload, source, early)
+        return _take_over(config, serving, log, reload, source, early, from_new_side=take_over)
     pidfile = None
     status = 0
     socket_file = None
@@ -266,6 +293,8 @@ def run_server(
     finally:
         if not handed_over:
             _clean_up(socket_file, pidfile)
+    if handed_over and take_over:
+        _linger(config, log)
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
 
@@ -286,11 +315,27 @@ def _take_over(
     reload: Loader | None,
     source: str,
     early: _EarlySignals,
+    *,
+    from_new_side: bool = False,
 ) -> int:
-    """Be the bus on ``serving``: take it over from the process serving it."""
+    """Be the bus on ``serving``: take it over from the process serving it.
+
+    ``from_new_side`` (``serve --take-over``): serve metrics on a socket of
+    this process's own if it can bind one, the old process's only where that
+    port is taken (the same network: the old socket comes with the bus); and
+    linger once this process hands the bus on in its turn."""
     from sbus_relay.ops.handover import take_over
 
+    web_sock = None
+    if from_new_side and config.metrics:
+        from sbus_relay.ops.metrics_server import bind_metrics
+
+        with contextlib.suppress(AddressError):
+            web_sock = bind_metrics(config.metrics)
     state, fds, channel = take_over(serving)  # UpgradeError: one line, exit 1
+    if web_sock is not None and state["web"] is not None:
+        os.close(fds[state["web"]])  # the old process's, in its network: not ours
+        state["web"] = None
     socket_file = state["socket_file"]
     pidfile = None
     default_target = None
@@ -310,13 +355,15 @@ def _take_over(
     try:
         handed_over = _serve(
             config, log, None, socket_file, state["address"], reloading, early, os.getcwd(),
-            adopted=adopted,
+            adopted=adopted, web_sock=web_sock,
         )  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:
         if not handed_over:
             _clean_up(socket_file, pidfile)
+    if handed_over and from_new_side:
+        _linger(config, log)
     log.info("exited", address=state["address"], status=0, handed_over=handed_over)
     return 0
 
@@ -439,7 +486,10 @@ def _serve(
 
     if adopted is not None:
         server = Server.adopt(config, adopted[0], adopted[1], log=log)
-        web_sock = server.web_listener
+        if web_sock is None:
+            web_sock = server.web_listener
+        else:
+            server.web_listener = web_sock
     else:
         assert listener is not None
         server = Server(config, listener, log=log, socket_file=socket_file)
@@ -536,6 +586,7 @@ def _upgrade(server: Any, log: Any, start_dir: str) -> None:
     except OSError as exc:
         log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
         return
+    _successors.append(child)
     log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv), cwd=start_dir)
     gevent.spawn(_watch_successor, server, child, log)
 
@@ -582,6 +633,52 @@ def _watch_successor(server: Any, child: Any, log: Any) -> None:
     finally:
         if child.stderr is not None:
             child.stderr.close()
+
+
+def _bus_answers(address: str) -> bool:
+    """Whether a bus answers on the socket file of ``address`` (``serve --take-over``)."""
+    try:
+        parsed = parse_address(address)
+        return parsed.kind == "path" and answers(parsed.path)
+    except (AddressError, OSError):
+        return False
+
+
+#: Seconds between a lingering bus's looks at whether it was told to stop (a
+#: signal wakes it at once; the timer only keeps gevent's loop from ending).
+LINGER_TICK = 60.0
+#: The processes this one started to take it over (SIGUSR2).  One of them still
+#: running once the bus is handed over is the taker: then this process ends as
+#: always, its successor being no container's restart.
+_successors: list[Any] = []
+
+
+def _linger(config: ServerConfig, log: Any) -> None:
+    """After handing the bus to a process it did not start, a ``--take-over``
+    bus stays until stopped: in a container, its end would start it again, and
+    that start would take the bus back.  It answers ``/healthz`` (200) on its
+    metrics address where that is free (its own network namespace), so that its
+    pod's liveness probe leaves it be until the pod is deleted."""
+    if any(child.poll() is None for child in _successors):
+        return
+    import gevent
+    from gevent.event import Event
+    from prometheus_client import CollectorRegistry
+
+    from sbus_relay.ops.metrics_server import bind_metrics, serve
+
+    web = None
+    if config.metrics:
+        with contextlib.suppress(AddressError):  # taken: the successor answers there
+            web = serve(bind_metrics(config.metrics), 0, CollectorRegistry(), lambda: True)
+    stopped = Event()
+    for signum in STOP_SIGNALS:
+        gevent.signal_handler(signum, stopped.set)
+    log.info("upgrade.lingering", healthz=web is not None, until="SIGTERM")
+    while not stopped.wait(LINGER_TICK):  # a timer keeps the loop alive; signals do not
+        pass
+    if web is not None:
+        web.stop()
 
 
 class _Running:

@@ -65,13 +65,20 @@ def compose_config(compose: str, path: Path) -> subprocess.CompletedProcess[str]
 
 
 def dockerfile() -> list[tuple[str, str]]:
-    """The Dockerfile's instructions as ``(INSTRUCTION, arguments)``."""
+    """The Dockerfile's instructions as ``(INSTRUCTION, arguments)``, a
+    backslash-continued instruction joined into one (comments inside it dropped)."""
     instructions = []
-    for line in DOCKERFILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            instructions.append((word.upper(), rest.strip()))
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        word, _, rest = line.partition(" ")
+        instructions.append((word.upper(), rest.strip()))
     return instructions
 
 
@@ -81,16 +88,34 @@ def copies() -> dict[str, list[str]]:
     for word, rest in dockerfile():
         if word == "COPY":
             *sources, destination = shlex.split(rest)
+            if sources[0].startswith("--from="):
+                continue  # from an earlier stage, not from the build context
             assert not any(s.startswith("--") for s in sources), f"COPY flags: {rest}"
             found[destination] = sources
     return found
 
 
+def copied_from(path: str) -> str | None:
+    """The build context's file that the image has at ``path``, if one is copied there."""
+    for destination, sources in copies().items():
+        if destination == path and len(sources) == 1:
+            return sources[0]
+        if destination.endswith("/") and os.path.dirname(path) + "/" == destination:
+            for source in sources:
+                if os.path.basename(source) == os.path.basename(path):
+                    return source
+    return None
+
+
 def container_command() -> list[str]:
-    (cmd,) = [rest for word, rest in dockerfile() if word == "CMD"]
-    argv = json.loads(cmd)  # the exec form: no shell in between
-    assert isinstance(argv, list), cmd
-    return [str(a) for a in argv]
+    """The image's command: its ENTRYPOINT (the CLI), then its CMD."""
+    argv = []
+    for instruction in ("ENTRYPOINT", "CMD"):
+        (text,) = [rest for word, rest in dockerfile() if word == instruction]
+        words = json.loads(text)  # the exec form: no shell in between
+        assert isinstance(words, list), text
+        argv += [str(a) for a in words]
+    return argv
 
 
 def compose() -> dict[str, Any]:
@@ -180,7 +205,7 @@ def test_compose_wiring_matches_relay_yaml_and_the_socket_unit() -> None:
     # The image's command reads the config the Dockerfile copies from configs/relay.yaml.
     command = container_command()
     config_path = command[command.index("-C") + 1]
-    assert copies()[config_path] == ["configs/relay.yaml"]
+    assert copied_from(config_path) == "configs/relay.yaml"
     config = load_config(str(CONFIGS / "relay.yaml"))
     # The host's master socket (the socket unit's) is mounted where the relay looks upstream.
     master = load(MASTER_SOCKET).value("Socket", "ListenSequentialPacket")

@@ -135,12 +135,12 @@ def _shipped_ports() -> dict[str, set[int]]:
     for path in sorted(ROOT.glob("configs/**/*.y*ml")):
         text = path.read_text()
         found = {int(p) for p in HOST_PORT.findall(text)}
-        document = yaml.safe_load(text)
-        if isinstance(document, dict) and isinstance(document.get("metrics"), str):
-            found.add(int(document["metrics"].rsplit(":", 1)[1]))
-        for bus in document.get("buses", []) if isinstance(document, dict) else []:
-            if bus.get("metrics"):
-                found.add(int(bus["metrics"].rsplit(":", 1)[1]))
+        for document in yaml.safe_load_all(text):  # a Kubernetes file may hold several
+            if isinstance(document, dict) and isinstance(document.get("metrics"), str):
+                found.add(int(document["metrics"].rsplit(":", 1)[1]))
+            for bus in document.get("buses", []) if isinstance(document, dict) else []:
+                if bus.get("metrics"):
+                    found.add(int(bus["metrics"].rsplit(":", 1)[1]))
         ports[str(path.relative_to(ROOT))] = found
     return ports
 
