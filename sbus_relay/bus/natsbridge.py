@@ -121,6 +121,7 @@ class NatsBridge:
         self._to_bus: deque[bytes] = deque()
         self._notices: dict[bytes, bool] = {}
         self._writing = False
+        self._watching = False
         self._flush_soon = False
         self._announce_soon = False
         self._nc: Any = None
@@ -187,7 +188,6 @@ class NatsBridge:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._readable = asyncio.Event()
-        self._loop.add_reader(self._fd, self._readable.set)
         reader = asyncio.create_task(self._read_bus())
         ticker = asyncio.create_task(self._tick())
         try:
@@ -284,14 +284,25 @@ class NatsBridge:
         self.connected = True
         self.state = "connected"
         self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
-        assert self._readable is not None
-        self._readable.set()  # read what waited meanwhile
+        self._reading(True)
+
+    def _reading(self, on: bool) -> None:
+        """Watch the bus's end for packets (while NATS is there), or stop."""
+        loop, readable = self._loop, self._readable
+        assert loop is not None and readable is not None
+        if on and not self._watching:
+            loop.add_reader(self._fd, readable.set)
+            readable.set()  # read what waited meanwhile
+        elif not on and self._watching:
+            loop.remove_reader(self._fd)
+        self._watching = on
 
     async def _on_disconnected(self) -> None:
         if self.connected:
             self.log.warning("nats.lost", server=self.server)
         self.connected = False
         self.state = "reconnecting"
+        self._reading(False)
 
     async def _on_reconnected(self) -> None:
         self.reconnects += 1
@@ -313,7 +324,10 @@ class NatsBridge:
             await self._readable.wait()
             self._readable.clear()
             if not self.connected:
-                continue  # NATS is away: what the bus sends waits in its queue
+                # NATS is away: what the bus sends waits in its queue, unread
+                # (the reader is level-triggered: it would wake us in a loop)
+                self._reading(False)
+                continue
             for _ in range(READ_BATCH):
                 try:
                     packet = self._sock.recv(MAX_PACKET)
