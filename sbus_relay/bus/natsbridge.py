@@ -56,6 +56,9 @@ from sbus_relay.protocol.scan import read_u32
 #: and the PUB line holds the subject, the size and a few bytes more.  A key
 #: whose subject is longer does not cross (counted: ``subject_too_long``).
 SUBJECT_MAX = 4000
+#: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
+#: and mapping one costs a pass over its bytes in Python.
+MAPPING_CACHE = 4096
 #: Packets read from the bus per wake-up before NATS's own work gets a turn.
 READ_BATCH = 256
 #: Messages from NATS waiting for room in the bus's socket; beyond it they are
@@ -116,6 +119,9 @@ class NatsBridge:
         self._sub_order: dict[bytes, int] = {}  # relaxed pattern -> when subscribed (dedup)
         self._sub_seq = 0
         self._dedup: SubscriptionIndex = SubscriptionIndex()
+        #: key -> subject and subject -> key, bounded (cleared whole when full)
+        self._subjects: dict[bytes, str] = {}
+        self._keys: dict[str, bytes] = {}
         self._export = self._filter(config.export)
         self._import = self._filter(config.import_)
         self._to_bus: deque[bytes] = deque()
@@ -374,12 +380,17 @@ class NatsBridge:
         if self._export is not None and not self._export.match(key):
             self.drops["not_exported"] += 1
             return
-        subject = self.map.subject(key)
+        subjects = self._subjects
+        subject = subjects.get(key)
+        if subject is None:
+            if len(subjects) >= MAPPING_CACHE:
+                subjects.clear()
+            subject = subjects[key] = self.map.subject(key).decode("ascii")
         if len(subject) > SUBJECT_MAX:
             self.drops["subject_too_long"] += 1
             return
         try:
-            await self._nc.publish(subject.decode("ascii"), payload)
+            await self._nc.publish(subject, payload)
         except Exception:
             self.drops["nats_refused"] += 1
             return
@@ -446,12 +457,17 @@ class NatsBridge:
 
     def _receiver(self, r: bytes) -> Any:
         async def receive(msg: Any) -> None:
-            subject = msg.subject.encode("ascii", "replace")
-            try:
-                key = self.map.key(subject)
-            except MappingError:
-                self.drops["bad_subject"] += 1
-                return
+            keys = self._keys
+            key = keys.get(msg.subject)
+            if key is None:
+                try:
+                    key = self.map.key(msg.subject.encode("ascii", "replace"))
+                except MappingError:
+                    self.drops["bad_subject"] += 1
+                    return
+                if len(keys) >= MAPPING_CACHE:
+                    keys.clear()
+                keys[msg.subject] = key
             holders = self._dedup.match(key)
             if len(holders) > 1:
                 order = self._sub_order
