@@ -56,6 +56,15 @@ from sbus_relay.protocol.scan import read_u32
 #: and the PUB line holds the subject, the size and a few bytes more.  A key
 #: whose subject is longer does not cross (counted: ``subject_too_long``).
 SUBJECT_MAX = 4000
+#: Seconds after first joining NATS until the other hosts' interest is taken
+#: as known (they answer the snapshot request within a round trip); until
+#: then the link holds every public key, so nothing published meanwhile is
+#: lost for want of knowing who wants it.
+INTEREST_SETTLE = 1.0
+#: What the bridge tells the bus then (``CMSG nats/settled``).
+SETTLED = b"nats/settled"
+#: Incarnations under our own host name said in the log (the rest are not).
+TWINS_LOGGED = 16
 #: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
 #: and mapping one costs a pass over its bytes in Python.
 MAPPING_CACHE = 4096
@@ -112,6 +121,8 @@ class NatsBridge:
         self.drops: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.reconnects = 0
         self.rtt = 0.0
+        #: when the bridge last had applied at the server all it read from the bus
+        self.synced = 0.0
         self.local = natsinterest.LocalInterest()
         self.remote = natsinterest.RemoteInterest()
         self._subs: dict[bytes, Any] = {}  # relaxed pattern -> nats-py Subscription or None
@@ -128,6 +139,9 @@ class NatsBridge:
         self._notices: dict[bytes, bool] = {}
         self._writing = False
         self._watching = False
+        self._settle_owed = False
+        self._twins: set[int] = set()  # other incarnations heard under our name
+        self.settled = False  # the bus has been told the others' interest is known
         self._flush_soon = False
         self._announce_soon = False
         self._nc: Any = None
@@ -277,6 +291,8 @@ class NatsBridge:
         """Connected (the first time or again): subscribe, announce, ask, read on."""
         nc = self._nc
         self.server = str(nc.connected_url.netloc) if nc.connected_url else ""
+        if first and self._loop is not None:
+            self._loop.call_later(INTEREST_SETTLE, self._settle)
         if first:
             await nc.subscribe(
                 self.map.interest_all.decode(), cb=self._on_interest, pending_msgs_limit=-1
@@ -291,6 +307,11 @@ class NatsBridge:
         self.state = "connected"
         self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
         self._reading(True)
+
+    def _settle(self) -> None:
+        """The other hosts have had time to answer: what they want is known."""
+        self._settle_owed = True
+        self._schedule_flush()
 
     def _reading(self, on: bool) -> None:
         """Watch the bus's end for packets (while NATS is there), or stop."""
@@ -334,6 +355,7 @@ class NatsBridge:
                 # (the reader is level-triggered: it would wake us in a loop)
                 self._reading(False)
                 continue
+            changed = False
             for _ in range(READ_BATCH):
                 try:
                     packet = self._sock.recv(MAX_PACKET)
@@ -344,19 +366,24 @@ class NatsBridge:
                 if not packet:
                     await self._stop_now()
                     return
-                await self._from_bus(packet)
+                changed = await self._from_bus(packet) or changed
                 if not self.connected:
                     break
             else:
                 self._readable.set()  # more may wait: after NATS's own work
                 await asyncio.sleep(0)
             self._schedule_announce()
+            if changed and self.connected:
+                with contextlib.suppress(Exception):
+                    await self._nc.flush(timeout=2)  # the server has our SUBs
+            self.synced = time.monotonic()
 
     async def _stop_now(self) -> None:
         assert self._stop is not None
         self._stop.set()
 
-    async def _from_bus(self, packet: bytes) -> None:
+    async def _from_bus(self, packet: bytes) -> bool:
+        """Act on one packet from the bus; True if it changed our interest."""
         if packet.startswith(codec.MSG):
             nul = packet.find(b"\0", 4)
             await self._publish(packet[4:nul], packet[nul + 1 :])
@@ -370,8 +397,11 @@ class NatsBridge:
                 await self._publish(msg[4:nul], msg[nul + 1 :])
         elif packet.startswith(codec.SUB):
             await self._local(packet[len(codec.SUB) :], True)
+            return True
         elif packet.startswith(codec.UNSUB):
             await self._local(packet[len(codec.UNSUB) :], False)
+            return True
+        return False
 
     async def _publish(self, key: bytes, payload: bytes) -> None:
         if is_secret(key):
@@ -496,8 +526,11 @@ class NatsBridge:
         name = host.decode("utf-8", "replace")
         if name == self.host:
             a = natsinterest.decode(msg.data)
-            if a is not None and a.incarnation != self.local.incarnation:
-                self.log.error("nats.host_name_taken", host=name, hint="set nats.host")
+            if a is not None and a.incarnation not in self._twins | {self.local.incarnation}:
+                # a live upgrade's other process, for a moment; or a host with our name
+                self._twins.add(a.incarnation)
+                if len(self._twins) <= TWINS_LOGGED:
+                    self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
             return
         a = natsinterest.decode(msg.data)
         if a is None:
@@ -545,6 +578,10 @@ class NatsBridge:
                 pattern, present = next(iter(self._notices.items()))
                 sock.send((codec.SUB if present else codec.UNSUB) + pattern)
                 del self._notices[pattern]
+            if self._settle_owed:
+                sock.send(codec.encode_cmsg(SETTLED))
+                self._settle_owed = False
+                self.settled = True
             queue = self._to_bus
             while queue:
                 batch: list[bytes] = []

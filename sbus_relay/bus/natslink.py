@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
+
+import gevent
 
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import codec
@@ -34,8 +37,17 @@ from sbus_relay.protocol.limits import SEND_BUFFER
 from sbus_relay.protocol.quota import unlimited
 
 from .connection import Connection
-from .natsbridge import NatsBridge
+from .natsbridge import SETTLED, NatsBridge
 from .upstream import UpstreamHost
+
+#: Seconds between two looks at the bridge while waiting for it to join.
+JOIN_POLL = 0.005
+#: Seconds a new process of a live upgrade waits for its link to join NATS
+#: before it lets the old one go (well within the hand-over's UPGRADE_TIMEOUT).
+JOIN_WAIT = 3.0
+#: What the link holds until the other hosts' interest is known: every public key.
+EVERYTHING = b""
+_SETTLED = codec.encode_cmsg(SETTLED)
 
 
 class NatsLink:
@@ -68,15 +80,35 @@ class NatsLink:
         self.conn.packs = True  # the bridge reads packed batches
         self.bridge = NatsBridge(theirs, nats, self.name, log)
         self.started = False
+        self.join_wait = JOIN_WAIT
+        self.holding = False  # holds every public key until the others' interest is known
 
     def start(self) -> None:
         """Tell the bridge every local pattern, then let it join NATS."""
         for pattern in self.host.local_patterns():
             self.conn.notify(pattern, True)
+        # until the bridge says the other hosts' interest is known, every public
+        # key goes to NATS (where only hosts subscribed to it get it)
+        self.host.upstream_interest(EVERYTHING, True)
+        self.holding = True
         self.started = True
         self.conn.opened()
         self.bridge.start()
         self.log.info("nats.starting", host=self.name, servers=list(self.bridge.config.servers))
+
+    def wait_joined(self, timeout: float) -> bool:
+        """Wait (cooperatively) until the link is on NATS with every local
+        pattern subscribed there: a new process of a live upgrade does, before
+        the old one lets its own link go.  False if ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        written = None
+        while time.monotonic() < deadline:
+            if written is None and self.bridge.connected and not self.conn._has_notices():
+                written = time.monotonic()  # every SUB is in the bridge's socket
+            if written is not None and self.bridge.synced > written:
+                return True
+            gevent.sleep(JOIN_POLL)
+        return False
 
     def stop(self) -> None:
         """Leave NATS (the other hosts are told) and close the link."""
@@ -101,6 +133,9 @@ class NatsLink:
             self.host.upstream_interest(packet[len(codec.SUB) :], True)
         elif packet.startswith(codec.UNSUB):
             self.host.upstream_interest(packet[len(codec.UNSUB) :], False)
+        elif packet == _SETTLED and self.holding:
+            self.holding = False
+            self.host.upstream_interest(EVERYTHING, False)
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """The bridge's end closed: the bridge has ended (its log says why)."""
@@ -134,4 +169,5 @@ class NatsLink:
             "subscriptions": b.subscriptions,
             "remote_hosts": b.remote_hosts,
             "remote_patterns": b.remote_patterns,
+            "settled": not self.holding,
         }

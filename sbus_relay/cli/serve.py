@@ -482,6 +482,9 @@ def _serve(
     if adopted is not None:
         from sbus_relay.ops.handover import confirm
 
+        if server.nats is not None:  # on NATS before the old process leaves it
+            server.nats.wait_joined(server.nats.join_wait)
+
         confirm(adopted[2])
         if os.environ.get(UPGRADE_STDERR_ENV):
             # its stderr was the pipe its predecessor read until now: nobody's hereafter

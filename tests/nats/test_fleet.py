@@ -32,7 +32,7 @@ def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for i, name in enumerate(("hosta", "hostb", "hostc")):
             made.append(Host(tmp, name, cluster.urls(i)))
         wait_until(
-            lambda: all(h.link()["connected"] and h.link()["remote_hosts"] == 2 for h in made),
+            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 2 for h in made),
             20,
             "every host joined and heard the others",
         )
