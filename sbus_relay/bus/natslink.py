@@ -81,7 +81,17 @@ class NatsLink:
         self.bridge = NatsBridge(theirs, nats, self.name, log)
         self.started = False
         self.join_wait = JOIN_WAIT
+        #: holds taken over from the process before a live upgrade (``adopt``)
+        self.adopted: dict[bytes, int] = {}
         self.holding = False  # holds every public key until the others' interest is known
+
+    def adopt(self, holds: dict[bytes, int]) -> None:
+        """A live upgrade: hold what the old process's link held (the other
+        hosts' interest as it knew it) until this link's own view is in."""
+        for pattern, count in holds.items():
+            for _ in range(count):
+                self.host.upstream_interest(pattern, True)
+        self.adopted = holds
 
     def start(self) -> None:
         """Tell the bridge every local pattern, then let it join NATS."""
@@ -136,6 +146,10 @@ class NatsLink:
         elif packet == _SETTLED and self.holding:
             self.holding = False
             self.host.upstream_interest(EVERYTHING, False)
+            for pattern, count in self.adopted.items():
+                for _ in range(count):
+                    self.host.upstream_interest(pattern, False)
+            self.adopted = {}
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """The bridge's end closed: the bridge has ended (its log says why)."""

@@ -659,6 +659,8 @@ class Server:
             "by_user": self.by_user.export(),
             "clients": clients,
             "upstream": link,
+            # what the other hosts want: held by the new process's link until its own view is in
+            "nats": self.index.patterns_of(self.nats.conn) if self.nats is not None else None,
         }
         return state, fds
 
@@ -701,6 +703,8 @@ class Server:
             for pattern, count in link["patterns"].items():
                 for _ in range(count):
                     index.add(server.upstream.conn, pattern)
+        if state.get("nats") and server.nats is not None:
+            server.nats.adopt(state["nats"])
         index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
         return server
 

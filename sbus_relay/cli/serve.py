@@ -300,6 +300,9 @@ def _take_over(
     """Be the bus on ``serving``: take it over from the process serving it."""
     from sbus_relay.ops.handover import take_over
 
+    if config.nats is not None:
+        import nats  # noqa: F401  (now, not while the old process waits frozen)
+
     state, fds, channel = take_over(serving)  # UpgradeError: one line, exit 1
     socket_file = state["socket_file"]
     pidfile = None
