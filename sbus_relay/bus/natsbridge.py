@@ -139,6 +139,7 @@ class NatsBridge:
         self._notices: dict[bytes, bool] = {}
         self._writing = False
         self._watching = False
+        self._closing = False
         self._settle_owed = False
         self._twins: set[int] = set()  # other incarnations heard under our name
         self.settled = False  # the bus has been told the others' interest is known
@@ -226,6 +227,7 @@ class NatsBridge:
         nc = self._nc
         if nc is None:
             return
+        self._closing = True
         if nc.is_connected:
             with contextlib.suppress(Exception):
                 await self._announce([self.local.goodbye()])
@@ -325,7 +327,7 @@ class NatsBridge:
         self._watching = on
 
     async def _on_disconnected(self) -> None:
-        if self.connected:
+        if self.connected and not self._closing:
             self.log.warning("nats.lost", server=self.server)
         self.connected = False
         self.state = "reconnecting"

@@ -366,6 +366,8 @@ def test_shipped_configs_load(path: Path) -> None:
     if path.name == "dev-hierarchy.yaml":
         hierarchy = load_hierarchy(str(path))
         assert hierarchy.buses[0].name == "master"
+    elif path.name == "dev-fleet.yaml":  # tests/nats/test_up_fleet.py runs it
+        assert len(load_hierarchy(str(path)).nats_cluster) == 3
     else:
         load_config(str(path))
 
