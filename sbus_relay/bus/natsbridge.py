@@ -207,6 +207,7 @@ class NatsBridge:
 
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(self._unexpected)
         self._stop = asyncio.Event()
         self._readable = asyncio.Event()
         reader = asyncio.create_task(self._read_bus())
@@ -222,6 +223,16 @@ class NatsBridge:
                 self._loop.remove_reader(self._fd)
                 self._loop.remove_writer(self._fd)
             await self._close()
+
+    def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What a callback or task of the loop raised: one log line, never a
+        traceback on the bus's stderr; the link goes on."""
+        error = context.get("exception")
+        self.log.error(
+            "nats.bridge_error",
+            message=str(context.get("message", "")),
+            error=repr(error) if error is not None else "",
+        )
 
     async def _close(self) -> None:
         nc = self._nc

@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 
 from .keys import BANG, is_secret
-from .limits import MAX_PATTERN_LENGTH
+from .limits import MAX_PATTERN_LENGTH, MAX_PATTERNS_PER_RELAY
 
 #: Bytes of patterns in one announcement: well below NATS's default
 #: max_payload (1 MiB), so a snapshot of any size goes in parts.
@@ -45,6 +45,13 @@ HOST_SILENT = 3 * HEARTBEAT
 #: Seconds between two snapshot requests for one host: a host that is slow to
 #: answer is not flooded with requests.
 SNAPSHOT_RETRY = 1.0
+
+#: Distinct patterns one other host may hold here: as many as one relay may
+#: hold at its master (the patterns of a whole host); beyond it its
+#: announcements' further patterns are refused (counted), never stored.
+HOST_PATTERNS_MAX = MAX_PATTERNS_PER_RELAY
+#: Other hosts kept at once: announcements from more are refused (counted).
+HOSTS_MAX = 4096
 
 Change = tuple[bool, bytes]  # (present, pattern)
 
@@ -207,6 +214,9 @@ class RemoteInterest:
                 self.refused += 1
                 continue
             if present and pattern not in view.patterns:
+                if len(view.patterns) >= HOST_PATTERNS_MAX:
+                    self.refused += 1
+                    continue
                 view.patterns.add(pattern)
                 out.extend(self._count(pattern, 1))
             elif not present and pattern in view.patterns:
@@ -218,6 +228,9 @@ class RemoteInterest:
         self, host: str, view: _View | None, a: Announcement, now: float
     ) -> tuple[list[Change], bool]:
         if view is None:
+            if len(self.hosts) >= HOSTS_MAX:
+                self.refused += 1
+                return [], False
             view = self.hosts[host] = _View(a.incarnation, -1, set(), now)
         view.heard = now
         got = view.collecting
@@ -228,10 +241,11 @@ class RemoteInterest:
             return [], self._ask(host, now)  # a part went missing
         patterns = got[3]
         for present, pattern in a.changes:
-            if present and acceptable(pattern, secrets=self.secrets):
+            wanted = present and acceptable(pattern, secrets=self.secrets)
+            if wanted and len(patterns) < HOST_PATTERNS_MAX:
                 patterns.add(pattern)
-            elif present:
-                self.refused += 1
+            else:
+                self.refused += present
         if not a.last:
             view.collecting = (a.incarnation, a.seq, a.part + 1, patterns)
             return [], False

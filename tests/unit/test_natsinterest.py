@@ -109,3 +109,20 @@ def test_deltas_in_any_grouping_give_the_senders_set(
             assert not feed(remote, "A", a.delta())
     feed(remote, "A", a.delta())
     assert set(remote.union) == a.patterns
+
+
+def test_hosts_and_their_patterns_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ni, "HOSTS_MAX", 2)
+    monkeypatch.setattr(ni, "HOST_PATTERNS_MAX", 3)
+    remote = ni.RemoteInterest()
+    for host in ("A", "B", "C"):
+        a = ni.LocalInterest()
+        for i in range(5):
+            a.change(b"p/%d" % i, True)
+        feed(remote, host, a.snapshot())
+        a.change(b"q", True)
+        feed(remote, host, a.delta())
+    assert set(remote.hosts) == {"A", "B"}
+    assert all(len(v.patterns) == 3 for v in remote.hosts.values())
+    # A and B: two patterns over the bound in the snapshot, one in the delta; C: its snapshot
+    assert remote.refused == 2 * 3 + 1
