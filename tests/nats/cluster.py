@@ -60,8 +60,18 @@ def wait_until(what: Callable[[], bool], timeout: float, why: str) -> None:
 class NatsServer:
     """One nats-server process, member of a cluster of ``peers`` route ports."""
 
-    def __init__(self, tmp: Path, name: str, port: int, route: int, routes: list[int]) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        port: int,
+        route: int,
+        routes: list[int],
+        extra: tuple[str, ...] = (),
+        scheme: str = "nats",
+    ) -> None:
         self.name, self.port, self.route, self.routes = name, port, route, routes
+        self.extra, self.scheme = extra, scheme
         self.monitor = free_port()
         self.log = tmp / f"nats-{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -69,14 +79,14 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         argv = [
             nats_server_binary(),
             "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor),
             "-n", self.name, "--cluster_name", "sbus-test",
-            "--cluster", f"nats://127.0.0.1:{self.route}",
+            "--cluster", f"nats://127.0.0.1:{self.route}", *self.extra,
         ]  # fmt: skip
         others = [f"nats://127.0.0.1:{r}" for r in self.routes if r != self.route]
         if others:
@@ -157,7 +167,7 @@ class Cluster:
 class Host:
     """One machine of the fleet: a master joined to NATS and a relay below it."""
 
-    def __init__(self, tmp: Path, name: str, nats: str, *extra: str) -> None:
+    def __init__(self, tmp: Path, name: str, nats: str, *extra: str, relay: bool = True) -> None:
         self.name = name
         self.metrics = free_port()
         self.master: BusProcess = start_bus(
@@ -166,8 +176,11 @@ class Host:
             "--metrics", f"127.0.0.1:{self.metrics}", *extra,
             command="serve",
         )  # fmt: skip
+        self.relay: BusProcess | None = None
+        if not relay:
+            return
         try:
-            self.relay: BusProcess = start_bus(
+            self.relay = start_bus(
                 tmp, "--upstream", self.master.address, "--instance", name + "-relay",
                 command="serve",
             )  # fmt: skip
@@ -186,6 +199,7 @@ class Host:
 
     def stop(self) -> None:
         try:
-            self.relay.stop()
+            if self.relay is not None:
+                self.relay.stop()
         finally:
             self.master.stop()
