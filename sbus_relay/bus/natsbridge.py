@@ -140,6 +140,7 @@ class NatsBridge:
         self._writing = False
         self._watching = False
         self._closing = False
+        self._erred = False  # an error was said since the link was last up
         self._settle_owed = False
         self._twins: set[int] = set()  # other incarnations heard under our name
         self.settled = False  # the bus has been told the others' interest is known
@@ -212,11 +213,13 @@ class NatsBridge:
         self._readable = asyncio.Event()
         reader = asyncio.create_task(self._read_bus())
         ticker = asyncio.create_task(self._tick())
+        connecting = asyncio.create_task(self._connect())
         try:
-            await self._connect()
-            if self._nc is not None:
-                await self._stop.wait()
+            await self._stop.wait()
         finally:
+            connecting.cancel()  # a server that never lets us in must not hold up a stop
+            with contextlib.suppress(BaseException):
+                await connecting
             reader.cancel()
             ticker.cancel()
             with contextlib.suppress(Exception):
@@ -318,6 +321,7 @@ class NatsBridge:
         await nc.publish(self.map.snapshot.decode(), b"")
         self.connected = True
         self.state = "connected"
+        self._erred = False
         self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
         self._reading(True)
 
@@ -354,7 +358,10 @@ class NatsBridge:
         if isinstance(e, nats.errors.SlowConsumerError):
             self.drops["slow_consumer"] += 1
             return
-        self.log.info("nats.error", error=str(e) or type(e).__name__)
+        # the first error while away is news (a refused sign-in, say); its repeats are not
+        say = self.log.debug if self._erred else self.log.warning
+        self._erred = not self.connected
+        say("nats.error", error=str(e) or type(e).__name__)
 
     # --- bus -> NATS -------------------------------------------------------------------
 
