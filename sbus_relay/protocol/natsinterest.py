@@ -12,8 +12,10 @@ the relays below it) hold.  Each host publishes, on its own subject
 * ``H`` a *heartbeat* every ``HEARTBEAT`` seconds, saying where it is;
 * ``B`` *goodbye* when its link closes for good.
 
-Every message carries the sender's incarnation (a random number per link)
-and a sequence number that each delta raises by one.  NATS carries one
+Every message carries the sender's incarnation (when its link started, in
+nanoseconds: a newer link of the same host supersedes an older one, as in a
+live upgrade, where both talk for a moment) and a sequence number that each
+delta raises by one.  NATS carries one
 publisher's messages in order but may lose them (core NATS is at most once:
 a reconnect, a slow consumer), so a receiver that sees a gap, an unknown
 host or a new incarnation asks for a snapshot (``<prefix>._q``, naming the
@@ -27,7 +29,7 @@ holds in its subscription index.  ``LocalInterest`` is the sending side.
 
 from __future__ import annotations
 
-import random
+import time
 from dataclasses import dataclass, field
 
 from .keys import BANG, is_secret
@@ -122,7 +124,9 @@ class LocalInterest:
     """The patterns this host announces, with its incarnation and sequence."""
 
     def __init__(self, incarnation: int | None = None) -> None:
-        self.incarnation = incarnation if incarnation is not None else random.getrandbits(62)
+        # the start time: a newer link of a host (a restart, a live upgrade's new
+        # process) supersedes an older one whatever order their words arrive in
+        self.incarnation = incarnation if incarnation is not None else time.time_ns()
         self.seq = 0
         self.patterns: set[bytes] = set()
         self._pending: dict[bytes, bool] = {}
@@ -192,6 +196,8 @@ class RemoteInterest:
         """Take one announcement of ``host``: the union's changes, and whether
         a snapshot of that host should be asked for now."""
         view = self.hosts.get(host)
+        if view is not None and a.incarnation < view.incarnation:
+            return [], False  # an older link of that host, still talking: superseded
         if a.kind == "B":
             if view is not None and view.incarnation == a.incarnation:
                 return self._replace(host, None), False

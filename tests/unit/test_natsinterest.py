@@ -126,3 +126,18 @@ def test_hosts_and_their_patterns_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     assert all(len(v.patterns) == 3 for v in remote.hosts.values())
     # A and B: two patterns over the bound in the snapshot, one in the delta; C: its snapshot
     assert remote.refused == 2 * 3 + 1
+
+
+def test_a_newer_link_of_a_host_supersedes_the_older() -> None:
+    """A live upgrade: the old and the new process both talk for a moment, in
+    any order; the old one's snapshot and goodbye never undo the new one's."""
+    old, new = ni.LocalInterest(100), ni.LocalInterest(200)
+    old.change(b"x/", True)
+    new.change(b"x/", True)
+    remote = ni.RemoteInterest()
+    feed(remote, "A", old.snapshot())
+    feed(remote, "A", new.snapshot())
+    assert not feed(remote, "A", [old.heartbeat()])  # no snapshot asked of the old one
+    feed(remote, "A", old.snapshot())
+    feed(remote, "A", [old.goodbye()])
+    assert set(remote.union) == {b"x/"} and remote.hosts["A"].incarnation == 200
