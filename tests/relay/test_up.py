@@ -410,7 +410,7 @@ def test_shipped_configs_can_run_side_by_side() -> None:
     ports: dict[str, str] = {}
     sockets: dict[str, str] = {}
     for path in shipped_configs():
-        if path.name == "dev-hierarchy.yaml":
+        if path.name in ("dev-hierarchy.yaml", "dev-fleet.yaml"):
             entries = [
                 (f"{path.name}:{b.name}", b.metrics, b.address)
                 for b in load_hierarchy(str(path)).buses
