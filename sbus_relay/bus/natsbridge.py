@@ -48,7 +48,12 @@ from sbus_relay.ops.natsconfig import NatsConfig
 from sbus_relay.protocol import codec, natsinterest
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
-from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET, SEND_BUFFER
+from sbus_relay.protocol.limits import (
+    BATCH_MESSAGES,
+    MATCH_CACHE_KEY_MAX,
+    MAX_PACKET,
+    SEND_BUFFER,
+)
 from sbus_relay.protocol.natsmap import MappingError, SubjectMap, decode_token, relaxed
 from sbus_relay.protocol.scan import read_u32
 
@@ -99,7 +104,10 @@ DROP_REASONS = (
     "nats_refused",  # nats-py refused a publish (its reconnect buffer full, too large)
     "slow_consumer",  # nats-py dropped messages of a subscription that fell behind
     "bad_subject",  # a message on a subject no key maps to
+    "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
 )
+#: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
+PACKET_OVERHEAD = 5
 
 
 class NatsBridge:
@@ -433,9 +441,11 @@ class NatsBridge:
         subjects = self._subjects
         subject = subjects.get(key)
         if subject is None:
-            if len(subjects) >= MAPPING_CACHE:
-                subjects.clear()
-            subject = subjects[key] = self.map.subject(key).decode("ascii")
+            subject = self.map.subject(key).decode("ascii")
+            if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is mapped afresh, not kept
+                if len(subjects) >= MAPPING_CACHE:
+                    subjects.clear()
+                subjects[key] = subject
         if len(subject) > SUBJECT_MAX:
             self.drops["subject_too_long"] += 1
             return
@@ -515,9 +525,10 @@ class NatsBridge:
                 except MappingError:
                     self.drops["bad_subject"] += 1
                     return
-                if len(keys) >= MAPPING_CACHE:
-                    keys.clear()
-                keys[msg.subject] = key
+                if len(key) <= MATCH_CACHE_KEY_MAX:
+                    if len(keys) >= MAPPING_CACHE:
+                        keys.clear()
+                    keys[msg.subject] = key
             holders = self._dedup.match(key)
             if len(holders) > 1:
                 order = self._sub_order
@@ -531,6 +542,9 @@ class NatsBridge:
                 self.drops["not_imported"] += 1
                 return
             data = msg.data
+            if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
+                self.drops["too_large"] += 1  # (a native NATS client's big payload)
+                return
             self.received += 1
             self.received_bytes += len(data)
             self._to_bus_put(b"MSG " + key + b"\0" + data)

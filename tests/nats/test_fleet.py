@@ -171,3 +171,35 @@ def test_identities_stay_on_their_host(hosts: list[Host]) -> None:
             assert not [k for k, _ in got if k.startswith(b"!/")]
     for h in hosts:
         assert h.link()["subscriptions"] < 20
+
+
+def test_native_nats_clients_and_what_the_link_refuses(hosts: list[Host], cluster: Cluster) -> None:
+    """A native NATS client publishes on a key's subject and the bus delivers
+    it; a payload too large for an sbus packet and a subject no key maps to
+    are dropped and counted, and the link carries on."""
+    import asyncio
+
+    import nats
+
+    b = hosts[1]
+
+    async def publish() -> None:
+        nc = await nats.connect(cluster.servers[0].url)
+        await nc.publish("sbus.k.native.big", b"x" * 500_000)
+        await nc.publish("sbus.k.native.bad%zz", b"never")
+        await nc.publish("sbus.k.native.ok", b"from a native client")
+        await nc.flush()
+        await nc.close()
+
+    with Client(b.master.address, timeout=5) as sub:
+        sub.subscribe(b"native/")
+        wait_until(lambda: b.link()["subscriptions"] >= 1, 10, "b subscribed on NATS")
+        time.sleep(0.3)
+        before = b.link()["drops"]
+        asyncio.run(publish())
+        got = drain(sub)
+    assert got == [(b"native/ok", b"from a native client")]
+    after = b.link()["drops"]
+    assert after["too_large"] == before["too_large"] + 1
+    assert after["bad_subject"] == before["bad_subject"] + 1
+    assert b.link()["connected"]
