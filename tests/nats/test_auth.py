@@ -3,6 +3,7 @@ a CA file; wrong credentials leave the bus serving and the link down."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -26,8 +27,14 @@ def crossing(a: Host, b: Host) -> None:
     with Client(b.master.address, timeout=5) as sub, Client(a.master.address, timeout=5) as pub:
         sub.subscribe(b"auth/")
         wait_until(lambda: a.link()["remote_patterns"] >= 1, 15, "interest")
-        pub.publish(b"auth/x", b"signed in")
-        assert bytes(sub.receive(timeout=5).payload) == b"signed in"
+        for _ in range(50):  # until b's subscription is on NATS too
+            pub.publish(b"auth/x", b"signed in")
+            try:
+                assert bytes(sub.receive(timeout=0.2).payload) == b"signed in"
+                return
+            except TimeoutError:
+                continue
+        raise AssertionError("nothing crossed")
 
 
 @pytest.mark.parametrize(
@@ -109,6 +116,12 @@ def test_tls_with_a_ca_file(tmp_path: Path) -> None:
     try:
         hosts = [host_with(tmp_path, server, n, {"tls_ca": str(ca)}) for n in ("hosta", "hostb")]
         wait_until(lambda: all(h.link()["connected"] for h in hosts), 20, "joined over TLS")
+        crossing(*hosts)
+        # a reload keeps the link as it is: no reconnect, the traffic goes on
+        a = hosts[0]
+        a.master.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "config.reloaded" in a.master.stderr_text(), 10, "reloaded")
+        assert a.link()["connected"] and a.link()["reconnects"] == 0
         crossing(*hosts)
     finally:
         for h in hosts:
