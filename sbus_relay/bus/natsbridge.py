@@ -41,21 +41,17 @@ import socket
 import ssl
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from sbus_relay.ops.natsconfig import NatsConfig
 from sbus_relay.protocol import codec, natsinterest
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
-from sbus_relay.protocol.limits import (
-    BATCH_MESSAGES,
-    MATCH_CACHE_KEY_MAX,
-    MAX_PACKET,
-    SEND_BUFFER,
-)
+from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
 from sbus_relay.protocol.natsmap import MappingError, SubjectMap, decode_token, relaxed
 from sbus_relay.protocol.scan import read_u32
+
+from .natstobus import BusWriter
 
 #: Longest subject published: NATS's default max_control_line is 4096 bytes
 #: and the PUB line holds the subject, the size and a few bytes more.  A key
@@ -66,8 +62,6 @@ SUBJECT_MAX = 4000
 #: then the link holds every public key, so nothing published meanwhile is
 #: lost for want of knowing who wants it.
 INTEREST_SETTLE = 1.0
-#: What the bridge tells the bus then (``CMSG nats/settled``).
-SETTLED = b"nats/settled"
 #: Incarnations under our own host name said in the log (the rest are not).
 TWINS_LOGGED = 16
 #: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
@@ -75,9 +69,6 @@ TWINS_LOGGED = 16
 MAPPING_CACHE = 4096
 #: Packets read from the bus per wake-up before NATS's own work gets a turn.
 READ_BATCH = 256
-#: Messages from NATS waiting for room in the bus's socket; beyond it they are
-#: dropped and counted (``bus_full``): the bus is far behind.
-TO_BUS_MESSAGES = 65_536
 #: Seconds between NATS PINGs and how many may go unanswered: a paused or
 #: silent server is left for another within about PING_INTERVAL * (PINGS + 1).
 PING_INTERVAL = 1
@@ -143,18 +134,13 @@ class NatsBridge:
         self._keys: dict[str, bytes] = {}
         self._export = self._filter(config.export)
         self._import = self._filter(config.import_)
-        self._to_bus: deque[bytes] = deque()
-        self._notices: dict[bytes, bool] = {}
-        self._writing = False
         self._watching = False
         self._closing = False
         self._erred = False  # an error was said since the link was last up
-        self._settle_owed = False
         self._twins: set[int] = set()  # other incarnations heard under our name
-        self.settled = False  # the bus has been told the others' interest is known
-        self._flush_soon = False
         self._announce_soon = False
         self._nc: Any = None
+        self._writer: BusWriter | None = None  # made in the bridge's loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._readable: asyncio.Event | None = None
@@ -200,7 +186,12 @@ class NatsBridge:
 
     @property
     def to_bus_queued(self) -> int:
-        return len(self._to_bus)
+        return self._writer.queued if self._writer is not None else 0
+
+    @property
+    def settled(self) -> bool:
+        """The bus has been told the other hosts' interest is known."""
+        return self._writer is not None and self._writer.settled
 
     # --- the bridge's thread ---------------------------------------------------------
 
@@ -219,6 +210,7 @@ class NatsBridge:
         self._loop.set_exception_handler(self._unexpected)
         self._stop = asyncio.Event()
         self._readable = asyncio.Event()
+        self._writer = BusWriter(self._sock, self._loop)
         reader = asyncio.create_task(self._read_bus())
         ticker = asyncio.create_task(self._tick())
         connecting = asyncio.create_task(self._connect())
@@ -232,7 +224,7 @@ class NatsBridge:
             ticker.cancel()
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self._fd)
-                self._loop.remove_writer(self._fd)
+                self._writer.stop()
             await self._close()
 
     def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -335,8 +327,8 @@ class NatsBridge:
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""
-        self._settle_owed = True
-        self._schedule_flush()
+        assert self._writer is not None
+        self._writer.settle()
 
     def _reading(self, on: bool) -> None:
         """Watch the bus's end for packets (while NATS is there), or stop."""
@@ -545,9 +537,12 @@ class NatsBridge:
             if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
                 self.drops["too_large"] += 1  # (a native NATS client's big payload)
                 return
-            self.received += 1
-            self.received_bytes += len(data)
-            self._to_bus_put(b"MSG " + key + b"\0" + data)
+            assert self._writer is not None
+            if self._writer.put(b"MSG " + key + b"\0" + data):
+                self.received += 1
+                self.received_bytes += len(data)
+            else:
+                self.drops["bus_full"] += 1
 
         return receive
 
@@ -582,69 +577,9 @@ class NatsBridge:
             await self._announce(self.local.snapshot())
 
     def _tell_bus(self, changes: list[natsinterest.Change]) -> None:
+        assert self._writer is not None
         for present, pattern in changes:
-            if pattern in self._notices:
-                del self._notices[pattern]
-            else:
-                self._notices[pattern] = present
-        if changes:
-            self._schedule_flush()
-
-    def _to_bus_put(self, packet: bytes) -> None:
-        if len(self._to_bus) >= TO_BUS_MESSAGES:
-            self.drops["bus_full"] += 1
-            return
-        self._to_bus.append(packet)
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if not self._flush_soon and not self._writing and self._loop is not None:
-            self._flush_soon = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Write what waits for the bus: interest changes first, then messages
-        in packed batches; what the socket refuses waits for it to drain."""
-        self._flush_soon = False
-        sock = self._sock
-        try:
-            while self._notices:
-                pattern, present = next(iter(self._notices.items()))
-                sock.send((codec.SUB if present else codec.UNSUB) + pattern)
-                del self._notices[pattern]
-            if self._settle_owed:
-                sock.send(codec.encode_cmsg(SETTLED))
-                self._settle_owed = False
-                self.settled = True
-            queue = self._to_bus
-            while queue:
-                batch: list[bytes] = []
-                size = len(codec.BATCH_HEAD)
-                while queue and len(batch) < BATCH_MESSAGES:
-                    nxt = len(queue[0]) + 4
-                    if batch and size + nxt > SEND_BUFFER // 2:
-                        break
-                    batch.append(queue.popleft())
-                    size += nxt
-                frame = batch[0] if len(batch) == 1 else codec.encode_batch(batch)
-                try:
-                    sock.send(frame)
-                except BlockingIOError:
-                    queue.extendleft(reversed(batch))
-                    raise
-        except BlockingIOError:
-            if not self._writing and self._loop is not None:
-                self._writing = True
-                self._loop.add_writer(self._fd, self._on_writable)
-            return
-        except OSError:
-            return  # the bus has gone: the reader ends the bridge
-        if self._writing and self._loop is not None:
-            self._writing = False
-            self._loop.remove_writer(self._fd)
-
-    def _on_writable(self) -> None:
-        self._flush()
+            self._writer.tell(pattern, present)
 
     async def _tick(self) -> None:
         """Heartbeats, forgetting silent hosts, the round-trip time."""

@@ -37,7 +37,8 @@ from sbus_relay.protocol.limits import SEND_BUFFER
 from sbus_relay.protocol.quota import unlimited
 
 from .connection import Connection
-from .natsbridge import SETTLED, NatsBridge
+from .natsbridge import NatsBridge
+from .natstobus import SETTLED
 from .upstream import UpstreamHost
 
 #: Seconds between two looks at the bridge while waiting for it to join.
