@@ -720,7 +720,7 @@ def nats(d: dash.Dashboard) -> None:
             43,
             "NATS drops by reason",
             "Messages that did not cross: the link's queue overflowed while NATS was away, "
-            "a key too long for a subject, NATS refused, the bus fell behind ...",
+            "NATS refused, the bus fell behind, a message too large for an sbus packet ...",
             "short",
             queries(
                 (

@@ -55,7 +55,7 @@ from .natstobus import BusWriter
 
 #: Longest subject published: NATS's default max_control_line is 4096 bytes
 #: and the PUB line holds the subject, the size and a few bytes more.  A key
-#: whose subject is longer does not cross (counted: ``subject_too_long``).
+#: whose subject is longer goes on ``<prefix>._l`` with the key in the payload.
 SUBJECT_MAX = 4000
 #: Seconds after first joining NATS until the other hosts' interest is taken
 #: as known (they answer the snapshot request within a round trip); until
@@ -87,7 +87,6 @@ SUB_PENDING_MESSAGES = 65_536
 SUB_PENDING_BYTES = 64 * 1024 * 1024
 
 DROP_REASONS = (
-    "subject_too_long",  # the key's subject is longer than SUBJECT_MAX
     "not_exported",  # the key matches no ``export`` pattern
     "not_imported",  # a key from another host matches no ``import`` pattern
     "secret",  # an identity (!/cred/) key: never crosses
@@ -140,6 +139,7 @@ class NatsBridge:
         self._twins: set[int] = set()  # other incarnations heard under our name
         self._announce_soon = False
         self._nc: Any = None
+        self._long = self.map.long.decode("ascii")
         self._writer: BusWriter | None = None  # made in the bridge's loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -314,6 +314,12 @@ class NatsBridge:
                 self.map.interest_all.decode(), cb=self._on_interest, pending_msgs_limit=-1
             )
             await nc.subscribe(self.map.snapshot.decode(), cb=self._on_snapshot_asked)
+            await nc.subscribe(
+                self._long,
+                cb=self._on_long,
+                pending_msgs_limit=SUB_PENDING_MESSAGES,
+                pending_bytes_limit=SUB_PENDING_BYTES,
+            )
         for r in list(self._subs):
             if self._subs[r] is None:
                 await self._subscribe(r)
@@ -438,11 +444,11 @@ class NatsBridge:
                 if len(subjects) >= MAPPING_CACHE:
                     subjects.clear()
                 subjects[key] = subject
-        if len(subject) > SUBJECT_MAX:
-            self.drops["subject_too_long"] += 1
-            return
         try:
-            await self._nc.publish(subject, payload)
+            if len(subject) <= SUBJECT_MAX:
+                await self._nc.publish(subject, payload)
+            else:  # every host takes these and its bus keeps what it wants
+                await self._nc.publish(self._long, key + b"\0" + payload)
         except Exception:
             self.drops["nats_refused"] += 1
             return
@@ -527,24 +533,35 @@ class NatsBridge:
                 first = min(holders, key=lambda h: order.get(h, 1 << 62))
                 if first != r:
                     return  # the same message through an older subscription of ours
-            if is_secret(key):
-                self.drops["secret"] += 1
-                return
-            if self._import is not None and not self._import.match(key):
-                self.drops["not_imported"] += 1
-                return
-            data = msg.data
-            if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
-                self.drops["too_large"] += 1  # (a native NATS client's big payload)
-                return
-            assert self._writer is not None
-            if self._writer.put(b"MSG " + key + b"\0" + data):
-                self.received += 1
-                self.received_bytes += len(data)
-            else:
-                self.drops["bus_full"] += 1
+            self._deliver(key, msg.data)
 
         return receive
+
+    async def _on_long(self, msg: Any) -> None:
+        """A key too long for a subject: the key, a NUL, the payload."""
+        key, nul, data = msg.data.partition(b"\0")
+        if not nul or not key:
+            self.drops["bad_subject"] += 1
+            return
+        self._deliver(key, data)
+
+    def _deliver(self, key: bytes, data: bytes) -> None:
+        """A message from another host, for this host's bus (once per host)."""
+        if is_secret(key):
+            self.drops["secret"] += 1
+            return
+        if self._import is not None and not self._import.match(key):
+            self.drops["not_imported"] += 1
+            return
+        if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
+            self.drops["too_large"] += 1  # (a native NATS client's big payload)
+            return
+        assert self._writer is not None
+        if self._writer.put(b"MSG " + key + b"\0" + data):
+            self.received += 1
+            self.received_bytes += len(data)
+        else:
+            self.drops["bus_full"] += 1
 
     async def _on_interest(self, msg: Any) -> None:
         try:

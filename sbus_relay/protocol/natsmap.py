@@ -35,6 +35,7 @@ PUBLIC = b"k"
 SECRET = b"c"
 INTEREST = b"_i"
 SNAPSHOT = b"_q"
+LONG = b"_l"
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+=:@,~")
 _HEX = b"0123456789ABCDEF"
@@ -112,6 +113,8 @@ class SubjectMap:
         self.everything = self.prefix + b"." + PUBLIC + b".>"
         self.interest_all = self.prefix + b"." + INTEREST + b".*"
         self.snapshot = self.prefix + b"." + SNAPSHOT
+        #: where a key whose subject is too long for NATS goes, the key in the payload
+        self.long = self.prefix + b"." + LONG
 
     def interest_of(self, host: str) -> bytes:
         """The subject ``host`` announces its interest on."""

@@ -216,3 +216,23 @@ def test_native_nats_clients_and_what_the_link_refuses(hosts: list[Host], cluste
     assert after["too_large"] == before["too_large"] + 1
     assert after["bad_subject"] == before["bad_subject"] + 1
     assert b.link()["connected"]
+
+
+def test_a_key_too_long_for_a_subject_crosses(hosts: list[Host]) -> None:
+    """The longest keys: a key whose subject would pass NATS's control line
+    goes with the key in the payload, once, to the host that wants it."""
+    a, b, c = hosts
+    long_key = b"long/" + b"." * 3000  # 9,000 bytes as a subject
+    with (
+        Client(b.relay.address, timeout=5) as sub,
+        Client(c.master.address, timeout=5) as other,
+        Client(a.master.address, timeout=5) as pub,
+    ):
+        sub.subscribe(b"long/")
+        other.subscribe(b"short/")
+        crossed(pub, sub, b"long/probe")
+        for i in range(20):
+            pub.publish(long_key, b"%d" % i)
+        got = drain(sub)
+        assert got == [(long_key, b"%d" % i) for i in range(20)]
+        assert drain(other) == []  # c's bus keeps what its clients want: nothing of it
