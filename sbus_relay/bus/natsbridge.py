@@ -69,6 +69,10 @@ TWINS_LOGGED = 16
 MAPPING_CACHE = 4096
 #: Packets read from the bus per wake-up before NATS's own work gets a turn.
 READ_BATCH = 256
+#: Seconds a link that reconnected holds what waited meanwhile before it sends
+#: it: the other hosts of a restarted server reconnect (every RECONNECT_WAIT)
+#: and resubscribe within it, so the held messages reach them.
+RESUME_GRACE = 0.5
 #: Seconds between NATS PINGs and how many may go unanswered: a paused or
 #: silent server is left for another within about PING_INTERVAL * (PINGS + 1).
 PING_INTERVAL = 1
@@ -329,12 +333,21 @@ class NatsBridge:
         self.state = "connected"
         self._erred = False
         self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
-        self._reading(True)
+        if first or self._loop is None:
+            self._reading(True)
+        else:
+            # what was held while away waits a moment more: the other hosts of a
+            # restarted server reconnect and resubscribe meanwhile, and then it reaches them
+            self._loop.call_later(RESUME_GRACE, self._resume)
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""
         assert self._writer is not None
         self._writer.settle()
+
+    def _resume(self) -> None:
+        if self.connected:
+            self._reading(True)
 
     def _reading(self, on: bool) -> None:
         """Watch the bus's end for packets (while NATS is there), or stop."""

@@ -121,3 +121,38 @@ def test_killed_restarted_and_paused_server(tmp_path: Path) -> None:
         a.stop()
         b.stop()
         server.stop()
+
+
+def test_what_overflows_the_queue_is_counted_and_said(tmp_path: Path) -> None:
+    """NATS away longer than the link's queue lasts: what overflows is dropped,
+    counted and logged as the link's drop episode; the rest crosses in order
+    once NATS is back, and together they are every message published."""
+    import yaml
+
+    server = NatsServer(tmp_path, "solo", free_port(), free_port(), [])
+    config = tmp_path / "small-queue.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"servers": [server.url], "queue_messages": 10}}))
+    a = Host(tmp_path, "hosta", server.url, "-C", str(config), relay=False)
+    b = Host(tmp_path, "hostb", server.url, relay=False)
+    try:
+        joined(a, b)
+        with Client(b.master.address, timeout=5) as sub, Client(a.master.address, timeout=5) as pub:
+            sub.subscribe(b"q/")
+            wait_until(lambda: a.link()["remote_patterns"] >= 1, 15, "b's interest at a")
+            server.stop()
+            wait_until(lambda: not a.link()["connected"], 10, "a noticed the loss")
+            n = 3000  # 3 MB: past the socket pair's buffers and the queue of 10
+            for i in range(n):
+                pub.publish(b"q/x", b"%d " % i + b"x" * 1000)
+            wait_until(lambda: a.link()["drops"]["queue_overflow"] > 0, 10, "overflow counted")
+            server.start()
+            wait_until(lambda: a.link()["connected"] and b.link()["connected"], 20, "back")
+            got = [int(bytes(p).split(b" ")[0]) for p in drain(sub, 2.0)]
+        dropped = a.link()["drops"]["queue_overflow"]
+        assert got == sorted(got) and got  # in order
+        assert len(got) + dropped == n, (len(got), dropped)
+        assert '"flood.drop"' in a.master.stderr_text()
+    finally:
+        a.stop()
+        b.stop()
+        server.stop()
