@@ -11,6 +11,7 @@ and undone, and the subscriber's gap and count are reported.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -102,6 +103,7 @@ def main() -> None:
         a.stop()
         b.stop()
         cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
