@@ -673,6 +673,107 @@ def upstream(d: dash.Dashboard) -> None:
     )
 
 
+def nats(d: dash.Dashboard) -> None:
+    """The link of a master joined to NATS (docs/nats.md); empty on other buses."""
+    d.with_row(dash.Row("NATS link (hosts)").id(40).collapsed(False))
+    d.with_panel(
+        graph(
+            41,
+            "NATS link state",
+            "1 while the bus's link to NATS is up, 0 while it is away; per bus.",
+            "short",
+            queries((sel("sbus_nats_connected"), "{{instance}}")),
+            w=8,
+            line_width=2,
+            fill=20,
+        )
+        .line_interpolation(cm.LineInterpolation.STEP_AFTER)
+        .max(1)
+    )
+    d.with_panel(
+        graph(
+            42,
+            "Messages to and from other hosts",
+            "Messages sent to NATS (out: another host wants them) and taken from it (in).",
+            "short",
+            queries(
+                (
+                    f"sum by (instance, direction) ({rate('sbus_nats_messages_total')})",
+                    "{{instance}} {{direction}}",
+                ),
+                (
+                    f"sum by (instance, direction) ({rate('sbus_nats_bytes_total')})",
+                    "{{instance}} {{direction}} bytes",
+                ),
+            ),
+            w=8,
+        ).override_by_regexp(
+            ".* bytes",
+            [
+                dm.DynamicConfigValue(id_val="unit", value="Bps"),
+                dm.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ],
+        )
+    )
+    d.with_panel(
+        graph(
+            43,
+            "NATS drops by reason",
+            "Messages that did not cross: the link's queue overflowed while NATS was away, "
+            "NATS refused, the bus fell behind, a message too large for an sbus packet ...",
+            "short",
+            queries(
+                (
+                    f"sum by (instance, reason) ({increase('sbus_nats_dropped_messages_total')})",
+                    "{{instance}} {{reason}}",
+                )
+            ),
+            w=8,
+            draw=cm.GraphDrawStyle.BARS,
+            fill=60,
+        )
+    )
+    d.with_panel(
+        graph(
+            44,
+            "NATS queue and reconnects",
+            "Messages waiting for NATS (bounded), and reconnections after a loss.",
+            "short",
+            queries(
+                (f"sum by (instance) ({sel('sbus_nats_queued_messages')})", "{{instance}} queued"),
+                (
+                    f"sum by (instance) ({increase('sbus_nats_reconnects_total')})",
+                    "{{instance}} reconnects",
+                ),
+            ),
+            w=8,
+        )
+    )
+    d.with_panel(
+        graph(
+            45,
+            "NATS round trip",
+            "PING to PONG with the NATS server the link is connected to.",
+            "s",
+            queries((sel("sbus_nats_rtt_seconds"), "{{instance}}")),
+            w=8,
+        )
+    )
+    d.with_panel(
+        graph(
+            46,
+            "Other hosts and their interest",
+            "Hosts heard from on NATS, and the distinct patterns they want from this one.",
+            "short",
+            queries(
+                (sel("sbus_nats_remote_hosts"), "{{instance}} hosts"),
+                (sel("sbus_nats_remote_patterns"), "{{instance}} patterns"),
+            ),
+            w=8,
+        )
+    )
+
+
 def clients_and_process(d: dash.Dashboard) -> None:
     d.with_row(dash.Row("Clients, patterns and process").id(25).collapsed(False))
     d.with_panel(
@@ -786,6 +887,7 @@ def build() -> dm.Dashboard:
         queues_and_slow_clients,
         who,
         upstream,
+        nats,
         clients_and_process,
     ):
         section(d)

@@ -109,7 +109,7 @@ def evaluate(name: str, entry: dict[str, Any]) -> None:
     """Add the ratio, the figures the targets read, and each target's verdict."""
     sides = entry.get("sides", {})
     ours = sides.get("ours", {})
-    if name in ("upgrade", "restart", "client"):
+    if name in ("upgrade", "restart", "client", "fleet"):
         pass  # their figures are the entry's own (``continuity``)
     elif name == "memory":
         entry["per_client_bytes"] = ours.get("per_client_bytes")

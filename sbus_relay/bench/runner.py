@@ -31,7 +31,7 @@ from typing import Any
 
 from sbus_relay import accel
 
-from . import clientbench, continuity, report
+from . import clientbench, continuity, fleet, report
 from .build import build_programs
 from .procs import BenchProcessError, ProcessSet, rss_bytes
 from .reference import Reference, resolve_reference
@@ -102,6 +102,7 @@ SCENARIO_NAMES = (
     "upgrade",
     "restart",
     "client",
+    "fleet",
 )
 
 
@@ -512,7 +513,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
             if not options.only or "footprint" in options.only:
                 say("footprint")
                 results["scenarios"]["footprint"] = _footprint(ctx)
-            for name, run in (("upgrade", continuity.upgrade), ("restart", continuity.restart)):
+            continuous = (("upgrade", continuity.upgrade), ("restart", continuity.restart))
+            for name, run in (*continuous, ("fleet", fleet.run)):
                 if not options.only or name in options.only:
                     say(name)
                     entry = run(tools, procs, workdir, options.quick, say)

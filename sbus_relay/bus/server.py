@@ -52,6 +52,7 @@ from sbus_relay.protocol.stats import Gauges, Stats
 
 from .batchio import borrowed
 from .connection import Connection, Router
+from .natslink import NatsLink
 from .upstream import UpstreamLink
 
 _DROPS_COUNT = b"drops/count"
@@ -140,6 +141,10 @@ class Server:
             self.prefix = None
             self.upstream = UpstreamLink(self, config, self.log)
             self.index.quiet = self.upstream.conn
+        #: the link to NATS (docs/nats.md): the index's quiet holder on a master
+        self.nats = NatsLink(self, config, self.log) if config.nats is not None else None
+        if self.nats is not None:
+            self.index.quiet = self.nats.conn
 
     # --- lifecycle -------------------------------------------------------
 
@@ -154,6 +159,8 @@ class Server:
         self._accept_watcher.start(self._on_acceptable)
         if self.upstream is not None:
             self.upstream.start()
+        if self.nats is not None:
+            self.nats.start()
         self.log.info("server.started", relay=self.upstream is not None, hot_path=accel.mode())
 
     def serve_forever(self) -> None:
@@ -176,6 +183,8 @@ class Server:
             conn.close("server_stopping")
         if self.upstream is not None:
             self.upstream.stop()
+        if self.nats is not None:
+            self.nats.stop()
         self.listener.close()
         self.log.info("server.stopped")
         self.stopped.set()
@@ -491,10 +500,14 @@ class Server:
     def _first_subscriber(self, pattern: bytes) -> None:
         if self.upstream is not None:
             self.upstream.subscribe(pattern)
+        if self.nats is not None:
+            self.nats.subscribe(pattern)
 
     def _last_subscriber(self, pattern: bytes) -> None:
         if self.upstream is not None:
             self.upstream.unsubscribe(pattern)
+        if self.nats is not None:
+            self.nats.unsubscribe(pattern)
 
     def local_patterns(self) -> Iterable[bytes]:
         """Every distinct pattern held by a local client (not by the upstream link)."""
@@ -600,6 +613,8 @@ class Server:
             conn.let_go()
         if self.upstream is not None:
             self.upstream.let_go()
+        if self.nats is not None:
+            self.nats.stop()  # the new process has joined NATS by now
         self.listener.close()  # (the metrics socket: the CLI's metrics server closes it)
         self.stopped.set()
 
@@ -644,6 +659,8 @@ class Server:
             "by_user": self.by_user.export(),
             "clients": clients,
             "upstream": link,
+            # what the other hosts want: held by the new process's link until its own view is in
+            "nats": self.index.patterns_of(self.nats.conn) if self.nats is not None else None,
         }
         return state, fds
 
@@ -686,6 +703,8 @@ class Server:
             for pattern, count in link["patterns"].items():
                 for _ in range(count):
                     index.add(server.upstream.conn, pattern)
+        if state.get("nats") and server.nats is not None:
+            server.nats.adopt(state["nats"])
         index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
         return server
 

@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, cast
 
 from sbus_relay.ops import logsetup
@@ -66,6 +66,7 @@ from sbus_relay.ops.daemon import (
     write_pidfile,
 )
 from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV, UPGRADE_STDERR_ENV
+from sbus_relay.ops.natsconfig import parse_servers
 from sbus_relay.protocol.errors import AddressError, ConfigError
 from sbus_relay.protocol.limits import UPGRADE_STDERR_TAIL, UPGRADE_WAIT
 
@@ -94,6 +95,11 @@ _VALUE_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "hard_limit_messages": (("--hard-limit-messages",), "N", "per-client queue limit in messages"),
     "max_clients": (("--max-clients",), "N", "most clients connected at once"),
     "upstream": (("--upstream",), "ADDRESS", "be a relay of the bus at ADDRESS"),
+    "nats": (
+        ("--nats",),
+        "URL[,URL...]",
+        "carry traffic to and from other hosts over these NATS servers",
+    ),
     "upstream_queue_messages": (("--upstream-queue-messages",), "N", "upward queue bound"),
     "upstream_queue_bytes": (("--upstream-queue-bytes",), "SIZE", "upward queue bound in bytes"),
     "reconnect_min": (("--reconnect-min",), "SECONDS", "first upstream reconnect delay"),
@@ -173,6 +179,10 @@ def config_from(args: argparse.Namespace, base: str | None = None) -> ServerConf
         config_path = os.path.join(base, config_path)
     config = load_config(config_path) if config_path else ServerConfig()
     overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
+    if overrides.get("nats") is not None and config.nats is not None:
+        # --nats names the servers; the file's other nats settings stay
+        servers = parse_servers(COMMAND_LINE, "--nats", overrides.pop("nats"))
+        config = replace(config, nats=config.nats.with_servers(servers))
     return config.merged(**overrides)
 
 
@@ -325,6 +335,9 @@ def _take_over(
     port is taken (the same network: the old socket comes with the bus); and
     linger once this process hands the bus on in its turn."""
     from sbus_relay.ops.handover import take_over
+
+    if config.nats is not None:
+        import nats  # noqa: F401  (now, not while the old process waits frozen)
 
     web_sock = None
     if from_new_side and config.metrics:
@@ -521,6 +534,9 @@ def _serve(
     server.start()
     if adopted is not None:
         from sbus_relay.ops.handover import confirm
+
+        if server.nats is not None:  # on NATS before the old process leaves it
+            server.nats.wait_joined(server.nats.join_wait)
 
         confirm(adopted[2])
         if os.environ.get(UPGRADE_STDERR_ENV):

@@ -495,7 +495,20 @@ def bus_header(view: BusView) -> str:
     upstream = server.get("upstream_connected")
     if upstream is not None:
         parts.append("upstream connected" if upstream else "upstream DOWN")
+    nats = server.get("nats")
+    if isinstance(nats, dict):  # a master joined to NATS (docs/nats.md)
+        parts.append(nats_summary(nats))
     return "  ".join(parts)
+
+
+def nats_summary(link: dict[str, Any]) -> str:
+    """The NATS link in a few words: state, server, other hosts, traffic, losses."""
+    state = f"nats {link.get('server') or '-'}" if link.get("connected") else "nats DOWN"
+    drops = sum(int(n) for n in (link.get("drops") or {}).values())
+    return (
+        f"{state} hosts {link.get('remote_hosts', 0)} out {link.get('sent', 0)}"
+        f" in {link.get('received', 0)} queued {link.get('queued_messages', 0)} lost {drops}"
+    )
 
 
 def bus_totals(view: BusView) -> str:

@@ -214,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(RELOAD_SIGNAL, hup)
     try:
         supervisor.start()
+        if hierarchy.nats_cluster:
+            _try_the_fleet(hierarchy)
         supervisor.run()
     except SupervisorError as exc:
         print(f"sbus-relay up: {exc}", file=sys.stderr)
@@ -221,3 +223,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop()
     return 0
+
+
+def _try_the_fleet(hierarchy: Hierarchy) -> None:
+    """How to see a message cross from one host to another (docs/nats.md)."""
+    masters = [b for b in hierarchy.buses if b.upstream is None]
+    if len(masters) < 2:
+        return
+
+    def edge(master: BusSpec) -> BusSpec:  # its relay if it has one
+        return next((b for b in hierarchy.buses if b.upstream == master.name), master)
+
+    one, other = edge(masters[0]), edge(masters[-1])
+    print(f"try: sbus-relay sub -a {other.address} 'demo/'")
+    print(f" and: sbus-relay pub -a {one.address} demo/hello 'from {masters[0].name}'", flush=True)

@@ -25,6 +25,7 @@ from sbus_relay.protocol.errors import ConfigError, UsageError
 from sbus_relay.protocol.quota import ClientLimits, Quota
 
 from .addresses import DEFAULT_ADDRESS
+from .natsconfig import NatsConfig, parse_nats
 
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
@@ -61,6 +62,8 @@ class ServerConfig:
     hard_limit_messages: int = limits.HARD_LIMIT_MESSAGES
     max_clients: int = limits.MAX_CLIENTS
     upstream: str | None = None
+    #: the NATS system this bus carries its traffic to and from (docs/nats.md)
+    nats: NatsConfig | None = None
     upstream_queue_messages: int = limits.UPSTREAM_QUEUE_MESSAGES
     upstream_queue_bytes: int = limits.UPSTREAM_QUEUE_BYTES
     reconnect_min: float = limits.RECONNECT_MIN
@@ -138,6 +141,7 @@ FIXED_FIELDS = {
     "pidfile": "the pid file was written at start",
     "remove_stale": "it applies only when the socket is bound",
     "upstream": "a relay keeps its upstream link",
+    "nats": "the NATS link is kept as it is (an upgrade takes new settings)",
     "metrics": "the metrics listener is bound once",
 }
 #: Fields a reload changes on the running server (``bus.server.Server.reconfigure``;
@@ -347,6 +351,7 @@ _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
     "hard_limit_messages": _count(1),
     "max_clients": _count(1),
     "upstream": _optional_text,
+    "nats": parse_nats,
     "upstream_queue_messages": _count(0),
     "upstream_queue_bytes": _size(0),
     "reconnect_min": _seconds,
@@ -376,6 +381,8 @@ def _check_together(config: ServerConfig, source: str) -> None:
         # symlinks resolved; spellings that appear later are caught at run time
         # by the upstream link's SO_PEERCRED check (docs/relays.md).
         raise ConfigError(source, "upstream", f"{config.upstream} is this server's own address")
+    if config.nats is not None and config.upstream is not None:
+        raise ConfigError(source, "nats", "a relay reaches NATS through its master: set it there")
     if config.reconnect_min > config.reconnect_max:
         raise ConfigError(
             source,

@@ -27,6 +27,7 @@ from sbus_relay.protocol.stats import Gauges, Stats
 from . import clients
 from .collector import WhoRow, build_registry
 from .config import parse_host_port
+from .natsmetrics import NatsCollector
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -70,7 +71,10 @@ ClientsFn = Callable[[], tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]]
 
 
 def _wsgi_app(
-    registry: CollectorRegistry, health_fn: Callable[[], bool], clients_fn: ClientsFn | None
+    registry: CollectorRegistry,
+    health_fn: Callable[[], bool],
+    clients_fn: ClientsFn | None,
+    detail_fn: Callable[[], str] | None = None,
 ) -> Callable[[WSGIEnvironment, StartResponse], _Body]:
     metrics_app = make_wsgi_app(registry)
 
@@ -103,7 +107,8 @@ def _wsgi_app(
                 healthy = False
             status = "200 OK" if healthy else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if healthy else b"unhealthy\n"]
+            detail = detail_fn() if detail_fn is not None and healthy else ""
+            return [(b"ok\n" if healthy else b"unhealthy\n") + detail.encode()]
         if path == "/clients" and clients_fn is not None:
             return clients_answer(environ, start_response)
         if path == "/":
@@ -146,6 +151,7 @@ def serve(
     registry: CollectorRegistry,
     health_fn: Callable[[], bool],
     clients_fn: ClientsFn | None = None,
+    detail_fn: Callable[[], str] | None = None,
 ) -> WSGIServer:
     """Start serving ``/metrics`` and ``/healthz`` in the current gevent hub.
 
@@ -154,7 +160,8 @@ def serve(
     Prometheus scrapes every few seconds and would drown the bus's own events.
     """
     listener: Any = host if isinstance(host, socket.socket) else (host, port)
-    server = WSGIServer(listener, _wsgi_app(registry, health_fn, clients_fn), log=None)
+    app = _wsgi_app(registry, health_fn, clients_fn, detail_fn)
+    server = WSGIServer(listener, app, log=None)
     server.start()
     return server
 
@@ -173,6 +180,18 @@ def serve_from_config(
     host, port = parse_host_port(config.metrics)
     # ``config.instance`` is read at each use: a reload may rename the server
     registry = build_registry(server.stats, server.gauges, lambda: config.instance, server.who)
+    # the NATS link, where there is one (docs/nats.md): its own series and lines
+    nats = getattr(server, "nats", None)
+    nats_state: Callable[[], dict[str, Any]] | None = nats.state if nats is not None else None
+    if nats_state is not None:
+        registry.register(NatsCollector(nats_state, lambda: config.instance))
+
+    def detail() -> str:
+        if nats_state is None:
+            return ""
+        link = nats_state()
+        up = "up" if link["connected"] else "down"
+        return "nats: %s %s %s\n" % (up, link["state"], link["server"] or "-")
 
     def healthy() -> bool:
         if server.stopped.is_set():
@@ -191,9 +210,12 @@ def serve_from_config(
             "uptime": round(now - server.started, 3),
             "clients": gauges.clients,
             "upstream_connected": gauges.upstream_connected if gauges.is_relay else None,
+            "nats": nats_state() if nats_state is not None else None,
         }
         return block, server.client_rows()
 
-    wsgi = serve(listener if listener is not None else host, port, registry, healthy, clients_now)
+    wsgi = serve(
+        listener if listener is not None else host, port, registry, healthy, clients_now, detail
+    )
     log.info("metrics.listening", host=host, port=wsgi.server_port)
     return wsgi

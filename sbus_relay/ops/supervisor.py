@@ -41,13 +41,13 @@ from typing import IO, Any
 from sbus_relay.protocol.errors import AddressError, ConfigError, SbusError
 from sbus_relay.protocol.limits import UPGRADE_WAIT
 
-from . import children
+from . import children, natscluster
 from .addresses import connect, parse_address, peer_ucred
 from .config import config_from_mapping, read_yaml
 from .handover import SUPERVISED_ENV, TAKE_OVER_ENV
 
 #: Keys of the hierarchy file and of each bus entry.
-TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max")
+TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max", "nats_cluster")
 BUS_KEYS = ("name", "address", "upstream", "metrics", "args")
 #: Seconds a bus gets to listen after it was started.
 START_TIMEOUT = 15.0
@@ -94,6 +94,8 @@ class Hierarchy:
     log_dir: str | None = None
     restart_min: float = RESTART_MIN
     restart_max: float = RESTART_MAX
+    #: nats-servers started before the buses and stopped after them (docs/nats.md)
+    nats_cluster: tuple[natscluster.NatsNode, ...] = ()
 
     def bus(self, name: str) -> BusSpec:
         """The bus called ``name``."""
@@ -134,7 +136,9 @@ def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
     specs = [_bus(source, i, raw) for i, raw in enumerate(raw_buses)]
     _check_tree(source, specs)
     ordered = sorted(specs, key=lambda s: _depth(specs, s))  # stable: file order per level
-    return Hierarchy(tuple(ordered), log_dir, timing.reconnect_min, timing.reconnect_max)
+    cluster = document.get("nats_cluster")
+    nodes = natscluster.parse_cluster(source, cluster) if cluster is not None else ()
+    return Hierarchy(tuple(ordered), log_dir, timing.reconnect_min, timing.reconnect_max, nodes)
 
 
 def _bus(source: str, i: int, raw: Any) -> BusSpec:
@@ -331,6 +335,7 @@ class Supervisor:
         self._stopping = False
         self._upgrade_asked = False
         self._reload_asked = False
+        self.nats: list[subprocess.Popen[bytes]] = []  # the NATS cluster's servers
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -346,6 +351,12 @@ class Supervisor:
                 raise SupervisorError(
                     f"cannot create log_dir {self.hierarchy.log_dir}: {exc.strerror or exc}"
                 ) from None
+        if self.hierarchy.nats_cluster:
+            try:
+                self.nats = natscluster.start(self.hierarchy.nats_cluster, self.hierarchy.log_dir)
+            except OSError as exc:
+                raise SupervisorError(f"cannot start the NATS cluster: {exc}") from None
+            self.out("NATS cluster: " + ", ".join(n.url for n in self.hierarchy.nats_cluster))
         for child in self.children:
             if self._stopping:
                 return
@@ -517,6 +528,8 @@ class Supervisor:
         self._stopping = True
         for child in reversed(self.children):
             self._terminate(child)
+        natscluster.stop(self.nats)
+        self.nats = []
 
     def already_running(self) -> list[tuple[BusSpec, int]]:
         """The buses whose address a process already answers on, with its pid.

@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 
 from tests.metrics.dashboard_queries import load_dashboard, panel_queries, row_panels
+from tests.nats.cluster import NatsServer
+from tests.nats.cluster import free_port as nats_port
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
@@ -300,11 +302,13 @@ def require_cli(*flags: str) -> None:
 def hierarchy(workdir: Path) -> Iterator[tuple[Bus, Bus]]:
     find_prometheus()  # skip before starting anything when it is missing
     require_cli("--metrics", "--upstream", "--instance", "--hard-limit-bytes")
+    # the master is joined to NATS (alone there): the NATS row has its series
+    nats = NatsServer(workdir, "dash", nats_port(), nats_port(), [])
     master = Bus(
         "master",
         str(workdir / "master"),
         free_port(),
-        ("--instance", "the-master", "--hard-limit-bytes", MASTER_HARD_LIMIT),
+        ("--instance", "the-master", "--hard-limit-bytes", MASTER_HARD_LIMIT, "--nats", nats.url),
         workdir / "master.log",
     )
     relay = Bus(
@@ -321,6 +325,7 @@ def hierarchy(workdir: Path) -> Iterator[tuple[Bus, Bus]]:
     finally:
         relay.stop()
         master.stop()
+        nats.stop()
 
 
 @pytest.fixture

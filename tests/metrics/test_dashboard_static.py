@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sbus_relay.ops.collector import build_registry
+from sbus_relay.ops.natsmetrics import NatsCollector
 from sbus_relay.protocol.accounting import COUNTERS, GAUGES
 from sbus_relay.protocol.stats import Gauges, Stats
 from tests.metrics.dashboard_queries import (
@@ -30,6 +31,14 @@ from tests.metrics.dashboard_queries import (
 
 pytestmark = pytest.mark.timeout(30)
 
+#: What a NATS link's ``state()`` holds (``bus.natslink``), for its families.
+NATS_STATE = {
+    "host": "x", "state": "connected", "connected": True, "server": "127.0.0.1:4222",
+    "sent": 1, "sent_bytes": 1, "received": 1, "received_bytes": 1,
+    "drops": {"queue_overflow": 0}, "queued_messages": 0, "queued_bytes": 0,
+    "to_bus_queued": 0, "reconnects": 0, "rtt": 0.001, "subscriptions": 1,
+    "remote_hosts": 1, "remote_patterns": 1, "settled": True,
+}  # fmt: skip
 #: Metric names a PromQL expression may mention, from sbus_relay.ops.collector.
 METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
 
@@ -46,6 +55,8 @@ def exported_names() -> set[str]:
         return {"relay": [("local", *row)], "user": [("0", *row)]}
 
     registry = build_registry(Stats(), lambda: Gauges(is_relay=True), "x", who)
+    # and a master joined to NATS exports its link's families (docs/nats.md)
+    registry.register(NatsCollector(lambda: NATS_STATE, lambda: "x"))
     text = generate_latest(registry).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

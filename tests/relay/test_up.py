@@ -366,6 +366,8 @@ def test_shipped_configs_load(path: Path) -> None:
     if path.name == "dev-hierarchy.yaml":
         hierarchy = load_hierarchy(str(path))
         assert hierarchy.buses[0].name == "master"
+    elif path.name == "dev-fleet.yaml":  # tests/nats/test_up_fleet.py runs it
+        assert len(load_hierarchy(str(path)).nats_cluster) == 3
     else:
         load_config(str(path))
 
@@ -408,7 +410,7 @@ def test_shipped_configs_can_run_side_by_side() -> None:
     ports: dict[str, str] = {}
     sockets: dict[str, str] = {}
     for path in shipped_configs():
-        if path.name == "dev-hierarchy.yaml":
+        if path.name in ("dev-hierarchy.yaml", "dev-fleet.yaml"):
             entries = [
                 (f"{path.name}:{b.name}", b.metrics, b.address)
                 for b in load_hierarchy(str(path)).buses

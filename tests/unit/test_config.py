@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(30)
 DESIGN_FIELDS = [
     "address", "foreground", "pidfile", "users", "group_access", "other_access",
     "exit_when_empty", "remove_stale", "hard_limit_bytes", "hard_limit_messages",
-    "max_clients", "upstream", "upstream_queue_messages", "upstream_queue_bytes",
+    "max_clients", "upstream", "nats", "upstream_queue_messages", "upstream_queue_bytes",
     "reconnect_min", "reconnect_max", "metrics", "instance", "accounting_top",
     "log_level", "log_format",
     "log_file",
@@ -297,7 +297,7 @@ def test_every_field_is_either_live_or_fixed() -> None:
     assert LIVE_FIELDS | FIXED_FIELDS.keys() == names
     assert not LIVE_FIELDS & FIXED_FIELDS.keys()
     assert set(FIXED_FIELDS) == {
-        "address", "foreground", "pidfile", "remove_stale", "upstream", "metrics",
+        "address", "foreground", "pidfile", "remove_stale", "upstream", "nats", "metrics",
     }  # fmt: skip
 
 

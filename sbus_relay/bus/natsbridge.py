@@ -1,0 +1,622 @@
+"""The NATS side of a bus's NATS link: one thread, its own asyncio loop, one nats-py client.
+
+Theory of operation (docs/nats.md, docs/decisions.md "NATS beside gevent").
+The bus and this bridge share nothing but one ``SOCK_SEQPACKET`` socket
+pair: the bus's end is a ``Connection`` like any client's (``bus.natslink``),
+this end is read and written by the bridge's asyncio loop, in its own
+thread.  So the gevent hub never waits on NATS, nats-py never sees gevent,
+and what crosses between the two is sbus packets, with the kernel's socket
+buffer and the bus's own bounded queue between them:
+
+* bus -> bridge: ``MSG`` (and packed batches of them) that some other host
+  wants: published on the key's subject (``protocol.natsmap``); ``SUB`` /
+  ``UNSUB`` of this host's first and last subscriptions: a NATS subscription
+  per pattern, and an interest announcement (``protocol.natsinterest``).
+* bridge -> bus: ``MSG`` from other hosts, packed in batches; ``SUB`` /
+  ``UNSUB`` when the union of the other hosts' patterns changes: the link's
+  holds in the bus's index, so that a local publish is offered to the link
+  only when another host wants it.
+
+While NATS is away the bridge stops reading its end: what the bus publishes
+meanwhile waits in the link's bounded queue, in order, and what overflows is
+dropped there and counted (the link's drop episode).  Once connected again
+the bridge resubscribes (nats-py does), re-announces its snapshot, asks for
+everyone's, and reads on.
+
+Overlapping subscriptions: NATS delivers a message once per matching
+subscription of a connection, so the bridge takes it from one of them only,
+the oldest of its subscriptions that match (found with a ``SubscriptionIndex``
+of the subscriptions' relaxed patterns, which match exactly what the
+subscriptions do).
+
+Every counter here is written by the bridge's thread alone and read by the
+bus's (plain ints and floats: the GIL makes each read whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from typing import Any
+
+from sbus_relay.ops.natsconfig import NatsConfig
+from sbus_relay.protocol import codec, natsinterest
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.keys import is_secret
+from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
+from sbus_relay.protocol.natsmap import MappingError, SubjectMap, decode_token, relaxed
+from sbus_relay.protocol.scan import read_u32
+
+from .natstobus import BusWriter
+
+#: Longest subject published: NATS's default max_control_line is 4096 bytes
+#: and the PUB line holds the subject, the size and a few bytes more.  A key
+#: whose subject is longer goes on ``<prefix>._l`` with the key in the payload.
+SUBJECT_MAX = 4000
+#: Seconds after first joining NATS until the other hosts' interest is taken
+#: as known (they answer the snapshot request within a round trip); until
+#: then the link holds every public key, so nothing published meanwhile is
+#: lost for want of knowing who wants it.
+INTEREST_SETTLE = 1.0
+#: Incarnations under our own host name said in the log (the rest are not).
+TWINS_LOGGED = 16
+#: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
+#: and mapping one costs a pass over its bytes in Python.
+MAPPING_CACHE = 4096
+#: Packets read from the bus per wake-up before NATS's own work gets a turn.
+READ_BATCH = 256
+#: Seconds a link that reconnected holds what waited meanwhile before it sends
+#: it: the other hosts of a restarted server reconnect (every RECONNECT_WAIT)
+#: and resubscribe within it, so the held messages reach them.
+RESUME_GRACE = 0.5
+#: Seconds between NATS PINGs and how many may go unanswered: a paused or
+#: silent server is left for another within about PING_INTERVAL * (PINGS + 1).
+PING_INTERVAL = 1
+PINGS = 2
+#: Seconds between reconnect attempts (each server of the list in turn), and
+#: the cap of the back-off while no server at all can be reached at start.
+RECONNECT_WAIT = 0.25
+CONNECT_BACKOFF_MAX = 2.0
+#: Seconds to wait for one server to answer a connect.
+CONNECT_TIMEOUT = 2
+#: nats-py's own buffer for what is published while it reconnects (bytes).
+PENDING_BYTES = 8 * 1024 * 1024
+#: Messages and bytes one NATS subscription may hold undelivered before
+#: nats-py drops (a slow consumer, counted).
+SUB_PENDING_MESSAGES = 65_536
+SUB_PENDING_BYTES = 64 * 1024 * 1024
+
+DROP_REASONS = (
+    "not_exported",  # the key matches no ``export`` pattern
+    "not_imported",  # a key from another host matches no ``import`` pattern
+    "secret",  # an identity (!/cred/) key: never crosses
+    "bus_full",  # the bus did not read what came from NATS fast enough
+    "nats_refused",  # nats-py refused a publish (its reconnect buffer full, too large)
+    "slow_consumer",  # nats-py dropped messages of a subscription that fell behind
+    "bad_subject",  # a message on a subject no key maps to
+    "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
+)
+#: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
+PACKET_OVERHEAD = 5
+
+
+class NatsBridge:
+    """One host's presence on NATS (see the module's theory of operation)."""
+
+    def __init__(self, sock: socket.socket, config: NatsConfig, host: str, log: Any) -> None:
+        self.config = config
+        self.host = host
+        self.log = log.bind(nats_host=host)
+        self.map = SubjectMap(config.subject_prefix)
+        self._sock = sock
+        self._sock.setblocking(False)
+        self._fd = sock.fileno()
+        # --- state, written by the bridge's thread only ---
+        self.state = "starting"  # starting, connecting, connected, reconnecting, closed
+        self.connected = False
+        self.server = ""  # the URL of the server connected to
+        self.sent = self.sent_bytes = self.received = self.received_bytes = 0
+        self.drops: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.reconnects = 0
+        self.rtt = 0.0
+        #: when the bridge last had applied at the server all it read from the bus
+        self.synced = 0.0
+        self.local = natsinterest.LocalInterest()
+        self.remote = natsinterest.RemoteInterest()
+        self._subs: dict[bytes, Any] = {}  # relaxed pattern -> nats-py Subscription or None
+        self._sub_count: dict[bytes, int] = {}  # relaxed pattern -> local patterns behind it
+        self._sub_order: dict[bytes, int] = {}  # relaxed pattern -> when subscribed (dedup)
+        self._sub_seq = 0
+        self._dedup: SubscriptionIndex = SubscriptionIndex()
+        #: key -> subject and subject -> key, bounded (cleared whole when full)
+        self._subjects: dict[bytes, str] = {}
+        self._keys: dict[str, bytes] = {}
+        self._export = self._filter(config.export)
+        self._import = self._filter(config.import_)
+        self._watching = False
+        self._closing = False
+        self._erred = False  # an error was said since the link was last up
+        self._twins: set[int] = set()  # other incarnations heard under our name
+        self._announce_soon = False
+        self._nc: Any = None
+        self._long = self.map.long.decode("ascii")
+        self._writer: BusWriter | None = None  # made in the bridge's loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._readable: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+
+    @staticmethod
+    def _filter(patterns: tuple[bytes, ...]) -> SubscriptionIndex | None:
+        if patterns == (b"",):
+            return None  # every public key: no lookup
+        index: SubscriptionIndex = SubscriptionIndex()
+        for p in patterns:
+            index.add(0, p)
+        return index
+
+    # --- the bus's thread ------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the bridge in a thread of its own (returns at once)."""
+        self._thread = threading.Thread(target=self._main, name="nats-link", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Say goodbye to the other hosts, close the NATS connection, end the thread."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._done.wait(timeout)
+
+    @property
+    def remote_hosts(self) -> int:
+        return len(self.remote.hosts)
+
+    @property
+    def remote_patterns(self) -> int:
+        return len(self.remote.union)
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._subs)
+
+    @property
+    def to_bus_queued(self) -> int:
+        return self._writer.queued if self._writer is not None else 0
+
+    @property
+    def settled(self) -> bool:
+        """The bus has been told the other hosts' interest is known."""
+        return self._writer is not None and self._writer.settled
+
+    # --- the bridge's thread ---------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception:  # a bug of ours: said once; the bus serves on without NATS
+            self.log.exception("nats.bridge_failed")
+        finally:
+            self.state = "closed"
+            self.connected = False
+            self._done.set()
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(self._unexpected)
+        self._stop = asyncio.Event()
+        self._readable = asyncio.Event()
+        self._writer = BusWriter(self._sock, self._loop)
+        reader = asyncio.create_task(self._read_bus())
+        ticker = asyncio.create_task(self._tick())
+        connecting = asyncio.create_task(self._connect())
+        try:
+            await self._stop.wait()
+        finally:
+            connecting.cancel()  # a server that never lets us in must not hold up a stop
+            with contextlib.suppress(BaseException):
+                await connecting
+            reader.cancel()
+            ticker.cancel()
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._fd)
+                self._writer.stop()
+            await self._close()
+
+    def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What a callback or task of the loop raised: one log line, never a
+        traceback on the bus's stderr; the link goes on."""
+        error = context.get("exception")
+        self.log.error(
+            "nats.bridge_error",
+            message=str(context.get("message", "")),
+            error=repr(error) if error is not None else "",
+        )
+
+    async def _close(self) -> None:
+        nc = self._nc
+        if nc is None:
+            return
+        self._closing = True
+        if nc.is_connected:
+            with contextlib.suppress(Exception):
+                await self._announce([self.local.goodbye()])
+                await nc.flush(timeout=1)
+        with contextlib.suppress(Exception):
+            await nc.close()
+        self.log.info("nats.closed", sent=self.sent, received=self.received)
+
+    def _connect_options(self) -> dict[str, Any]:
+        c = self.config
+        options: dict[str, Any] = {
+            "servers": list(c.servers),
+            "name": "sbus-relay " + self.host,
+            "no_echo": True,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": RECONNECT_WAIT,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "ping_interval": PING_INTERVAL,
+            "max_outstanding_pings": PINGS,
+            "pending_size": PENDING_BYTES,
+            "skip_subject_validation": True,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        if c.user is not None:
+            options["user"], options["password"] = c.user, c.password
+        if c.token is not None:
+            options["token"] = c.token
+        if c.creds is not None:
+            options["user_credentials"] = c.creds
+        if c.nkey is not None:
+            options["nkeys_seed"] = c.nkey
+        if c.tls_ca is not None or any(s.startswith("tls://") for s in c.servers):
+            options["tls"] = ssl.create_default_context(cafile=c.tls_ca)
+        return options
+
+    async def _connect(self) -> None:
+        """Connect, retrying with back-off while no server can be reached (the
+        bus serves its own clients meanwhile; what it publishes for NATS waits)."""
+        import nats  # here: a bus without NATS never imports it
+
+        assert self._stop is not None
+        delay = RECONNECT_WAIT
+        failures = 0
+        self.state = "connecting"
+        while not self._stop.is_set():
+            try:
+                self._nc = await nats.connect(**self._connect_options())
+            except Exception as e:
+                failures += 1
+                say = self.log.warning if failures == 1 else self.log.info
+                say("nats.connect_failed", error=str(e) or type(e).__name__, retry_in=delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                delay = min(delay * 2, CONNECT_BACKOFF_MAX)
+                continue
+            await self._joined(first=True)
+            return
+
+    async def _joined(self, *, first: bool) -> None:
+        """Connected (the first time or again): subscribe, announce, ask, read on."""
+        nc = self._nc
+        self.server = str(nc.connected_url.netloc) if nc.connected_url else ""
+        if first and self._loop is not None:
+            self._loop.call_later(INTEREST_SETTLE, self._settle)
+        if first:
+            await nc.subscribe(
+                self.map.interest_all.decode(), cb=self._on_interest, pending_msgs_limit=-1
+            )
+            await nc.subscribe(self.map.snapshot.decode(), cb=self._on_snapshot_asked)
+            await nc.subscribe(
+                self._long,
+                cb=self._on_long,
+                pending_msgs_limit=SUB_PENDING_MESSAGES,
+                pending_bytes_limit=SUB_PENDING_BYTES,
+            )
+        for r in list(self._subs):
+            if self._subs[r] is None:
+                await self._subscribe(r)
+        await self._announce(self.local.snapshot())
+        await nc.publish(self.map.snapshot.decode(), b"")
+        self.connected = True
+        self.state = "connected"
+        self._erred = False
+        self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
+        if first or self._loop is None:
+            self._reading(True)
+        else:
+            # what was held while away waits a moment more: the other hosts of a
+            # restarted server reconnect and resubscribe meanwhile, and then it reaches them
+            self._loop.call_later(RESUME_GRACE, self._resume)
+
+    def _settle(self) -> None:
+        """The other hosts have had time to answer: what they want is known."""
+        assert self._writer is not None
+        self._writer.settle()
+
+    def _resume(self) -> None:
+        if self.connected:
+            self._reading(True)
+
+    def _reading(self, on: bool) -> None:
+        """Watch the bus's end for packets (while NATS is there), or stop."""
+        loop, readable = self._loop, self._readable
+        assert loop is not None and readable is not None
+        if on and not self._watching:
+            loop.add_reader(self._fd, readable.set)
+            readable.set()  # read what waited meanwhile
+        elif not on and self._watching:
+            loop.remove_reader(self._fd)
+        self._watching = on
+
+    async def _on_disconnected(self) -> None:
+        if self.connected and not self._closing:
+            self.log.warning("nats.lost", server=self.server)
+        self.connected = False
+        self.state = "reconnecting"
+        self._reading(False)
+
+    async def _on_reconnected(self) -> None:
+        self.reconnects += 1
+        await self._joined(first=False)
+
+    async def _on_error(self, e: Exception) -> None:
+        import nats.errors
+
+        if isinstance(e, nats.errors.SlowConsumerError):
+            self.drops["slow_consumer"] += 1
+            return
+        # the first error while away is news (a refused sign-in, say); its repeats are not
+        say = self.log.debug if self._erred else self.log.warning
+        self._erred = not self.connected
+        say("nats.error", error=str(e) or type(e).__name__)
+
+    # --- bus -> NATS -------------------------------------------------------------------
+
+    async def _read_bus(self) -> None:
+        assert self._readable is not None
+        while True:
+            await self._readable.wait()
+            self._readable.clear()
+            if not self.connected:
+                # NATS is away: what the bus sends waits in its queue, unread
+                # (the reader is level-triggered: it would wake us in a loop)
+                self._reading(False)
+                continue
+            changed = False
+            for _ in range(READ_BATCH):
+                try:
+                    packet = self._sock.recv(MAX_PACKET)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    return
+                if not packet:
+                    await self._stop_now()
+                    return
+                changed = await self._from_bus(packet) or changed
+                if not self.connected:
+                    break
+            else:
+                self._readable.set()  # more may wait: after NATS's own work
+                await asyncio.sleep(0)
+            self._schedule_announce()
+            if changed and self.connected:
+                with contextlib.suppress(Exception):
+                    await self._nc.flush(timeout=2)  # the server has our SUBs
+            self.synced = time.monotonic()
+
+    async def _stop_now(self) -> None:
+        assert self._stop is not None
+        self._stop.set()
+
+    async def _from_bus(self, packet: bytes) -> bool:
+        """Act on one packet from the bus; True if it changed our interest."""
+        if packet.startswith(codec.MSG):
+            nul = packet.find(b"\0", 4)
+            await self._publish(packet[4:nul], packet[nul + 1 :])
+        elif packet.startswith(codec.BATCH_HEAD):
+            offset = len(codec.BATCH_HEAD)
+            while offset + 4 <= len(packet):
+                size = read_u32(packet, offset)
+                msg = packet[offset + 4 : offset + 4 + size]
+                offset += 4 + size
+                nul = msg.find(b"\0", 4)
+                await self._publish(msg[4:nul], msg[nul + 1 :])
+        elif packet.startswith(codec.SUB):
+            await self._local(packet[len(codec.SUB) :], True)
+            return True
+        elif packet.startswith(codec.UNSUB):
+            await self._local(packet[len(codec.UNSUB) :], False)
+            return True
+        return False
+
+    async def _publish(self, key: bytes, payload: bytes) -> None:
+        if is_secret(key):
+            self.drops["secret"] += 1
+            return
+        if self._export is not None and not self._export.match(key):
+            self.drops["not_exported"] += 1
+            return
+        subjects = self._subjects
+        subject = subjects.get(key)
+        if subject is None:
+            subject = self.map.subject(key).decode("ascii")
+            if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is mapped afresh, not kept
+                if len(subjects) >= MAPPING_CACHE:
+                    subjects.clear()
+                subjects[key] = subject
+        try:
+            if len(subject) <= SUBJECT_MAX:
+                await self._nc.publish(subject, payload)
+            else:  # every host takes these and its bus keeps what it wants
+                await self._nc.publish(self._long, key + b"\0" + payload)
+        except Exception:
+            self.drops["nats_refused"] += 1
+            return
+        self.sent += 1
+        self.sent_bytes += len(payload)
+
+    async def _local(self, pattern: bytes, present: bool) -> None:
+        """One of this host's patterns came or went."""
+        if is_secret(pattern) or not natsinterest.acceptable(pattern):
+            return  # identities stay on their host
+        r = relaxed(pattern)
+        if r is None:
+            return  # it matches nothing: nobody needs to hear of it
+        self.local.change(pattern, present)
+        n = self._sub_count.get(r, 0) + (1 if present else -1)
+        if n > 0:
+            self._sub_count[r] = n
+        else:
+            self._sub_count.pop(r, None)
+        if present and n == 1:
+            self._sub_seq += 1
+            self._sub_order[r] = self._sub_seq
+            self._dedup.add(r, r)
+            self._subs[r] = None
+            await self._subscribe(r)
+        elif not present and n == 0:
+            self._dedup.remove(r, r)
+            self._sub_order.pop(r, None)
+            sub = self._subs.pop(r, None)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _subscribe(self, r: bytes) -> None:
+        subject = self.map.subscription(r)
+        if subject is None or len(subject) > SUBJECT_MAX or not self._nc:
+            return
+        try:
+            self._subs[r] = await self._nc.subscribe(
+                subject.decode("ascii"),
+                cb=self._receiver(r),
+                pending_msgs_limit=SUB_PENDING_MESSAGES,
+                pending_bytes_limit=SUB_PENDING_BYTES,
+            )
+        except Exception as e:  # not connected now: subscribed on connect
+            self.log.info("nats.subscribe_later", error=str(e) or type(e).__name__)
+
+    def _schedule_announce(self) -> None:
+        if not self._announce_soon and self._loop is not None:
+            self._announce_soon = True
+            self._loop.call_soon(lambda: asyncio.ensure_future(self._send_delta()))
+
+    async def _send_delta(self) -> None:
+        self._announce_soon = False
+        if self.connected:
+            await self._announce(self.local.delta())
+
+    async def _announce(self, announcements: list[natsinterest.Announcement]) -> None:
+        subject = self.map.interest_of(self.host).decode("ascii")
+        for a in announcements:
+            await self._nc.publish(subject, natsinterest.encode(a))
+
+    # --- NATS -> bus ----------------------------------------------------------------------
+
+    def _receiver(self, r: bytes) -> Any:
+        async def receive(msg: Any) -> None:
+            keys = self._keys
+            key = keys.get(msg.subject)
+            if key is None:
+                try:
+                    key = self.map.key(msg.subject.encode("ascii", "replace"))
+                except MappingError:
+                    self.drops["bad_subject"] += 1
+                    return
+                if len(key) <= MATCH_CACHE_KEY_MAX:
+                    if len(keys) >= MAPPING_CACHE:
+                        keys.clear()
+                    keys[msg.subject] = key
+            holders = self._dedup.match(key)
+            if len(holders) > 1:
+                order = self._sub_order
+                first = min(holders, key=lambda h: order.get(h, 1 << 62))
+                if first != r:
+                    return  # the same message through an older subscription of ours
+            self._deliver(key, msg.data)
+
+        return receive
+
+    async def _on_long(self, msg: Any) -> None:
+        """A key too long for a subject: the key, a NUL, the payload."""
+        key, nul, data = msg.data.partition(b"\0")
+        if not nul or not key:
+            self.drops["bad_subject"] += 1
+            return
+        self._deliver(key, data)
+
+    def _deliver(self, key: bytes, data: bytes) -> None:
+        """A message from another host, for this host's bus (once per host)."""
+        if is_secret(key):
+            self.drops["secret"] += 1
+            return
+        if self._import is not None and not self._import.match(key):
+            self.drops["not_imported"] += 1
+            return
+        if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
+            self.drops["too_large"] += 1  # (a native NATS client's big payload)
+            return
+        assert self._writer is not None
+        if self._writer.put(b"MSG " + key + b"\0" + data):
+            self.received += 1
+            self.received_bytes += len(data)
+        else:
+            self.drops["bus_full"] += 1
+
+    async def _on_interest(self, msg: Any) -> None:
+        try:
+            host = decode_token(msg.subject.encode("ascii", "replace").rpartition(b".")[2])
+        except MappingError:
+            self.remote.refused += 1
+            return
+        name = host.decode("utf-8", "replace")
+        if name == self.host:
+            a = natsinterest.decode(msg.data)
+            if a is not None and a.incarnation not in self._twins | {self.local.incarnation}:
+                # a live upgrade's other process, for a moment; or a host with our name
+                self._twins.add(a.incarnation)
+                if len(self._twins) <= TWINS_LOGGED:
+                    self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
+            return
+        a = natsinterest.decode(msg.data)
+        if a is None:
+            self.remote.refused += 1
+            return
+        changes, ask = self.remote.receive(name, a, time.monotonic())
+        self._tell_bus(changes)
+        if ask and self.connected:
+            await self._nc.publish(self.map.snapshot.decode(), host)
+
+    async def _on_snapshot_asked(self, msg: Any) -> None:
+        if msg.data and msg.data.decode("utf-8", "replace") != self.host:
+            return
+        if self.connected:
+            await self._announce(self.local.snapshot())
+
+    def _tell_bus(self, changes: list[natsinterest.Change]) -> None:
+        assert self._writer is not None
+        for present, pattern in changes:
+            self._writer.tell(pattern, present)
+
+    async def _tick(self) -> None:
+        """Heartbeats, forgetting silent hosts, the round-trip time."""
+        while True:
+            await asyncio.sleep(natsinterest.HEARTBEAT)
+            self._tell_bus(self.remote.expire(time.monotonic()))
+            if self.connected:
+                with contextlib.suppress(Exception):
+                    await self._announce([self.local.heartbeat()])
+                    self.rtt = await self._nc.rtt(timeout=2)

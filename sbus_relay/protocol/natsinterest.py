@@ -1,0 +1,301 @@
+"""What the hosts on one NATS system want of each other.  No I/O.
+
+Theory of operation (docs/nats.md, "Only wanted traffic crosses"): a message
+leaves a host only when another host holds a pattern that matches its key,
+so every host tells the others the distinct patterns its own clients (and
+the relays below it) hold.  Each host publishes, on its own subject
+``<prefix>._i.<host>``:
+
+* ``D`` a *delta*: patterns that came (``+``) and went (``-``), in order;
+* ``S`` a *snapshot*: every pattern it holds, in parts of at most
+  ``ANNOUNCE_BYTES``, the last part flagged;
+* ``H`` a *heartbeat* every ``HEARTBEAT`` seconds, saying where it is;
+* ``B`` *goodbye* when its link closes for good.
+
+Every message carries the sender's incarnation (when its link started, in
+nanoseconds: a newer link of the same host supersedes an older one, as in a
+live upgrade, where both talk for a moment) and a sequence number that each
+delta raises by one.  NATS carries one
+publisher's messages in order but may lose them (core NATS is at most once:
+a reconnect, a slow consumer), so a receiver that sees a gap, an unknown
+host or a new incarnation asks for a snapshot (``<prefix>._q``, naming the
+host, or empty for every host) and keeps its old view until it comes.  A host
+not heard from for ``HOST_SILENT`` seconds is forgotten.
+
+``RemoteInterest`` keeps the views and the union of everyone's patterns;
+what it returns are the union's changes, which the bus applies to the link's
+holds in its subscription index.  ``LocalInterest`` is the sending side.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .keys import BANG, is_secret
+from .limits import MAX_PATTERN_LENGTH, MAX_PATTERNS_PER_RELAY
+
+#: Bytes of patterns in one announcement: well below NATS's default
+#: max_payload (1 MiB), so a snapshot of any size goes in parts.
+ANNOUNCE_BYTES = 64 * 1024
+#: Seconds between two heartbeats of a host: how soon a lost delta is noticed
+#: when nothing else is said.
+HEARTBEAT = 2.0
+#: Seconds without a word after which a host is taken as gone (three
+#: heartbeats missed): what it wanted stops attracting traffic.
+HOST_SILENT = 3 * HEARTBEAT
+#: Seconds between two snapshot requests for one host: a host that is slow to
+#: answer is not flooded with requests.
+SNAPSHOT_RETRY = 1.0
+
+#: Distinct patterns one other host may hold here: as many as one relay may
+#: hold at its master (the patterns of a whole host); beyond it its
+#: announcements' further patterns are refused (counted), never stored.
+HOST_PATTERNS_MAX = MAX_PATTERNS_PER_RELAY
+#: Other hosts kept at once: announcements from more are refused (counted).
+HOSTS_MAX = 4096
+
+Change = tuple[bool, bytes]  # (present, pattern)
+
+
+@dataclass
+class Announcement:
+    kind: str  # "D", "S", "H", "B"
+    incarnation: int
+    seq: int = 0
+    part: int = 0
+    last: bool = True
+    changes: list[Change] = field(default_factory=list)
+
+
+def encode(a: Announcement) -> bytes:
+    """One announcement as a NATS payload (patterns never hold a NUL)."""
+    head = b"%s %d %d %d %d\n" % (a.kind.encode(), a.incarnation, a.seq, a.part, a.last)
+    return head + b"".join((b"+" if p else b"-") + pat + b"\0" for p, pat in a.changes)
+
+
+def decode(payload: bytes) -> Announcement | None:
+    """An announcement, or None for a payload that is not one."""
+    head, nl, body = payload.partition(b"\n")
+    fields = head.split(b" ")
+    if not nl or len(fields) != 5 or fields[0] not in (b"D", b"S", b"H", b"B"):
+        return None
+    try:
+        inc, seq, part, last = (int(f) for f in fields[1:])
+    except ValueError:
+        return None
+    changes: list[Change] = []
+    if body:
+        if not body.endswith(b"\0"):
+            return None
+        for item in body[:-1].split(b"\0"):
+            if not item or item[0] not in b"+-":
+                return None
+            changes.append((item[0] == 0x2B, item[1:]))
+    return Announcement(fields[0].decode(), inc, seq, part, bool(last), changes)
+
+
+def acceptable(pattern: bytes, *, secrets: bool = False) -> bool:
+    """A pattern another host may hold here: not too long, not secret (unless
+    identities may cross), no reserved '!'."""
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        return False
+    if is_secret(pattern):
+        return secrets
+    return BANG not in pattern or b"!" not in pattern.split(b"/")
+
+
+def parts(incarnation: int, seq: int, kind: str, changes: list[Change]) -> list[Announcement]:
+    """``changes`` in announcements of at most ``ANNOUNCE_BYTES`` each (one at least)."""
+    out: list[Announcement] = []
+    chunk: list[Change] = []
+    size = 0
+    for change in changes:
+        if chunk and size + len(change[1]) + 2 > ANNOUNCE_BYTES:
+            out.append(Announcement(kind, incarnation, seq, len(out), False, chunk))
+            chunk, size = [], 0
+        chunk.append(change)
+        size += len(change[1]) + 2
+    out.append(Announcement(kind, incarnation, seq, len(out), True, chunk))
+    return out
+
+
+class LocalInterest:
+    """The patterns this host announces, with its incarnation and sequence."""
+
+    def __init__(self, incarnation: int | None = None) -> None:
+        # the start time: a newer link of a host (a restart, a live upgrade's new
+        # process) supersedes an older one whatever order their words arrive in
+        self.incarnation = incarnation if incarnation is not None else time.time_ns()
+        self.seq = 0
+        self.patterns: set[bytes] = set()
+        self._pending: dict[bytes, bool] = {}
+
+    def change(self, pattern: bytes, present: bool) -> None:
+        """A pattern came or went (coalesced until ``delta``)."""
+        if present == (pattern in self.patterns):
+            return
+        if present:
+            self.patterns.add(pattern)
+        else:
+            self.patterns.discard(pattern)
+        if pattern in self._pending:
+            del self._pending[pattern]  # came and went: nothing to say
+        else:
+            self._pending[pattern] = present
+
+    def delta(self) -> list[Announcement]:
+        """The changes since the last delta, as announcements (each a sequence number)."""
+        if not self._pending:
+            return []
+        changes = list(self._pending.items())
+        self._pending.clear()
+        out = []
+        for a in parts(self.incarnation, 0, "D", [(p, pat) for pat, p in changes]):
+            self.seq += 1
+            a.seq, a.part, a.last = self.seq, 0, True
+            out.append(a)
+        return out
+
+    def snapshot(self) -> list[Announcement]:
+        """Everything held now (pending changes included: they are sent as part of it)."""
+        self._pending.clear()
+        return parts(self.incarnation, self.seq, "S", [(True, p) for p in sorted(self.patterns)])
+
+    def heartbeat(self) -> Announcement:
+        return Announcement("H", self.incarnation, self.seq)
+
+    def goodbye(self) -> Announcement:
+        return Announcement("B", self.incarnation, self.seq)
+
+
+@dataclass
+class _View:
+    incarnation: int
+    seq: int
+    patterns: set[bytes]
+    heard: float
+    #: a snapshot being received: (incarnation, seq, next part, patterns so far)
+    collecting: tuple[int, int, int, set[bytes]] | None = None
+
+
+class RemoteInterest:
+    """Every other host's patterns, and their union (what may leave this host)."""
+
+    def __init__(self, *, secrets: bool = False) -> None:
+        self.secrets = secrets
+        self.hosts: dict[str, _View] = {}
+        #: pattern -> how many hosts hold it
+        self.union: dict[bytes, int] = {}
+        #: host -> when a snapshot was last asked of it
+        self._asked: dict[str, float] = {}
+        #: announcements refused (malformed, or patterns not acceptable)
+        self.refused = 0
+
+    def receive(self, host: str, a: Announcement, now: float) -> tuple[list[Change], bool]:
+        """Take one announcement of ``host``: the union's changes, and whether
+        a snapshot of that host should be asked for now."""
+        view = self.hosts.get(host)
+        if view is not None and a.incarnation < view.incarnation:
+            return [], False  # an older link of that host, still talking: superseded
+        if a.kind == "B":
+            if view is not None and view.incarnation == a.incarnation:
+                return self._replace(host, None), False
+            return [], False
+        if a.kind == "S":
+            return self._snapshot_part(host, view, a, now)
+        if view is None or view.incarnation != a.incarnation:
+            return [], self._ask(host, now)
+        view.heard = now
+        if a.kind == "H":
+            return [], a.seq != view.seq and self._ask(host, now)
+        if a.seq <= view.seq:
+            return [], False  # an old one
+        if a.seq != view.seq + 1:
+            return [], self._ask(host, now)  # a gap: something was lost
+        view.seq = a.seq
+        out: list[Change] = []
+        for present, pattern in a.changes:
+            if not acceptable(pattern, secrets=self.secrets):
+                self.refused += 1
+                continue
+            if present and pattern not in view.patterns:
+                if len(view.patterns) >= HOST_PATTERNS_MAX:
+                    self.refused += 1
+                    continue
+                view.patterns.add(pattern)
+                out.extend(self._count(pattern, 1))
+            elif not present and pattern in view.patterns:
+                view.patterns.discard(pattern)
+                out.extend(self._count(pattern, -1))
+        return out, False
+
+    def _snapshot_part(
+        self, host: str, view: _View | None, a: Announcement, now: float
+    ) -> tuple[list[Change], bool]:
+        if view is None:
+            if len(self.hosts) >= HOSTS_MAX:
+                self.refused += 1
+                return [], False
+            view = self.hosts[host] = _View(a.incarnation, -1, set(), now)
+        view.heard = now
+        got = view.collecting
+        if a.part == 0:
+            got = (a.incarnation, a.seq, 0, set())
+        elif got is None or got[:3] != (a.incarnation, a.seq, a.part):
+            view.collecting = None
+            return [], self._ask(host, now)  # a part went missing
+        patterns = got[3]
+        for present, pattern in a.changes:
+            wanted = present and acceptable(pattern, secrets=self.secrets)
+            if wanted and len(patterns) < HOST_PATTERNS_MAX:
+                patterns.add(pattern)
+            else:
+                self.refused += present
+        if not a.last:
+            view.collecting = (a.incarnation, a.seq, a.part + 1, patterns)
+            return [], False
+        view.collecting = None
+        self._asked.pop(host, None)
+        changes = self._replace(host, _View(a.incarnation, a.seq, patterns, now))
+        return changes, False
+
+    def _replace(self, host: str, new: _View | None) -> list[Change]:
+        old = self.hosts.pop(host, None)
+        before = old.patterns if old is not None else set()
+        after = new.patterns if new is not None else set()
+        if new is not None:
+            self.hosts[host] = new
+        out: list[Change] = []
+        for pattern in before - after:
+            out.extend(self._count(pattern, -1))
+        for pattern in after - before:
+            out.extend(self._count(pattern, 1))
+        return out
+
+    def _count(self, pattern: bytes, step: int) -> list[Change]:
+        n = self.union.get(pattern, 0) + step
+        if n:
+            self.union[pattern] = n
+        else:
+            del self.union[pattern]
+        if step > 0 and n == 1:
+            return [(True, pattern)]
+        if step < 0 and n == 0:
+            return [(False, pattern)]
+        return []
+
+    def _ask(self, host: str, now: float) -> bool:
+        last = self._asked.get(host)
+        if last is not None and now - last < SNAPSHOT_RETRY:
+            return False
+        self._asked[host] = now
+        return True
+
+    def expire(self, now: float) -> list[Change]:
+        """Forget the hosts not heard from for ``HOST_SILENT`` seconds."""
+        out: list[Change] = []
+        for host in [h for h, v in self.hosts.items() if now - v.heard > HOST_SILENT]:
+            out.extend(self._replace(host, None))
+            self._asked.pop(host, None)
+        return out
