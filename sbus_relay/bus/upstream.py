@@ -172,9 +172,8 @@ class UpstreamLink:
         self.conn.let_go()
 
     def export(self) -> dict[str, Any]:
-        """The link's state (its connection's included), as plain data."""
+        """The link's state as plain data (its connection's is ``bus.handover``'s)."""
         return {
-            "conn": self.conn.export(),
             "connected": self.connected,
             "ready": self.ready,
             "identity_known": self._identity_known,
@@ -184,12 +183,9 @@ class UpstreamLink:
         }
 
     def adopt(self, state: dict[str, Any], fd: int | None) -> None:
-        """Take up the link an earlier process handed over (before ``start``),
-        with its socket's descriptor if it had one."""
+        """Take up the link an earlier process handed over (before ``start``);
+        ``fd``: its socket's descriptor, attached to ``conn`` already, if it had one."""
         self._adopted = True
-        if fd is not None:
-            self.conn.attach(fd)
-        self.conn.adopt(state["conn"])
         self.connected = state["connected"] and fd is not None
         self.ready = state["ready"] and self.connected
         self._identity_known = state["identity_known"]
