@@ -293,9 +293,10 @@ class LinkSession:
     """A relay's side of its link: the handshake, its identity, the upstream's interest.
 
     States: down (not ``connected``); waiting on whoami (``connected``, not
-    ``ready``); ready.  Independently, the upstream's interest is complete or
-    not.  ``lost`` takes it back to down, keeping only the identity it had
-    (a later reply that begins with it is a relay cycle)."""
+    ``ready``: an ``Identity`` is acted on, then ``synced``); ready.
+    Independently, the upstream's interest is complete or not.  ``lost``
+    takes it back to down, keeping only the identity it had (a later reply
+    that begins with it is a relay cycle)."""
 
     __slots__ = ("connected", "identity", "interest_complete", "interest_count", "ready")
 
@@ -330,8 +331,7 @@ class LinkSession:
                 # group holds a pid as seen in its writer's pid namespace.
                 return Cycle(payload)
             self.identity = payload
-            self.ready = True
-            return Identity(payload)
+            return Identity(payload)  # ready once our patterns are sent (``synced``)
         if key == ADD:
             self.interest_count += 1
             return UpstreamInterest(payload, True)
@@ -347,6 +347,11 @@ class LinkSession:
         if key == DISCONNECT_KEY:
             return Disconnected(payload.decode("utf-8", "replace"))
         return None
+
+    def synced(self) -> None:
+        """Our identity is taken and our patterns are on their way: ready, and
+        later whoami replies on this connection are not news."""
+        self.ready = True
 
     def lost(self) -> None:
         """The link went down: its interest is unknown again; its identity stays."""
