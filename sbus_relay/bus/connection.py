@@ -9,8 +9,10 @@ bottom in this file:
 
 1. ``Connection._on_readable`` reads up to ``READ_BATCH`` packets in one
    ``recvmmsg`` (``batchio.recv_many``) and hands each ``MSG`` to
-   ``Router.publish``; any other packet goes to the connection's *handler*
-   (the server, or the upstream link's controller);
+   ``Router.publish`` (``protocol.frames`` parses it, and unpacks a packed
+   batch's); any other packet goes to the connection's *handler* (the
+   server, or the upstream link's controller), which asks the connection's
+   ``Session`` what it means (``protocol.session``);
 2. ``Router.publish`` finds the recipients with one ``match`` (on a relay the
    upstream link is one of them, holding the patterns the upstream wants)
    and offers the packet to each;
@@ -25,8 +27,11 @@ bottom in this file:
    ``pending`` list in one ``sendmmsg`` (``Connection.flush``); what its
    socket refuses goes through ``deliver``, in order.
 
-Everything about a connection's way out is its own: its queue and modes, its
-counters, its drop episodes and its warnings (``protocol.episodes``: one
+A connection *is* a ``protocol.session.Session``: its protocol state (open
+or closing, echo, relay, interest, packed batches) and what each packet
+does to it are decided there, without a socket; this class moves the bytes
+and runs the timers.  Everything about a connection's way out is its own:
+its queue and modes, its counters, its drop episodes and its warnings (``protocol.episodes``: one
 line when something begins, a bounded rate while it lasts, one when it
 ends).  The server only matches and offers.
 
