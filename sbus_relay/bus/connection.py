@@ -44,6 +44,13 @@ pattern in ``notices`` and go before the queue.  That, the publishers it
 holds back, a stash of packets read while paused, its write watcher, its
 episodes and its logger live in a ``_Rare`` part made on first need: an
 idle client has none of them.
+
+What it owns: one socket's bytes in and out (its descriptor, watchers,
+``pending``, queue, pauses, held publishers, notices, counters, episodes'
+timer and logger) and the routing of each message (``Router``).  What it may
+touch: its own state; its ``Session`` part through that class's methods; the
+recipients it offers to (``offer``) and the publishers it holds back
+(``pause``/``resume``); its handler through ``Handler`` alone.
 """
 
 from __future__ import annotations

@@ -15,6 +15,13 @@ parent bus (docs/protocol.md, "Relays"): the index's first/last callbacks
 feed it SUB/UNSUB, its connection is one more recipient in the index
 (holding what the upstream wants), and it calls back through the
 ``UpstreamHost`` methods at the end of this class.
+
+What it owns: the listening socket and accepting, the set of clients and
+their accounts, the subscription index and interest listeners, the identity
+prefix, reloads, and carrying out what a client's session decides.  What it
+may touch: its connections through their public methods, the upstream link
+through its own; the hand-over (``bus.handover``) and the metrics views
+(``bus.views``) are modules of their own, which it calls.
 """
 
 from __future__ import annotations
@@ -52,7 +59,6 @@ from . import handover, views
 from .connection import Connection, Router
 from .upstream import UpstreamLink
 
-_DROPS_COUNT = b"drops/count"
 #: closed-connection totals kept beyond two per live client before the
 #: accounting forgets those of keys nobody uses (bounds its memory)
 _TRIM_SLACK = 1024
@@ -456,7 +462,7 @@ class Server:
         elif kind is session.TakeOver:
             handover.hand_over(self, conn)
         elif kind is session.DropsCount:
-            conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
+            conn.reply(codec.encode_cmsg(session.DROPS_COUNT_KEY, b"%d" % conn.dropped))
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""

@@ -33,6 +33,11 @@ its own bus only through ``UpstreamHost``.
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
   with this relay's own earlier identity is refused as a cycle.
+
+What it owns: connecting and reconnecting to the upstream, its timers, and
+carrying out what its ``protocol.session.LinkSession`` decides (the
+handshake, identity and interest state is that session's).  What it may
+touch: its own ``Connection`` and, through ``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ a batch's packets):
 reader that receives into a buffer of its own (the recorder).  Bad input
 raises ``PeerError("protocol_error", ...)``, nothing else.  Compiled with the
 rest of the hot path (``sbus_relay.accel``).
+
+What it owns: how those two packets are parsed.  What it may touch: nothing
+(pure functions).
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ bytes, runs the timers and carries the actions out.  Two sides:
   ``ready``), its identity once known (and a reply that begins with it, a
   relay cycle), the upstream's interest (``interest_count``,
   ``interest_complete``), and ``lost`` when the link goes.
+
+What it owns: the state named above and the rules of each packet.  What it
+may touch: nothing but itself -- no socket, timer, log or server.
 """
 
 from __future__ import annotations
