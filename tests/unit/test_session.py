@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sbus_relay.protocol import codec, session
 from sbus_relay.protocol.errors import PeerError, UsageError
+from sbus_relay.protocol.flood import HARD_MODES, ORDERS, SOFT_MODES
 from sbus_relay.protocol.keys import WHOAMI
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,6 +42,18 @@ def test_what_each_packet_asks(packet: bytes, action: Any) -> None:
     s = session.Session()
     assert s.receive(packet) == action
     assert (s.echo, s.relay, s.interest, s.packs) == (True, False, False, False)
+
+
+@pytest.mark.parametrize(
+    ("what", "value"),
+    [("soft", m) for m in SOFT_MODES] + [("hard", m) for m in HARD_MODES]
+    + [("order", o) for o in ORDERS],
+)  # fmt: skip
+def test_every_flood_control_mode_is_asked_for(what: str, value: str) -> None:
+    key = b"order/" if what == "order" else b"blocking/" + what.encode() + b"/"
+    assert session.Session().receive(b"CMSG " + key + value.encode()) == session.SetFlood(
+        what, value
+    )
 
 
 def test_echo_off_and_on() -> None:
