@@ -1,7 +1,8 @@
 """The hot path compiled where it was built, pure Python everywhere else.
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
-``index``, ``quota``, ``flood``, ``episodes`` and ``bus.connection``) are
+``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session`` and
+``bus.connection``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
@@ -40,6 +41,8 @@ COMPILED = {
     "sbus_relay.protocol._c_index": "sbus_relay.protocol.index",
     "sbus_relay.protocol._c_flood": "sbus_relay.protocol.flood",
     "sbus_relay.protocol._c_episodes": "sbus_relay.protocol.episodes",
+    "sbus_relay.protocol._c_frames": "sbus_relay.protocol.frames",
+    "sbus_relay.protocol._c_session": "sbus_relay.protocol.session",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
 }
 #: What the build records: the modules it compiled, and the digest of the

@@ -9,10 +9,11 @@ from sbus_relay.protocol._c_flood cimport OutboundQueue as CQueue
 from sbus_relay.protocol._c_flood cimport decide, decide_reply, shedding_ends, still_blocked
 from sbus_relay.protocol._c_episodes cimport Episode as CEpisode, Episodes as CEpisodes
 
-from sbus_relay.protocol._c_scan cimport cut, find_byte, read_u32, size_of
+from sbus_relay.protocol._c_scan cimport size_of
+from sbus_relay.protocol._c_frames cimport is_batch, msg_key, unpack
+# the base class: its Python name, since the class statement names it
+from sbus_relay.protocol._c_session cimport Session
 
-cdef bytes _MSG
-cdef int _NUL
 cdef bytes _BATCH
 cdef object send_packed
 cdef int BANG
@@ -54,12 +55,12 @@ cdef class _Rare:
     cdef public bint retry
     cdef public bint writing
 
-# (fields by size, largest first: no padding between them)
-cdef class Connection:
+# (fields by size, largest first: no padding between them; the Session part
+# -- alive, ended, echo, interest, relay, packs, upward -- comes first)
+cdef class Connection(Session):
     cdef _Rare _rare
     cdef object _read_watcher
     cdef public object account
-    cdef public str ended
     cdef public object handler
     cdef public str label
     cdef public list pending
@@ -79,23 +80,16 @@ cdef class Connection:
     cdef public int pauses
     cdef public int pid
     cdef public int uid
-    cdef public bint alive
     cdef public bint batch
-    cdef public bint echo
     cdef public bint holding
-    cdef public bint interest
     cdef public bint open
-    cdef public bint packs
-    cdef public bint relay
-    cdef public bint upward
 
     cdef _Rare _more(self)
-    @cython.locals(msgs=Py_ssize_t, nbytes=Py_ssize_t, done=Py_ssize_t, nul=Py_ssize_t,
-                   packets=list, router=Router, packet=bytes, rare=_Rare)
+    @cython.locals(msgs=Py_ssize_t, nbytes=Py_ssize_t, done=Py_ssize_t,
+                   packets=list, router=Router, packet=bytes, key=bytes, rare=_Rare)
     cpdef _on_readable(self)
-    @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
-                   nul=Py_ssize_t, packet=bytes, router=Router)
-    cdef Py_ssize_t _unpack(self, bytes frame) except -1
+    @cython.locals(n=Py_ssize_t, i=Py_ssize_t, packets=list, keys=list, router=Router)
+    cdef Py_ssize_t _publish_batch(self, bytes frame) except -1
     cdef Py_ssize_t _send_list(self, list packets) except -1
     cpdef offer(self, bytes packet, Connection sender)
     @cython.locals(sent=Py_ssize_t, total=Py_ssize_t, i=Py_ssize_t)

@@ -9,8 +9,10 @@ bottom in this file:
 
 1. ``Connection._on_readable`` reads up to ``READ_BATCH`` packets in one
    ``recvmmsg`` (``batchio.recv_many``) and hands each ``MSG`` to
-   ``Router.publish``; any other packet goes to the connection's *handler*
-   (the server, or the upstream link's controller);
+   ``Router.publish`` (``protocol.frames`` parses it, and unpacks a packed
+   batch's); any other packet goes to the connection's *handler* (the
+   server, or the upstream link's controller), which asks the connection's
+   ``Session`` what it means (``protocol.session``);
 2. ``Router.publish`` finds the recipients with one ``match`` (on a relay the
    upstream link is one of them, holding the patterns the upstream wants)
    and offers the packet to each;
@@ -25,8 +27,11 @@ bottom in this file:
    ``pending`` list in one ``sendmmsg`` (``Connection.flush``); what its
    socket refuses goes through ``deliver``, in order.
 
-Everything about a connection's way out is its own: its queue and modes, its
-counters, its drop episodes and its warnings (``protocol.episodes``: one
+A connection *is* a ``protocol.session.Session``: its protocol state (open
+or closing, echo, relay, interest, packed batches) and what each packet
+does to it are decided there, without a socket; this class moves the bytes
+and runs the timers.  Everything about a connection's way out is its own:
+its queue and modes, its counters, its drop episodes and its warnings (``protocol.episodes``: one
 line when something begins, a bounded rate while it lasts, one when it
 ends).  The server only matches and offers.
 
@@ -39,6 +44,13 @@ pattern in ``notices`` and go before the queue.  That, the publishers it
 holds back, a stash of packets read while paused, its write watcher, its
 episodes and its logger live in a ``_Rare`` part made on first need: an
 idle client has none of them.
+
+What it owns: one socket's bytes in and out (its descriptor, watchers,
+``pending``, queue, pauses, held publishers, notices, counters, episodes'
+timer and logger) and the routing of each message (``Router``).  What it may
+touch: its own state; its ``Session`` part through that class's methods; the
+recipients it offers to (``offer``) and the publishers it holds back
+(``pause``/``resume``); its handler through ``Handler`` alone.
 """
 
 from __future__ import annotations
@@ -65,10 +77,10 @@ from sbus_relay.protocol.flood import (
     shedding_ends,
     still_blocked,
 )
+from sbus_relay.protocol.frames import is_batch, msg_key, unpack
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import BANG, Credentials, valid_key
 from sbus_relay.protocol.limits import (
-    BATCH_MESSAGES,
     EPISODE_QUIET,
     MAX_PACKET,
     NOTICE_BATCH,
@@ -76,13 +88,18 @@ from sbus_relay.protocol.limits import (
     WRITE_BATCH,
 )
 from sbus_relay.protocol.quota import Account
-from sbus_relay.protocol.scan import cut, find_byte, read_u32, size_of
+from sbus_relay.protocol.scan import size_of
 from sbus_relay.protocol.stats import Stats
 
 from .batchio import borrowed, recv_many, send_all, send_one, send_packed
 
-_MSG = b"MSG "
-_NUL = 0
+try:
+    import cython
+except ImportError:  # Cython is needed only to build the compiled path
+    from sbus_relay.accel import NotCompiled as cython
+if not cython.compiled:  # compiled, the base class is cimported (_c_connection.pxd)
+    from sbus_relay.protocol.session import Session
+
 _BATCH = codec.BATCH_HEAD
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
@@ -90,7 +107,6 @@ _WRITE = 2
 _ADD = b"interest/add"
 _REMOVE = b"interest/remove"
 _READY = b"interest/ready"
-_DISCONNECT = b"disconnect"
 _QUEUE = Action.QUEUE
 _WAIT_EMPTY = Action.QUEUE_AND_WAIT_EMPTY
 _WAIT_BELOW = Action.QUEUE_AND_WAIT_BELOW
@@ -102,6 +118,10 @@ _monotonic = time.monotonic
 _ORDINARY = frozenset({"closed", "server_stopping"})
 #: the episode of messages dropped for one connection (docs/observability.md)
 DROPPING = "flood.drop"
+#: what a connection holds, as a hand-over carries it (``Connection.held``)
+Held = tuple[
+    list[bytes], list[float], "dict[bytes, bool] | None", "list[bytes | None] | None", bool, bool
+]
 
 
 class Handler(Protocol):
@@ -201,10 +221,12 @@ class _Rare:
         self.tick: Any = None  # the episodes' timer while any is open
 
 
-class Connection:
+class Connection(Session):
     """A socket of the bus and everything about its way in and its way out.
 
-    It keeps its socket's file descriptor, not a socket object, and the state
+    Its protocol state and what each packet does to it are its ``Session``
+    part (``protocol.session``): this class moves the bytes.  It keeps its
+    socket's file descriptor, not a socket object, and the state
     an idle client never needs in a ``_Rare`` made on demand: an idle client
     costs this object, its read watcher and its slot in the server's table."""
 
@@ -212,35 +234,28 @@ class Connection:
         "_rare",
         "_read_watcher",
         "account",
-        "alive",
         "batch",
         "bytes_in",
         "bytes_out",
         "cid",
         "dropped",
-        "echo",
-        "ended",
         "fd",
         "gid",
         "handler",
         "holding",
-        "interest",
         "label",
         "msgs_in",
         "msgs_out",
         "open",
-        "packs",
         "pattern_bytes",
         "pauses",
         "pending",
         "pid",
         "queue",
-        "relay",
         "router",
         "shed",
         "since",
         "uid",
-        "upward",
     )
 
     def __init__(
@@ -256,6 +271,7 @@ class Connection:
         log: Any = None,
         upward: bool = False,
     ) -> None:
+        Session.__init__(self, upward)
         self.router = router
         self.handler = handler
         self.cid = cid
@@ -266,14 +282,6 @@ class Connection:
         #: its queue, made when first needed (``_queue``): an idle client has none
         self.queue = queue
         self.account = account
-        #: the link to the upstream bus: never paused by a block mode, its
-        #: notices are SUB/UNSUB, and its socket may change (``attach``)
-        self.upward = upward
-        self.echo = not upward
-        self.interest = False  # sent interest/on: a relay listening for notices
-        self.relay = False  # declared itself a relay (its pattern limit is the relay one)
-        #: not closed for good (a link without a socket is still alive)
-        self.alive = True
         #: a packet may go straight to the socket: there is one, and (the link)
         #: the handshake is done
         self.open = False
@@ -281,9 +289,6 @@ class Connection:
         #: ``pending`` and go out in one call at the end of the batch
         self.batch = True
         self.pending: list[bytes] | None = None
-        #: its peer reads packed batches (``CMSG batch/on``): what goes out
-        #: together goes as a few frames, not one packet per message
-        self.packs = False
         #: what waits in its queue is held back for now (``opened``)
         self.holding = False
         #: the drop reason while new messages are shed without a send attempt
@@ -296,7 +301,6 @@ class Connection:
         #: the server's relay label of this client (``accounting``): ``local``
         #: until it says it is a relay
         self.label = "local"
-        self.ended = ""  # why it was closed, once it is
         self.pattern_bytes = 0  # bytes of the distinct patterns it holds
         #: reasons this connection is not being read (block modes, a held packet)
         self.pauses = 0
@@ -440,7 +444,7 @@ class Connection:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # --- a live upgrade: its whole state, handed to the next process --------------
+    # --- a live upgrade: frozen, then let go or thawed (``bus.handover``) -----------
 
     def freeze(self) -> None:
         """Stop every watcher and timer: nothing more is read or written here
@@ -468,94 +472,43 @@ class Connection:
     def let_go(self) -> None:
         """The connection lives on in a newer process: close this process's copy
         of its socket, and nothing else (its peer notices nothing)."""
-        self.alive = False
+        self.end("handed_over")
         self.open = False
         self._stop_ticking()
         self._close_socket()
 
-    def export(self) -> dict[str, Any]:
-        """Everything about this connection but its socket, as plain data: who it
-        is, its modes and flags, its counters, and every packet it holds, in
-        the order it would have sent or handled them (``adopt`` takes it)."""
-        queued: list[bytes] = list(self.pending or ())
-        times: list[float] = [self.router.now] * len(queued)
+    def held(self) -> Held:
+        """Every packet it holds, as plain data, for a hand-over
+        (``bus.handover``): its pending and queued packets in the order it
+        would send them, with when each began to wait; its notices; what it
+        read while paused; whether ``interest/ready`` is owed and whether the
+        packet being handled is to be handled again."""
+        packets: list[bytes] = list(self.pending or ())
+        times: list[float] = [self.router.now] * len(packets)
         q = self.queue
-        modes = None
         if q is not None:
-            packets, waited = q.take(q.count)
-            q.put_back(packets, waited)
-            queued += packets
+            queued, waited = q.take(q.count)
+            q.put_back(queued, waited)
+            packets += queued
             times += waited
-            modes = (q.soft, q.hard, q.order)
         rare = self._rare or _Rare(None)
-        return {
-            "cid": self.cid,
-            "creds": (self.gid, self.uid, self.pid),
-            "flags": {
-                "echo": self.echo,
-                "interest": self.interest,
-                "relay": self.relay,
-                "packs": self.packs,
-                "batch": self.batch,
-                "open": self.open,
-                "holding": self.holding,
-                "ready_owed": rare.ready_owed,
-                "retry": rare.retry,
-            },
-            "label": self.label,
-            "since": self.since,
-            "counters": (
-                self.msgs_in,
-                self.bytes_in,
-                self.msgs_out,
-                self.bytes_out,
-                self.dropped,
-                self.pattern_bytes,
-            ),
-            "modes": modes,
-            "queued": (queued, times),
-            "shed": self.shed,
-            "notices": None if rare.notices is None else dict(rare.notices),
-            "stash": None if rare.stash is None else list(rare.stash),
-        }
+        notices = None if rare.notices is None else dict(rare.notices)
+        stash = None if rare.stash is None else list(rare.stash)
+        return packets, times, notices, stash, rare.ready_owed, rare.retry
 
-    def adopt(self, state: dict[str, Any]) -> None:
-        """Take up where an earlier process left this connection (``export``).
-        Its socket is attached already; pauses are restored by whoever held them."""
-        flags = state["flags"]
-        self.echo = flags["echo"]
-        self.interest = flags["interest"]
-        self.relay = flags["relay"]
-        self.packs = flags["packs"]
-        self.batch = flags["batch"]
-        self.open = flags["open"]
-        self.holding = flags["holding"]
-        self.label = state["label"]
-        self.since = state["since"]
-        (
-            self.msgs_in,
-            self.bytes_in,
-            self.msgs_out,
-            self.bytes_out,
-            self.dropped,
-            self.pattern_bytes,
-        ) = state["counters"]
-        if state["modes"] is not None:
-            q = self._queue()
-            q.soft, q.hard = state["modes"][0], state["modes"][1]
-            q.set_order(state["modes"][2])
-        packets, times = state["queued"]  # in sending order
+    def hold_again(self, held: Held) -> None:
+        """Take back what ``held`` gave (in a newer process): its flood-control
+        modes are set already; pauses are restored by whoever held them."""
+        packets, times, notices, stash, ready_owed, retry = held
         if packets:
             q = self._queue()
             order = range(len(packets) - 1, -1, -1) if q.order == "stack" else range(len(packets))
             for i in order:
                 q.push(packets[i], times[i])
-        self.shed = state["shed"]
-        notices, stash = state["notices"], state["stash"]
-        if flags["ready_owed"] or flags["retry"] or notices is not None or stash is not None:
+        if ready_owed or retry or notices is not None or stash is not None:
             rare = self._more()
-            rare.ready_owed = flags["ready_owed"]
-            rare.retry = flags["retry"]
+            rare.ready_owed = ready_owed
+            rare.retry = retry
             rare.notices = notices
             rare.stash = stash
         if self.queued[0] or self._has_notices():
@@ -592,14 +545,12 @@ class Connection:
                     self._zero_length()
                     return
                 nbytes += len(packet)
-                if packet.startswith(_MSG):
-                    nul = find_byte(packet, _NUL, 4)
-                    if nul < 0:
-                        raise PeerError("protocol_error", "MSG without NUL")
+                key = msg_key(packet)
+                if key is not None:
                     msgs += 1
-                    router.publish(self, packet, cut(packet, 4, nul))
-                elif packet.startswith(_BATCH):
-                    msgs += self._unpack(packet)
+                    router.publish(self, packet, key)
+                elif is_batch(packet):
+                    msgs += self._publish_batch(packet)
                 else:
                     router.flush(self)  # what was routed before it goes first
                     self.handler.handle(self, packet)
@@ -627,28 +578,15 @@ class Connection:
             self.msgs_in += msgs
             self.bytes_in += nbytes
 
-    def _unpack(self, frame: bytes) -> int:
-        """A packed batch: each MSG in it, in order, as if it had come alone;
-        how many there were."""
+    def _publish_batch(self, frame: bytes) -> int:
+        """A packed batch: each MSG in it, in order, as if it had come alone
+        (``frames.unpack``); how many there were."""
+        packets, keys = unpack(frame)
         router = self.router
-        offset = len(_BATCH)
-        end = len(frame)
-        count = 0
-        while offset < end:
-            if end - offset < 4 or count == BATCH_MESSAGES:
-                raise PeerError("protocol_error", "malformed packed batch")
-            size = read_u32(frame, offset)
-            offset += 4
-            if size > end - offset:
-                raise PeerError("protocol_error", "malformed packed batch")
-            packet = cut(frame, offset, offset + size)
-            offset += size
-            nul = find_byte(packet, _NUL, 4)
-            if nul < 0 or not packet.startswith(_MSG):
-                raise PeerError("protocol_error", "a packed batch holds only MSG packets")
-            count += 1
-            router.publish(self, packet, cut(packet, 4, nul))
-        return count
+        n = len(packets)
+        for i in range(n):
+            router.publish(self, packets[i], keys[i])
+        return n
 
     def _send_list(self, packets: list[bytes]) -> int:
         """Send ``packets`` in order, in one call where compiled (packed if its
@@ -1045,11 +983,9 @@ class Connection:
         Unless the peer itself closed, it is first told why (our ``CMSG
         disconnect`` extension), best effort and without waiting.
         """
-        if not self.alive:
+        if not self.end(reason):
             return
-        self.alive = False
         self.open = False
-        self.ended = reason
         stats = self.router.stats
         stats.disconnects[reason] = stats.disconnects.get(reason, 0) + 1
         lost = (self.queue.clear() if self.queue is not None else 0) + len(self.pending or ())
@@ -1058,10 +994,10 @@ class Connection:
             why = "slow_client_disconnected" if reason == "slow_client" else "client_gone"
             stats.drops[why] += lost
             self.dropped += lost
-        if reason != "closed" and self.fd >= 0 and not self.upward:
-            told = (reason + (": " + detail if detail else "")).encode("utf-8", "replace")
+        notice = self.notice(reason, detail)
+        if notice is not None and self.fd >= 0:
             with contextlib.suppress(OSError):
-                send_one(self.fd, codec.encode_cmsg(_DISCONNECT, told))
+                send_one(self.fd, notice)
         rare = self._rare
         if rare is not None and rare.episodes is not None:
             self._report(rare.episodes.close())

@@ -15,6 +15,13 @@ parent bus (docs/protocol.md, "Relays"): the index's first/last callbacks
 feed it SUB/UNSUB, its connection is one more recipient in the index
 (holding what the upstream wants), and it calls back through the
 ``UpstreamHost`` methods at the end of this class.
+
+What it owns: the listening socket and accepting, the set of clients and
+their accounts, the subscription index and interest listeners, the identity
+prefix, reloads, and carrying out what a client's session decides.  What it
+may touch: its connections through their public methods, the upstream link
+through its own; the hand-over (``bus.handover``) and the metrics views
+(``bus.views``) are modules of their own, which it calls.
 """
 
 from __future__ import annotations
@@ -31,13 +38,11 @@ import gevent
 import structlog
 from gevent.event import Event
 
-from sbus_relay import __version__, accel
-from sbus_relay.ops import handover
+from sbus_relay import accel
 from sbus_relay.ops.addresses import peer_ucred, socket_mode
 from sbus_relay.ops.config import Reload, ServerConfig, plan_reload
-from sbus_relay.protocol import accounting, codec, quota
-from sbus_relay.protocol.errors import PeerError, UpgradeError
-from sbus_relay.protocol.flood import Action, parse_flood_control
+from sbus_relay.protocol import accounting, codec, quota, session
+from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
 from sbus_relay.protocol.interest import ADD, InterestTracker
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
@@ -50,27 +55,14 @@ from sbus_relay.protocol.limits import (
 )
 from sbus_relay.protocol.stats import Gauges, Stats
 
-from .batchio import borrowed
+from . import handover, views
 from .connection import Connection, Router
 from .natslink import NatsLink
 from .upstream import UpstreamLink
 
-_DROPS_COUNT = b"drops/count"
-_RELAY_NAME = b"relay/name"
 #: closed-connection totals kept beyond two per live client before the
 #: accounting forgets those of keys nobody uses (bounds its memory)
 _TRIM_SLACK = 1024
-
-
-def _counters(conn: Connection) -> tuple[int, ...]:
-    """One connection's row of ``accounting.COUNTERS``."""
-    ended = bool(conn.ended) and conn.ended != "closed"
-    return (conn.msgs_in, conn.msgs_out, conn.bytes_in, conn.bytes_out, conn.dropped, ended)
-
-
-def _traffic(conn: Connection) -> tuple[int, int, int, int]:
-    """What one connection read and was sent: messages and bytes each way."""
-    return (conn.msgs_in, conn.bytes_in, conn.msgs_out, conn.bytes_out)
 
 
 class Server:
@@ -104,8 +96,8 @@ class Server:
             config.hard_limit_bytes,
             config.hard_limit_messages,
         )
-        #: traffic of the clients that have gone (``_traffic``), for the totals
-        self._gone = [0, 0, 0, 0]
+        #: traffic of the clients that have gone (``views.traffic``), for the totals
+        self.gone = [0, 0, 0, 0]
         self.client_limits = config.client_limits()
         self._quotas = dict(config.user_quotas)
         self._default_quota = config.user_quota()
@@ -291,19 +283,27 @@ class Server:
             sock.close()
             return
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-        self.accounts[uid] = account
-        account.connections += 1
         self._next_cid += 1
         # the connection keeps the descriptor alone: no socket object per client
-        conn = Connection(
-            self.router, self, sock.detach(), self._next_cid, Credentials(gid, uid, pid), account
-        )
-        self.clients[conn.cid] = conn
+        conn = self.add_client(sock.detach(), self._next_cid, Credentials(gid, uid, pid))
         self._ever_connected = True
         self.stats.connections_accepted += 1
         # said with the fields at hand: a bound logger is made only for a
         # client that has something more to say
         self.log.info("client.connected", **conn.who())
+
+    def add_client(self, fd: int, cid: int, creds: Credentials) -> Connection:
+        """A client on socket ``fd`` (accepted, or handed over), counted in its
+        user's account."""
+        account = self.accounts.get(creds.uid)
+        if account is None:
+            account = self.accounts[creds.uid] = quota.Account(
+                self._quotas.get(creds.uid, self._default_quota)
+            )
+        account.connections += 1
+        conn = Connection(self.router, self, fd, cid, creds, account)
+        self.clients[cid] = conn
+        return conn
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """A client failed (it closed, misbehaved, or its socket did): close it."""
@@ -312,8 +312,8 @@ class Server:
     def forget(self, conn: Connection) -> None:
         """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
-        for i, n in enumerate(_traffic(conn)):
-            self._gone[i] += n
+        for i, n in enumerate(views.traffic(conn)):
+            self.gone[i] += n
         if conn.interest:
             del self.interest.listeners[conn]
         for pattern in list(self.index.patterns_of(conn)):
@@ -322,7 +322,7 @@ class Server:
         account.connections -= 1
         if not account.connections:
             self.accounts.pop(conn.creds.uid, None)
-        counts = _counters(conn)
+        counts = views.counters(conn)
         self.by_relay.closed(conn.label, counts)
         self.by_user.closed(str(conn.creds.uid), counts)
         if self.by_relay.tracked() + self.by_user.tracked() > 2 * len(self.clients) + _TRIM_SLACK:
@@ -334,20 +334,24 @@ class Server:
     # --- everything but MSG ----------------------------------------------------
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """SUB, UNSUB and CMSG from a client (MSG goes through ``Router.publish``)."""
-        event = codec.decode(packet)
-        kind = type(event)
+        """SUB, UNSUB and CMSG from a client: what each asks is decided by its
+        session (``Connection.receive``, ``protocol.session``) and carried out
+        here.  MSG and packed batches go through ``Router.publish``."""
+        action = conn.receive(packet)
+        kind = type(action)
         if kind is codec.Subscribe:
             self.stats.packets_in["sub"] += 1
-            self._subscribe(conn, event.pattern, packet)  # type: ignore[union-attr]
+            self._subscribe(conn, action.pattern, packet)  # type: ignore[union-attr]
         elif kind is codec.Unsubscribe:
             self.stats.packets_in["unsub"] += 1
-            self._unsubscribe(conn, event.pattern, packet)  # type: ignore[union-attr]
-        elif kind is codec.Control:
-            self.stats.packets_in["cmsg"] += 1
-            self._control(conn, event.key, packet)  # type: ignore[union-attr]
-        else:  # a Publish reaching here means the reader's fast path missed it
+            self._unsubscribe(conn, action.pattern, packet)  # type: ignore[union-attr]
+        elif kind is codec.Publish or kind is session.Batch:
+            # the reader's fast path takes these: one here means it missed it
             raise PeerError("protocol_error", "unexpected packet")
+        else:
+            self.stats.packets_in["cmsg"] += 1
+            if action is not None:
+                self._control(conn, action, packet)
 
     def _prefix_for(self, conn: Connection, pattern: bytes, packet: bytes) -> bytes | None:
         """Our prefix, or None after holding ``packet`` until the upstream tells it.
@@ -437,63 +441,43 @@ class Server:
         for listener, verb, pattern in list(notices):
             listener.notify(pattern, verb == ADD)
 
-    def _control(self, conn: Connection, key: bytes, packet: bytes) -> None:
-        if key == WHOAMI:
-            prefix = self._prefix_for(conn, key, packet)
+    def _control(self, conn: Connection, action: Any, packet: bytes) -> None:
+        """Carry out what a CMSG asks beyond its session's own state change."""
+        kind = type(action)
+        if kind is session.SetFlood:
+            conn.set_flood(action.what, action.value)
+        elif kind is session.Whoami:
+            prefix = self._prefix_for(conn, WHOAMI, packet)
             if prefix is not None:
                 conn.reply(codec.encode_cmsg(WHOAMI, prefix + conn.creds.identity()))
-        elif key == b"echo/off":
-            conn.echo = False
-        elif key == b"echo/on":
-            conn.echo = True
-        elif key == b"interest/on":
-            if not conn.relay:
-                conn.relay = True
-                c = conn.creds
-                self._relabel(conn, accounting.credentials_label(c.gid, c.uid, c.pid))
-            if not conn.interest:
-                conn.interest = True
-                self.interest.listeners[conn] = None
+        elif kind is session.Listen:
+            if action.new_relay:
+                self._relabel(conn, accounting.credentials_label(conn.gid, conn.uid, conn.pid))
+            self.interest.listeners[conn] = None
             for pattern in self.interest.snapshot(conn):
                 conn.notify(pattern, True)
             conn.owe_ready()
-        elif key == b"interest/off":
-            if conn.interest:
-                conn.interest = False
-                del self.interest.listeners[conn]
-        elif key == _RELAY_NAME:
-            self._name_relay(conn, packet)
-        elif key == codec.BATCH_ON:
-            # our packed batches extension: say yes, then pack what goes to it
+        elif kind is session.Unlisten:
+            del self.interest.listeners[conn]
+        elif kind is session.NameRelay:
+            if action.name is None:
+                conn.warn("client.relay_name_refused", name=action.shown, relay=conn.relay)
+            else:
+                self._relabel(conn, action.name)
+                conn.log.info("client.relay_named", name=action.name)
+        elif kind is session.BatchOn:
+            # our packed batches extension: say yes (what goes to it is packed now)
             conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
-            conn.packs = True
-        elif packet == handover.TAKE_OVER or packet.startswith(handover.TAKE_OVER + b"\0"):
-            self._take_over_asked(conn)
-        elif key == _DROPS_COUNT:
-            conn.reply(codec.encode_cmsg(_DROPS_COUNT, b"%d" % conn.dropped))
-        else:
-            setting = parse_flood_control(key)
-            if setting is None:
-                return  # unknown control messages are ignored
-            conn.set_flood(*setting)
+        elif kind is session.TakeOver:
+            handover.hand_over(self, conn)
+        elif kind is session.DropsCount:
+            conn.reply(codec.encode_cmsg(session.DROPS_COUNT_KEY, b"%d" % conn.dropped))
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""
         if label != conn.label:
-            self.by_relay.moved(conn.label, label, _counters(conn))
+            self.by_relay.moved(conn.label, label, views.counters(conn))
             conn.label = label
-
-    def _name_relay(self, conn: Connection, packet: bytes) -> None:
-        """``CMSG relay/name\0<name>``: a relay says which one it is (its instance)."""
-        nul = packet.find(b"\0")
-        raw = packet[nul + 1 :] if nul >= 0 else b""
-        name = accounting.relay_name(raw)
-        if name is None or not conn.relay:  # only a relay (after interest/on) is named
-            shown = raw[: accounting.MAX_NAME].decode("utf-8", "replace")
-            conn.warn("client.relay_name_refused", name=shown, relay=conn.relay)
-            return
-        self._relabel(conn, name)
-        conn.log.info("client.relay_named", name=name)
 
     # --- the relay: index callbacks, and the UpstreamHost interface ----------------
 
@@ -553,41 +537,11 @@ class Server:
         if present or self.index.count_of(link, pattern):
             self._change(link, pattern, add=present)
 
-    # --- a live upgrade: the whole bus handed to a newer process ----------------------
+    # --- a live upgrade (``bus.handover``): what it needs of the server ------------
 
-    def _take_over_asked(self, conn: Connection) -> None:
-        """``CMSG upgrade/take-over`` (``ops.handover``): hand everything to the
-        process behind ``conn`` if it runs as our own user, then end quietly."""
-        if not handover.allowed(conn.uid):
-            conn.warn("upgrade.refused", reason="not the bus's own user")
-            conn.reply(codec.encode_cmsg(b"upgrade/refused", b"not the bus's own user"))
-            return
-        others = len(self.clients) - 1
-        self.log.info("upgrade.handing_over", to_pid=conn.pid, clients=others)
-        started = time.monotonic()
-        self._freeze()
-        state, fds = self.export(skip=conn)
-        try:
-            with borrowed(conn.fd) as sock:
-                handover.send_state(sock, state, fds)
-                handover.wait_done(sock)
-        except (OSError, UpgradeError) as exc:
-            self._thaw()
-            self.log.warning("upgrade.failed", to_pid=conn.pid, reason=str(exc))
-            conn.close("upgrade_failed", str(exc))
-            return
-        self.handed_over = True
-        self.log.info(
-            "upgrade.handed_over",
-            to_pid=conn.pid,
-            clients=others,
-            seconds=round(time.monotonic() - started, 3),
-        )
-        self._let_go()
-
-    def _freeze(self) -> None:
+    def freeze(self) -> None:
         """Stop accepting and stop every connection (the link too): nothing is
-        read or written until the state is handed over or ``_thaw``."""
+        read or written until the state is handed over or ``thaw``."""
         if self._accept_watcher is not None:
             self._accept_watcher.stop()
         for conn in self.clients.values():
@@ -595,7 +549,8 @@ class Server:
         if self.upstream is not None:
             self.upstream.freeze()
 
-    def _thaw(self) -> None:
+    def thaw(self) -> None:
+        """Undo ``freeze``: the hand-over failed, this process serves on."""
         if self._accept_watcher is not None and not self.stopped.is_set():
             self._accept_watcher.start(self._on_acceptable)
         for conn in self.clients.values():
@@ -603,7 +558,7 @@ class Server:
         if self.upstream is not None:
             self.upstream.thaw()
 
-    def _let_go(self) -> None:
+    def let_go(self) -> None:
         """The bus lives on in the new process: close our copies of its sockets,
         telling no one, and stop."""
         for watcher in (self._accept_watcher, self._accept_timer):
@@ -618,222 +573,73 @@ class Server:
         self.listener.close()  # (the metrics socket: the CLI's metrics server closes it)
         self.stopped.set()
 
-    def export(self, skip: Connection | None = None) -> tuple[dict[str, Any], list[int]]:
-        """The whole bus as plain data, and the descriptors it refers to by position:
-        the listener first, then the metrics socket (if any), the clients', the link's."""
-        fds = [self.listener.fileno()]
-        web = None
-        if self.web_listener is not None:
-            web = len(fds)
-            fds.append(self.web_listener.fileno())
-        clients = []
-        for conn in self.clients.values():
-            if conn is skip:
-                continue
-            state = conn.export()
-            state["fd"] = len(fds)
-            fds.append(conn.fd)
-            state["patterns"] = self.index.patterns_of(conn)
-            state["waiters"] = [(p.cid, a.name) for p, a in conn.waiters]
-            state["held"] = conn in self._awaiting_prefix
-            clients.append(state)
-        link = None
-        if self.upstream is not None:
-            link = self.upstream.export()
-            link["patterns"] = self.index.patterns_of(self.upstream.conn)
-            if self.upstream.conn.fd >= 0:
-                link["fd"] = len(fds)
-                fds.append(self.upstream.conn.fd)
-        state = {
-            "version": __version__,
-            "socket_file": self.socket_file,
-            "address": self.address,
-            "web": web,
+    def totals(self) -> dict[str, Any]:
+        """Its own counters and identity as plain data (part of the hand-over record)."""
+        return {
             "stats": dataclasses.asdict(self.stats),
-            "gone": list(self._gone),
+            "gone": list(self.gone),
             "next_cid": self._next_cid,
             "started": self.started,
             "prefix": self.prefix,
             "ever_connected": self._ever_connected,
             "by_relay": self.by_relay.export(),
             "by_user": self.by_user.export(),
-            "clients": clients,
-            "upstream": link,
-            # what the other hosts want: held by the new process's link until its own view is in
-            "nats": self.index.patterns_of(self.nats.conn) if self.nats is not None else None,
         }
-        return state, fds
+
+    def restore_totals(self, state: dict[str, Any]) -> None:
+        """Take back what ``totals`` gave (an earlier process's)."""
+        for name, value in state["stats"].items():
+            setattr(self.stats, name, value)
+        self.gone = list(state["gone"])
+        self._next_cid = state["next_cid"]
+        self.started = state["started"]
+        self.prefix = state["prefix"]
+        self._ever_connected = state["ever_connected"]
+        self.by_relay.restore(state["by_relay"])
+        self.by_user.restore(state["by_user"])
+
+    def restore_patterns(self, conn: Connection, patterns: dict[bytes, int]) -> None:
+        """``conn`` (handed over) holds ``patterns`` again, each that many times,
+        and listens again if it did; its quota sums follow."""
+        for pattern, count in patterns.items():
+            for _ in range(count):
+                self.index.add(conn, pattern)
+        conn.account.patterns += len(patterns)
+        conn.account.pattern_bytes += conn.pattern_bytes
+        if conn.interest:
+            self.interest.listeners[conn] = None
+
+    def waits_for_prefix(self, conn: Connection) -> bool:
+        """Whether ``conn`` is held until the upstream tells our identity."""
+        return conn in self._awaiting_prefix
+
+    def wait_for_prefix(self, conn: Connection) -> None:
+        """Hold ``conn`` (paused) until the upstream tells our identity."""
+        conn.pause()
+        self._awaiting_prefix.append(conn)
 
     @classmethod
     def adopt(
         cls, config: ServerConfig, state: dict[str, Any], fds: list[int], log: Any = None
     ) -> Server:
-        """The bus an earlier process handed over (``export``), on this config."""
-        listener = socket.socket(fileno=fds[0])
-        server = cls(config, listener, log=log, socket_file=state["socket_file"])
-        if state["web"] is not None:
-            server.web_listener = socket.socket(fileno=fds[state["web"]])
-        stats = server.stats
-        for name, value in state["stats"].items():
-            setattr(stats, name, value)
-        server._gone = list(state["gone"])
-        server._next_cid = state["next_cid"]
-        server.started = state["started"]
-        server.prefix = state["prefix"]
-        server._ever_connected = state["ever_connected"]
-        server.by_relay.restore(state["by_relay"])
-        server.by_user.restore(state["by_user"])
-        index = server.index
-        # the upstream and our relays know every pattern already: no SUB, no notice
-        index.on_first = index.on_last = None
-        byid: dict[int, Connection] = {}
-        for cstate in state["clients"]:
-            conn = server._adopt_client(cstate, fds[cstate["fd"]])
-            byid[conn.cid] = conn
-        for cstate in state["clients"]:
-            conn = byid[cstate["cid"]]
-            for cid, action in cstate["waiters"]:
-                conn.hold_back(byid[cid], Action[action])
-            if cstate["held"]:
-                conn.pause()
-                server._awaiting_prefix.append(conn)
-        link = state["upstream"]
-        if link is not None and server.upstream is not None:
-            server.upstream.adopt(link, fds[link["fd"]] if "fd" in link else None)
-            for pattern, count in link["patterns"].items():
-                for _ in range(count):
-                    index.add(server.upstream.conn, pattern)
-        if state.get("nats") and server.nats is not None:
-            server.nats.adopt(state["nats"])
-        index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
+        """The bus an earlier process handed over (``bus.handover.export``), on
+        this config, not started yet."""
+        server = cls(
+            config, socket.socket(fileno=fds[0]), log=log, socket_file=state["socket_file"]
+        )
+        handover.adopt(server, state, fds)
         return server
 
-    def _adopt_client(self, state: dict[str, Any], fd: int) -> Connection:
-        gid, uid, pid = state["creds"]
-        account = self.accounts.get(uid)
-        if account is None:
-            account = self.accounts[uid] = quota.Account(self._quotas.get(uid, self._default_quota))
-        account.connections += 1
-        conn = Connection(self.router, self, fd, state["cid"], Credentials(gid, uid, pid), account)
-        conn.adopt(state)
-        self.clients[conn.cid] = conn
-        for pattern, count in state["patterns"].items():
-            for _ in range(count):
-                self.index.add(conn, pattern)
-        account.patterns += len(state["patterns"])
-        account.pattern_bytes += conn.pattern_bytes
-        if conn.interest:
-            self.interest.listeners[conn] = None
-        return conn
-
-    # --- observability ---------------------------------------------------
+    # --- what it shows of itself (``bus.views``) -------------------------------------
 
     def gauges(self) -> Gauges:
-        """A snapshot for the metrics collector (cost: one pass over the clients).
-
-        The traffic counters are summed here from each connection's own counts
-        (and those of the clients that have gone): the hot path never touches
-        a shared counter.
-        """
-        queued = qbytes = big = bigbytes = blocked = dropping = 0
-        traffic = list(self._gone)
-        soft: dict[str, int] = {}
-        hard: dict[str, int] = {}
-        for conn in self.clients.values():
-            for i, n in enumerate(_traffic(conn)):
-                traffic[i] += n
-            dropping += conn.dropping
-            count, nbytes = conn.queued
-            queued += count
-            qbytes += nbytes
-            big = max(big, count)
-            bigbytes = max(bigbytes, nbytes)
-            soft_mode, hard_mode = conn.modes
-            soft[soft_mode] = soft.get(soft_mode, 0) + 1
-            hard[hard_mode] = hard.get(hard_mode, 0) + 1
-            blocked += conn.pauses > 0
-        up = self.upstream
-        link = up.conn if up is not None else None
-        return Gauges(
-            messages_in=traffic[0],
-            bytes_in=traffic[1],
-            delivered=traffic[2],
-            bytes_out=traffic[3],
-            dropping_clients=dropping,
-            clients=len(self.clients),
-            users=len(self.accounts),
-            patterns=len(self.index),
-            distinct_patterns=self.index.distinct,
-            queued_messages=queued,
-            queued_bytes=qbytes,
-            largest_queue_messages=big,
-            largest_queue_bytes=bigbytes,
-            soft_modes=soft,
-            hard_modes=hard,
-            blocked_publishers=blocked,
-            is_relay=up is not None,
-            upstream_connected=up is not None and up.connected,
-            upstream_interest_patterns=up.interest_count if up is not None else 0,
-            upstream_queue_messages=link.queued[0] if link is not None else 0,
-            forwarded_up=link.msgs_out if link is not None else 0,
-            forwarded_down=link.msgs_in if link is not None else 0,
-        )
+        """A snapshot for the metrics collector (``views.gauges``)."""
+        return views.gauges(self)
 
     def who(self) -> dict[str, list[tuple[str, list[int], list[int]]]]:
-        """Per child relay and per user: the bounded rows of ``accounting``
-        (cost: one pass over the clients)."""
-        by_relay: dict[str, tuple[list[int], list[int]]] = {}
-        by_user: dict[str, tuple[list[int], list[int]]] = {}
-        for conn in self.clients.values():
-            counts = _counters(conn)
-            count, nbytes = conn.queued
-            for rows, key in ((by_relay, conn.label), (by_user, str(conn.creds.uid))):
-                row = rows.get(key)
-                if row is None:
-                    row = rows[key] = ([0] * len(counts), [0, 0, 0])
-                total, gauges = row
-                for i, v in enumerate(counts):
-                    total[i] += v
-                gauges[0] += count
-                gauges[1] += nbytes
-                gauges[2] += 1
-        now = time.monotonic()
-        return {
-            "relay": self.by_relay.rows(by_relay, now),
-            "user": self.by_user.rows(by_user, now),
-        }
+        """The bounded per-relay and per-user rows (``views.who``)."""
+        return views.who(self)
 
     def client_rows(self) -> list[dict[str, Any]]:
-        """Every connection as ``/clients`` shows it (docs/observability.md)."""
-        now = time.monotonic()
-        prefix = (self.prefix or b"").decode("utf-8", "replace")
-        rows = []
-        for conn in self.clients.values():
-            c = conn.creds
-            count, nbytes = conn.queued
-            soft_mode, hard_mode = conn.modes
-            rows.append(
-                {
-                    "cid": conn.cid,
-                    "pid": c.pid,
-                    "uid": c.uid,
-                    "gid": c.gid,
-                    "identity": prefix + c.identity().decode(),
-                    "relay": conn.label,
-                    "is_relay": conn.relay,
-                    "patterns": self.index.distinct_of(conn),
-                    "queued_messages": count,
-                    "queued_bytes": nbytes,
-                    "msgs_in": conn.msgs_in,
-                    "bytes_in": conn.bytes_in,
-                    "msgs_out": conn.msgs_out,
-                    "bytes_out": conn.bytes_out,
-                    "dropped": conn.dropped,
-                    "age": round(now - conn.since, 3),
-                    "soft": soft_mode,
-                    "hard": hard_mode,
-                    "paused": conn.pauses > 0,
-                    "dropping": conn.dropping,
-                }
-            )
-        return rows
+        """Every connection as ``/clients`` shows it (``views.client_rows``)."""
+        return views.client_rows(self)

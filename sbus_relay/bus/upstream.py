@@ -33,6 +33,11 @@ its own bus only through ``UpstreamHost``.
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
   with this relay's own earlier identity is refused as a cycle.
+
+What it owns: connecting and reconnecting to the upstream, its timers, and
+carrying out what its ``protocol.session.LinkSession`` decides (the
+handshake, identity and interest state is that session's).  What it may
+touch: its own ``Connection`` and, through ``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations
@@ -52,8 +57,7 @@ from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import AddressError
 from sbus_relay.protocol.flood import OutboundQueue
-from sbus_relay.protocol.interest import ADD, READY, REMOVE
-from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials
+from sbus_relay.protocol.keys import CRED, Credentials
 from sbus_relay.protocol.limits import (
     RESUBSCRIBE_GRACE,
     SEND_BUFFER,
@@ -62,16 +66,19 @@ from sbus_relay.protocol.limits import (
     WHOAMI_TIMEOUT,
 )
 from sbus_relay.protocol.quota import unlimited
+from sbus_relay.protocol.session import (
+    BATCH_ON,
+    Cycle,
+    Disconnected,
+    Identity,
+    InterestReady,
+    LinkSession,
+    UpstreamInterest,
+)
 
 from .batchio import send_one
 from .connection import Connection, Router
 
-_HELLO = (
-    codec.encode_cmsg(b"echo/off"),
-    codec.encode_cmsg(WHOAMI),
-    codec.encode_cmsg(b"interest/on"),
-    codec.encode_cmsg(codec.BATCH_ON),
-)
 #: What the link holds while the upstream's interest is unknown: every public
 #: key ("") and every secret one (the prefix pattern "!/cred/").
 EVERYTHING = (b"", CRED)
@@ -102,12 +109,9 @@ class UpstreamLink:
         self.log = log.bind(upstream=config.upstream)
         self._min = config.reconnect_min
         self._max = config.reconnect_max
-        #: the hello: the last packet names this relay (its ``instance``), so the
-        #: upstream's per-relay series and ``/clients`` say which relay it is
-        self._hello = (
-            *_HELLO,
-            codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace")),
-        )
+        #: what the hello names this relay (its ``instance``), so the upstream's
+        #: per-relay series and ``/clients`` say which relay it is
+        self._name = config.instance
         queue = OutboundQueue(
             config.upstream_queue_bytes, config.upstream_queue_messages, upward=True
         )
@@ -122,13 +126,8 @@ class UpstreamLink:
             log=self.log,
             upward=True,
         )
-        self.connected = False  # socket up, hello sent
-        self.ready = False  # whoami answered: patterns synced, publishes flow
-        #: the last whoami answer we took, kept across reconnects (cycle detection)
-        self._identity_known: bytes | None = None
-        #: patterns the upstream has said it wants (the interest extension)
-        self.interest_count = 0
-        self.interest_complete = False
+        #: the handshake, our identity and the upstream's interest (``protocol.session``)
+        self.session = LinkSession()
         self._whoami_timer: Any = None
         self._release_timer: Any = None
         self._runner: gevent.Greenlet | None = None
@@ -142,6 +141,21 @@ class UpstreamLink:
         self._watched_path = address.path if address.kind == "path" else None
 
     # --- what the server sees --------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """The socket is up and the hello sent."""
+        return self.session.connected
+
+    @property
+    def ready(self) -> bool:
+        """Whoami answered: our identity is known, patterns synced, publishes flow."""
+        return self.session.ready
+
+    @property
+    def interest_count(self) -> int:
+        """How many patterns the upstream has said it wants."""
+        return self.session.interest_count
 
     def start(self) -> None:
         """Connect (and keep reconnecting) in the background; until the upstream's
@@ -172,29 +186,27 @@ class UpstreamLink:
         self.conn.let_go()
 
     def export(self) -> dict[str, Any]:
-        """The link's state (its connection's included), as plain data."""
+        """The link's state as plain data (its connection's is ``bus.handover``'s)."""
+        link = self.session
         return {
-            "conn": self.conn.export(),
-            "connected": self.connected,
-            "ready": self.ready,
-            "identity_known": self._identity_known,
-            "interest_count": self.interest_count,
-            "interest_complete": self.interest_complete,
+            "connected": link.connected,
+            "ready": link.ready,
+            "identity_known": link.identity,
+            "interest_count": link.interest_count,
+            "interest_complete": link.interest_complete,
             "connections": self._connections,
         }
 
     def adopt(self, state: dict[str, Any], fd: int | None) -> None:
-        """Take up the link an earlier process handed over (before ``start``),
-        with its socket's descriptor if it had one."""
+        """Take up the link an earlier process handed over (before ``start``);
+        ``fd``: its socket's descriptor, attached to ``conn`` already, if it had one."""
         self._adopted = True
-        if fd is not None:
-            self.conn.attach(fd)
-        self.conn.adopt(state["conn"])
-        self.connected = state["connected"] and fd is not None
-        self.ready = state["ready"] and self.connected
-        self._identity_known = state["identity_known"]
-        self.interest_count = state["interest_count"]
-        self.interest_complete = state["interest_complete"]
+        link = self.session
+        link.connected = state["connected"] and fd is not None
+        link.ready = state["ready"] and link.connected
+        link.identity = state["identity_known"]
+        link.interest_count = state["interest_count"]
+        link.interest_complete = state["interest_complete"]
         self._connections = state["connections"]
 
     def stop(self) -> None:
@@ -203,7 +215,7 @@ class UpstreamLink:
         if self._runner is not None:
             self._runner.kill(block=False)
         self._cancel_whoami()
-        self.connected = self.ready = False
+        self.session.lost()
         self.conn.close("server_stopping")
 
     def reconfigure(self, config: ServerConfig) -> None:
@@ -212,9 +224,9 @@ class UpstreamLink:
         self._min = config.reconnect_min
         self._max = config.reconnect_max
         self.conn.set_limits(config.upstream_queue_bytes, config.upstream_queue_messages)
-        name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
-        if name != self._hello[-1]:
-            self._hello = (*self._hello[:-1], name)
+        if config.instance != self._name:
+            self._name = config.instance
+            name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
             if self.connected and self.conn.fd >= 0:
                 # straight to the socket, never into the queue, whose packets
                 # may go packed (a packed batch holds only MSG); a full socket
@@ -235,37 +247,38 @@ class UpstreamLink:
     # --- the connection's handler ------------------------------------------------
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """A packet from the upstream that is not a MSG."""
-        event = codec.decode(packet)
-        if not isinstance(event, codec.Control):
-            return  # a server sends only MSG and CMSG; ignore anything else
-        payload = event.payload or b""
-        key = event.key
-        if key == WHOAMI:
-            self._identity(payload)
-        elif key == ADD:
-            self.interest_count += 1
-            self.host.upstream_interest(payload, True)
-        elif key == REMOVE:
-            self.interest_count -= 1
-            self.host.upstream_interest(payload, False)
-        elif key == READY:
-            if not self.interest_complete:
-                self.interest_complete = True
+        """A packet from the upstream that is not a MSG: what it asks is decided
+        by the link's session (``protocol.session.LinkSession``), done here."""
+        action = self.session.receive(packet)
+        kind = type(action)
+        if kind is UpstreamInterest:
+            self.host.upstream_interest(action.pattern, action.present)  # type: ignore[union-attr]
+        elif kind is Identity:
+            self._identity(action.reply)  # type: ignore[union-attr]
+        elif kind is Cycle:
+            # our own identity heads the chain: the upstream is one of our descendants
+            self.log.error(
+                "upstream.refused",
+                reason="relay cycle detected",
+                identity=action.reply.decode("ascii", "replace"),  # type: ignore[union-attr]
+            )
+            self.lost(self.conn, "cycle", "")
+        elif kind is InterestReady:
+            if action.first:  # type: ignore[union-attr]
                 for pattern in EVERYTHING:
                     self.host.upstream_interest(pattern, False)
             self.log.info("upstream.interest_ready", patterns=self.interest_count)
-        elif key == codec.BATCH_ON:
+        elif action is BATCH_ON:
             conn.packs = True  # the upstream reads packed batches: send them
-        elif key == b"disconnect":
-            self.log.warning("upstream.disconnected_us", reason=payload.decode("utf-8", "replace"))
+        elif kind is Disconnected:
+            self.log.warning("upstream.disconnected_us", reason=action.reason)  # type: ignore[union-attr]
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """The link failed: what it queued stays (bounded); its interest is unknown again."""
         was = self.connected
         self._worked = self.ready
         conn.detach()
-        self.connected = self.ready = False
+        self.session.lost()
         self._cancel_whoami()
         self._forget_interest()
         if was:
@@ -287,8 +300,6 @@ class UpstreamLink:
         for pattern, count in index.patterns_of(self.conn).items():
             for _ in range(count):
                 self.host.upstream_interest(pattern, False)
-        self.interest_count = 0
-        self.interest_complete = False
         self._hold_everything()
 
     # --- the connection's life ------------------------------------------------------
@@ -366,9 +377,8 @@ class UpstreamLink:
         if self._connections > 1:
             self.host.router.stats.upstream_reconnects += 1
         self.conn.attach(sock.detach())
-        for packet in self._hello:  # a fresh socket's buffer takes these few at once
+        for packet in self.session.hello(self._name):  # a fresh socket takes these at once
             send_one(self.conn.fd, packet)
-        self.connected = True
         self._whoami_timer = gevent.get_hub().loop.timer(WHOAMI_TIMEOUT)
         self._whoami_timer.start(self._whoami_late)
         self.log.info("upstream.connected", waiting=self.conn.queued[0])
@@ -389,28 +399,14 @@ class UpstreamLink:
             )
 
     def _identity(self, reply: bytes) -> None:
-        """The whoami reply: our prefix is ``<reply>/``; now send every pattern."""
-        if self.ready:
-            return  # one answer per connection is all we asked for
-        if self._identity_known is not None and reply.startswith(self._identity_known + b"/"):
-            # Our own identity heads the chain: the upstream is one of our
-            # descendants, a cycle.  Whole identities are compared, not our pid:
-            # each group holds a pid as seen in its writer's pid namespace, so in
-            # containers a number proves neither a cycle nor its absence.
-            self.log.error(
-                "upstream.refused",
-                reason="relay cycle detected",
-                identity=reply.decode("ascii", "replace"),
-            )
-            self.lost(self.conn, "cycle", "")
-            return
+        """The whoami reply (the session took it: no cycle, the first this
+        connection): our prefix is ``<reply>/``; now send every pattern."""
         self._cancel_whoami()
         self.host.set_prefix(reply + b"/")
-        self._identity_known = reply
         patterns = list(self.host.local_patterns())
         for pattern in patterns:
             self.conn.notify(pattern, True)
-        self.ready = True
+        self.session.synced()
         # What was published while the upstream was away waits a moment more:
         # the other relays of a restarted upstream reconnect within milliseconds
         # and subscribe again, and then it reaches them too.

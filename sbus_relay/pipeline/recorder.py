@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from sbus_relay.ops.addresses import Address, connect
 from sbus_relay.protocol.codec import encode_cmsg, encode_sub, encode_unsub
-from sbus_relay.protocol.errors import BusClosed, PeerError
+from sbus_relay.protocol.errors import BusClosed
+from sbus_relay.protocol.frames import msg_end
 from sbus_relay.protocol.keys import WHOAMI
 from sbus_relay.protocol.limits import MAX_PACKET
 
@@ -278,10 +279,8 @@ class Recorder:
                 raise self._closed(sock, exc) from None
             if not n:
                 raise BusClosed("the bus closed the connection")
-            if buf.startswith(b"MSG "):
-                i = buf.find(0, 4, n)
-                if i < 0 or n > MAX_PACKET:
-                    raise PeerError("protocol_error", "malformed or over-long MSG from the bus")
+            i = msg_end(buf, n)  # where its key ends, -1 if not a MSG
+            if i >= 0:
                 times.append(now())
                 keys.append(bytes(view[4:i]))
                 sizes.append(n - i - 1)
@@ -302,12 +301,10 @@ class Recorder:
         if not n:
             raise BusClosed("the bus closed the connection")
         packet = bytes(self._buffer[:n])
-        if packet.startswith(b"MSG "):
+        i = msg_end(packet, n)
+        if i >= 0:
             if not record:
                 return
-            i = packet.find(b"\0", 4)
-            if i < 0:
-                raise PeerError("protocol_error", "MSG without NUL from the bus")
             self._times.append(time.time_ns())
             self._keys.append(packet[4:i])
             self._sizes.append(n - i - 1)

@@ -42,8 +42,9 @@ def read_u32(data: bytes, offset: int) -> int:
     they are there)."""
     if cython.compiled:
         chars = cython.cast(cython.p_uchar, data)
+        # widened before the shift: an int's ``0x80 << 24`` is negative
         value: int = (
-            (chars[offset] << 24)
+            (cython.cast(cython.Py_ssize_t, chars[offset]) << 24)
             | (chars[offset + 1] << 16)
             | (chars[offset + 2] << 8)
             | chars[offset + 3]

@@ -143,8 +143,9 @@ def test_a_packed_batch_from_a_client_is_delivered_as_single_messages(connect: A
         encode_batch([b"SUB x"]),  # not a MSG
         encode_batch([b"MSG no nul"]),
         encode_batch([b"MSG k\0"] * (BATCH_MESSAGES + 1)),  # too many
+        BATCH_HEAD + b"\x80\0\0\0MSG k\0",  # a length past 2**31
     ],
-    ids=["short-length", "past-end", "not-msg", "msg-without-nul", "too-many"],
+    ids=["short-length", "past-end", "not-msg", "msg-without-nul", "too-many", "huge-length"],
 )
 def test_a_malformed_batch_disconnects_its_sender_only(connect: Any, frame: bytes) -> None:
     bad, bystander = connect(), connect()

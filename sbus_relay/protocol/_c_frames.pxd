@@ -1,0 +1,15 @@
+# Types for the compiled build of frames.py (sbus_relay.accel).
+cimport cython
+
+from sbus_relay.protocol._c_scan cimport cut, find_byte, read_u32
+
+cdef bytes _MSG
+cdef int _NUL
+cdef bytes _BATCH
+
+@cython.locals(nul=Py_ssize_t)
+cpdef bytes msg_key(bytes packet)
+cpdef bint is_batch(bytes packet)
+@cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
+               nul=Py_ssize_t, packet=bytes, packets=list, keys=list)
+cpdef tuple unpack(bytes frame)

@@ -1,0 +1,366 @@
+"""A connection's protocol state, and what each packet does to it.  No I/O.
+
+Theory of operation, after h11: a plain object takes the bytes of one packet
+and returns what the bus must do about it, having changed its own state on
+the way.  Nothing here has a socket, a timer or a server; ``bus/`` moves the
+bytes, runs the timers and carries the actions out.  Two sides:
+
+* ``Session`` is the bus's side of one connection (a client, or a relay
+  below).  Its state: whether it is still open or closing and why (``alive``,
+  ``ended``), whether it hears its own messages (``echo``: on, off), whether
+  it declared itself a relay and listens for interest notices (``relay``,
+  ``interest``), whether it reads packed batches (``packs``).  Flood-control
+  modes live in its ``protocol.flood.OutboundQueue``; ``receive`` says which
+  setting a packet asks for (``SetFlood``).  What each packet does
+  (docs/protocol.md, "Packets" and the extensions):
+
+    ==============================  ==================  ======================
+    packet                          state change        action returned
+    ==============================  ==================  ======================
+    ``MSG``                         --                  ``codec.Publish``
+    ``CMSG batch\\0...``             --                  ``Batch``
+    ``SUB``, ``UNSUB``              --                  ``codec.Subscribe``...
+    ``CMSG !/cred/whoami``          --                  ``WHOAMI``
+    ``CMSG echo/on``, ``echo/off``  echo                None
+    ``CMSG interest/on``            relay, interest     ``Listen``
+    ``CMSG interest/off``           interest            ``UNLISTEN`` or None
+    ``CMSG relay/name\\0<n>``        --                  ``NameRelay``
+    ``CMSG batch/on``               packs               ``BATCH_ON``
+    ``CMSG upgrade/take-over``      --                  ``TAKE_OVER``
+    ``CMSG drops/count``            --                  ``DROPS_COUNT``
+    ``CMSG blocking/...``, order    --                  ``SetFlood``
+    any other ``CMSG``              --                  None (ignored)
+    anything else                   --                  ``PeerError``
+    ==============================  ==================  ======================
+
+  ``end`` closes it (once: a second call says so), and ``notice`` is what it
+  is told on the way out.  A packet given to a closed session is a misuse of
+  this API (``UsageError``); bad bytes can only raise ``PeerError``.
+
+  The bus's read loop does not call ``receive`` for ``MSG`` and packed
+  batches, which change nothing here: it parses them with ``frames`` (one
+  allocation per message, the key).  ``bus.connection.Connection`` *is* a
+  ``Session`` (a subclass): an idle client costs one object, not two.
+
+* ``LinkSession`` is a relay's side of its link to the upstream bus: the
+  handshake (``hello``), whether it waits on whoami (``connected`` and not
+  ``ready``), its identity once known (and a reply that begins with it, a
+  relay cycle), the upstream's interest (``interest_count``,
+  ``interest_complete``), and ``lost`` when the link goes.
+
+What it owns: the state named above and the rules of each packet.  What it
+may touch: nothing but itself -- no socket, timer, log or server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sbus_relay.accel import load_compiled
+
+from . import codec, frames
+from .accounting import MAX_NAME, relay_name
+from .errors import UsageError
+from .flood import parse_flood_control
+from .interest import ADD, READY, REMOVE
+from .keys import WHOAMI
+
+#: What a process that is to take the bus over sends (``ops.handover``).
+TAKE_OVER_KEY = b"upgrade/take-over"
+#: What a client asks how many of its messages were dropped with.
+DROPS_COUNT_KEY = b"drops/count"
+#: What a relay names itself with (its instance).
+RELAY_NAME_KEY = b"relay/name"
+#: What the bus tells a client it closes, before closing (our extension):
+#: ``CMSG disconnect\\0<reason>[: <detail>]``.
+DISCONNECT_KEY = b"disconnect"
+#: The packets a relay's link begins with, before its name (``LinkSession.hello``).
+HELLO = (
+    codec.encode_cmsg(b"echo/off"),
+    codec.encode_cmsg(WHOAMI),
+    codec.encode_cmsg(b"interest/on"),
+    codec.encode_cmsg(codec.BATCH_ON),
+)
+
+
+# --- what a packet asks of the bus ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Whoami:
+    """``CMSG !/cred/whoami``: answer with the bus's prefix and the peer's identity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """``CMSG interest/on``: send it every pattern others hold, then ``interest/ready``;
+    ``new_relay``: it just declared itself a relay (it is labelled as one)."""
+
+    new_relay: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unlisten:
+    """``CMSG interest/off`` from a listener: it hears no more notices."""
+
+
+@dataclass(frozen=True, slots=True)
+class NameRelay:
+    """``CMSG relay/name\\0<name>``: ``name`` is its label, or None if refused
+    (not a relay, or not a usable name: ``shown`` is what it sent, for the log)."""
+
+    name: str | None
+    shown: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOn:
+    """``CMSG batch/on``: say yes; what goes to it goes packed from now on."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """``CMSG upgrade/take-over``: a newer process asks for the bus (``bus.handover``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DropsCount:
+    """``CMSG drops/count``: answer with how many of its messages were dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetFlood:
+    """``CMSG blocking/soft|hard/<mode>`` or ``order/<order>`` (``protocol.flood``)."""
+
+    what: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A packed batch: its MSG packets and their keys (``frames.unpack``)."""
+
+    packets: list[bytes]
+    keys: list[bytes]
+
+
+WHOAMI_ASKED = Whoami()
+UNLISTEN = Unlisten()
+BATCH_ON = BatchOn()
+TAKE_OVER = TakeOver()
+DROPS_COUNT = DropsCount()
+_LISTEN = Listen(False)
+_LISTEN_NEW = Listen(True)
+
+SessionAction = (
+    codec.Publish
+    | codec.Subscribe
+    | codec.Unsubscribe
+    | Batch
+    | Whoami
+    | Listen
+    | Unlisten
+    | NameRelay
+    | BatchOn
+    | TakeOver
+    | DropsCount
+    | SetFlood
+)
+
+
+class Session:
+    """The bus's side of one connection: its state, and what each packet does to it."""
+
+    __slots__ = ("alive", "echo", "ended", "interest", "packs", "relay", "upward")
+
+    def __init__(self, upward: bool = False) -> None:
+        #: the link to the upstream bus (on a relay), not a client
+        self.upward = upward
+        #: not closed for good
+        self.alive = True
+        self.ended = ""  # why it was closed, once it is
+        #: it is sent its own messages (``echo/off`` stops that; the link never)
+        self.echo = not upward
+        self.relay = False  # declared itself a relay (``interest/on``)
+        self.interest = False  # listens for interest notices
+        #: it reads packed batches (``CMSG batch/on``)
+        self.packs = False
+
+    def receive(self, packet: bytes) -> SessionAction | None:
+        """What one packet from the peer asks of the bus (the table above), or
+        None when it asks nothing more than the state change made here."""
+        if not self.alive:
+            raise UsageError("a packet for a connection closed already (%s)" % self.ended)
+        if frames.is_batch(packet):
+            packets, keys = frames.unpack(packet)
+            return Batch(packets, keys)
+        event = codec.decode(packet)
+        if isinstance(event, codec.Control):
+            return self._control(event.key, event.payload)
+        return event
+
+    def _control(self, key: bytes, payload: bytes | None) -> SessionAction | None:
+        if key == WHOAMI:
+            return WHOAMI_ASKED
+        if key == b"echo/off":
+            self.echo = False
+            return None
+        if key == b"echo/on":
+            self.echo = True
+            return None
+        if key == b"interest/on":
+            new_relay = not self.relay
+            self.relay = self.interest = True
+            return _LISTEN_NEW if new_relay else _LISTEN
+        if key == b"interest/off":
+            if not self.interest:
+                return None
+            self.interest = False
+            return UNLISTEN
+        if key == RELAY_NAME_KEY:
+            raw = payload or b""
+            name = relay_name(raw) if self.relay else None  # only a relay is named
+            return NameRelay(name, raw[:MAX_NAME].decode("utf-8", "replace"))
+        if key == codec.BATCH_ON:
+            self.packs = True
+            return BATCH_ON
+        if key == TAKE_OVER_KEY:
+            return TAKE_OVER
+        if key == DROPS_COUNT_KEY:
+            return DROPS_COUNT
+        setting = parse_flood_control(key)
+        if setting is None:
+            return None  # unknown control messages are ignored (sbus-README.txt)
+        return SetFlood(setting[0], setting[1])
+
+    def end(self, reason: str) -> bool:
+        """It closes, for ``reason``: True the first time, False if it had already."""
+        if not self.alive:
+            return False
+        self.alive = False
+        self.ended = reason
+        return True
+
+    def notice(self, reason: str, detail: str = "") -> bytes | None:
+        """What it is told as it is closed: ``CMSG disconnect\\0<reason>[: <detail>]``,
+        or None when nothing is (its peer closed; the link is never told)."""
+        if reason == "closed" or self.upward:
+            return None
+        told = reason + (": " + detail if detail else "")
+        return codec.encode_cmsg(DISCONNECT_KEY, told.encode("utf-8", "replace"))
+
+
+# --- the relay's side of its link ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The upstream answered whoami: our prefix is ``reply + b"/"``; subscribe now."""
+
+    reply: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    """The upstream's whoami reply begins with our own identity: it is below us."""
+
+    reply: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamInterest:
+    """The upstream wants ``pattern`` (``interest/add``), or one hold of it less."""
+
+    pattern: bytes
+    present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InterestReady:
+    """``interest/ready``: the upstream's interest is complete (``first``: news)."""
+
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """The upstream says why it closes us (``CMSG disconnect``)."""
+
+    reason: str
+
+
+LinkAction = Identity | Cycle | UpstreamInterest | InterestReady | BatchOn | Disconnected
+
+
+class LinkSession:
+    """A relay's side of its link: the handshake, its identity, the upstream's interest.
+
+    States: down (not ``connected``); waiting on whoami (``connected``, not
+    ``ready``: an ``Identity`` is acted on, then ``synced``); ready.
+    Independently, the upstream's interest is complete or not.  ``lost``
+    takes it back to down, keeping only the identity it had (a later reply
+    that begins with it is a relay cycle)."""
+
+    __slots__ = ("connected", "identity", "interest_complete", "interest_count", "ready")
+
+    def __init__(self) -> None:
+        self.connected = False  # socket up, hello sent
+        self.ready = False  # whoami answered: patterns synced, publishes flow
+        #: the last whoami reply taken, kept across reconnects (cycle detection)
+        self.identity: bytes | None = None
+        #: patterns the upstream has said it wants (the interest extension)
+        self.interest_count = 0
+        self.interest_complete = False
+
+    def hello(self, name: str) -> tuple[bytes, ...]:
+        """Connected: the packets to send first (the last names this relay)."""
+        self.connected = True
+        self.ready = False
+        return (*HELLO, codec.encode_cmsg(RELAY_NAME_KEY, name.encode("utf-8", "replace")))
+
+    def receive(self, packet: bytes) -> LinkAction | None:
+        """What one packet from the upstream (not a ``MSG``) asks of the relay."""
+        event = codec.decode(packet)
+        if not isinstance(event, codec.Control):
+            return None  # a server sends only MSG and CMSG; ignore anything else
+        payload = event.payload or b""
+        key = event.key
+        if key == WHOAMI:
+            if self.ready or not self.connected:
+                return None  # one answer per connection is all we asked for
+            if self.identity is not None and payload.startswith(self.identity + b"/"):
+                # Our own identity heads the chain: the upstream is one of our
+                # descendants.  Whole identities are compared, not our pid: each
+                # group holds a pid as seen in its writer's pid namespace.
+                return Cycle(payload)
+            self.identity = payload
+            return Identity(payload)  # ready once our patterns are sent (``synced``)
+        if key == ADD:
+            self.interest_count += 1
+            return UpstreamInterest(payload, True)
+        if key == REMOVE:
+            self.interest_count -= 1
+            return UpstreamInterest(payload, False)
+        if key == READY:
+            first = not self.interest_complete
+            self.interest_complete = True
+            return InterestReady(first)
+        if key == codec.BATCH_ON:
+            return BATCH_ON
+        if key == DISCONNECT_KEY:
+            return Disconnected(payload.decode("utf-8", "replace"))
+        return None
+
+    def synced(self) -> None:
+        """Our identity is taken and our patterns are on their way: ready, and
+        later whoami replies on this connection are not news."""
+        self.ready = True
+
+    def lost(self) -> None:
+        """The link went down: its interest is unknown again; its identity stays."""
+        self.connected = self.ready = False
+        self.interest_count = 0
+        self.interest_complete = False
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_session")
