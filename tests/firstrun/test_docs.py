@@ -220,10 +220,17 @@ def test_the_performance_figures_are_the_stated_run(run: dict[str, Any]) -> None
 
 
 def test_the_stated_run_judged_the_code_s_targets(run: dict[str, Any]) -> None:
+    """Every target of the scenarios the run has, as the code states it now; a
+    scenario added since the run is named as such on the page."""
     stated = [(v["label"], v["bound"]) for v in run["targets"]]
-    assert stated == [(t.label, t.bound) for t in report.TARGETS], (
+    ran = set(run["scenarios"])
+    assert stated == [(t.label, t.bound) for t in report.TARGETS if t.scenario in ran], (
         "the targets changed since docs/performance.md's run: rerun its command"
     )
+    text = PERFORMANCE.read_text()
+    for name in SCENARIO_NAMES:
+        if name not in ran:
+            assert f"`{name}` came after the run above" in text, name
 
 
 def test_every_figure_the_prose_quotes_is_in_the_run_s_tables(run: dict[str, Any]) -> None:
