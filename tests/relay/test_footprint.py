@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sbus_relay import accel
 from sbus_relay.client import Client
 from tests.support import is_listening, short_dir, start_bus
 
@@ -40,8 +41,8 @@ RUN_AND_LIST = (
 #: Seconds for the relay to listen, and to stop.
 WAIT = 15.0
 #: What an idle relay without --metrics and without a config file never needs.
-NEVER = ("prometheus_client", "yaml", "pyspark", "pyarrow", "sbus_relay.pipeline")
-NEVER += ("sbus_relay.bench",)
+NEVER: tuple[str, ...] = ("prometheus_client", "yaml", "pyspark", "pyarrow")
+NEVER += ("sbus_relay.pipeline", "sbus_relay.bench")
 #: The only command modules a relay may hold: the package, its own command,
 #: and the flags it shares with the others.
 OWN_COMMAND = {"sbus_relay.cli", "sbus_relay.cli.serve", "sbus_relay.cli.options"}
@@ -94,6 +95,9 @@ def test_an_idle_relay_imports_only_what_it_uses(tmp_path: Path) -> None:
     modules = relay_modules(tmp_path)
     assert "sbus_relay.bus.server" in modules and "sbus_relay.bus.upstream" in modules
     assert not held(modules, NEVER)
+    assert not held(modules, ("hashlib", "secrets")), "OpenSSL is megabytes a bus never uses"
+    if accel.compiled():  # the relay runs the path this process would
+        assert not held(modules, ("Cython", "cython")), "the compiled path needs no Cython"
     commands = {m for m in modules if m.startswith("sbus_relay.cli")}
     assert commands <= OWN_COMMAND, commands - OWN_COMMAND
 
