@@ -103,6 +103,12 @@ class Child:
         self.popen.stdin.write(line + "\n")
         self.popen.stdin.flush()
 
+    def end_input(self) -> None:
+        """Close the child's stdin: loadgen's signal to stop and report."""
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.popen.stdin.close()
+
     def stop(self, sig: int = signal.SIGTERM, grace: float = STOP_GRACE) -> None:
         """Close stdin, signal, wait ``grace`` seconds, then kill."""
         if self.popen.stdin is not None:

@@ -2,7 +2,8 @@
 
 Every figure compared here was measured in the same run: ours against the C
 reference sbusd (interleaved), the relay path against the direct path, the
-stalled-subscriber run against the clean one.  Nothing is quoted.
+stalled-subscriber run against the clean one, the run with subscription churn
+against the calm one.  Nothing is quoted.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ TARGETS: tuple[Target, ...] = (
         low_inclusive=True,
         high=1.0,
     ),
+    Target("churn", "1,000 (un)subscriptions/s, rate / without", "ratio", 0.9, True, "x"),
     Target("relay_up", "relay -> master, rate / direct", "ratio", 0.8, True, "x"),
     Target("relay_up", "relay -> master, CPU / direct", "cpu_ratio", 2.0, False, "x"),
     Target("relay_down", "master -> relay, rate / direct", "ratio", 0.8, True, "x"),
@@ -274,6 +276,9 @@ def format_table(results: dict[str, Any]) -> str:
             note = ""
             if side == "ours" and s.get("ratio") is not None and not s.get("fixed_rate"):
                 note = f"{s['ratio']:.2f}x {s['compare']}"
+            if figures.get("churn_per_s"):
+                churn = f"beside {figures['churn_per_s']:,.0f} (un)subscriptions/s"
+                note = f"{note}, {churn}" if note else churn
             if side == "reference" and figures.get("stalled"):
                 note = (
                     f"delivered {figures['delivered']:,} of {figures['expected']:,}, then nothing"
@@ -365,15 +370,23 @@ def format_client(entry: dict[str, Any]) -> list[str]:
 
 
 def format_footprint(foot: dict[str, Any]) -> list[str]:
-    """An idle relay's RSS, and what each library it imports costs."""
+    """An idle relay's RSS beside its floor, and what it imports only when asked."""
     if foot["status"] != "ok":
         return [f"footprint: {foot['status'].upper()}: {foot.get('reason', '')}"]
     lines = [f"idle relay: {foot['idle_relay_rss'] / 2**20:.1f} MiB RSS (with its master)"]
-    python = foot["imports"]["python"]
-    lines.append(f"  {'a bare python':<34} {python / 2**20:>6.1f} MiB")
-    for name, rss in foot["imports"].items():
-        if name != "python":
-            lines.append(f"  {'+ import ' + name:<34} {(rss - python) / 2**20:>6.1f} MiB")
+    if "floor" not in foot:  # a JSON from before the floor: each library alone
+        python = foot["imports"]["python"]
+        lines.append(f"  {'a bare python':<34} {python / 2**20:>6.1f} MiB")
+        for name, rss in foot["imports"].items():
+            if name != "python":
+                lines.append(f"  {'+ import ' + name:<34} {(rss - python) / 2**20:>6.1f} MiB")
+        return lines
+    lines.append("  its floor, in a fresh interpreter:")
+    for name, rss in foot["floor"].items():
+        lines.append(f"    {name:<46} {rss / 2**20:>6.1f} MiB")
+    lines.append("  imported only when asked (over python alone):")
+    for name, rss in foot["on_demand"].items():
+        lines.append(f"    + {name:<44} {rss / 2**20:>6.1f} MiB")
     return lines
 
 

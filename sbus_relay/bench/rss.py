@@ -1,9 +1,13 @@
-"""Peak resident memory of benchmark processes, sampled from /proc."""
+"""Resident memory of benchmark processes: peaks sampled from /proc, and an
+idle relay's floor (what the libraries it imports cost in a fresh interpreter)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+from collections.abc import Mapping
 
 #: Seconds between memory samples.
 SAMPLE_SECONDS = 0.2
@@ -83,3 +87,45 @@ class Sampler:
             self.driver_jvm = max(self.driver_jvm, jvm)
             self.other = max(self.other, other)
             self.executor_jvm = max(self.executor_jvm, executors)
+
+
+#: An idle relay's floor: a fresh interpreter, then with each library a relay
+#: cannot run without, one on top of the other, then with the whole server.
+FLOOR = (
+    ("python", ""),
+    ("+ gevent", "import gevent"),
+    ("+ gevent + structlog", "import gevent, structlog"),
+    ("+ the whole server (sbus_relay.bus.server)", "import sbus_relay.bus.server"),
+)
+#: Libraries a relay imports only when asked to, each alone over python.
+ON_DEMAND = (
+    ("yaml (with a config file)", "import yaml"),
+    ("prometheus_client (with --metrics)", "import prometheus_client"),
+)
+#: Seconds a fresh interpreter gets to import and report.
+IMPORT_TIMEOUT = 60.0
+_RSS_OF_SELF = (
+    "\nfor line in open('/proc/self/status'):\n"
+    "    if line.startswith('VmRSS:'): print(int(line.split()[1]) * 1024)"
+)
+
+
+def import_rss(code: str, env: Mapping[str, str]) -> int:
+    """The RSS in bytes of a fresh interpreter after ``code``."""
+    out = subprocess.run(
+        [sys.executable, "-c", code + _RSS_OF_SELF],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=IMPORT_TIMEOUT,
+        check=True,
+    )
+    return int(out.stdout.split()[-1])
+
+
+def import_floor(env: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """``{"floor": {step: RSS}, "on_demand": {library: RSS over python}}``."""
+    floor = {name: import_rss(code, env) for name, code in FLOOR}
+    python = floor["python"]
+    extra = {name: import_rss(code, env) - python for name, code in ON_DEMAND}
+    return {"floor": floor, "on_demand": extra}

@@ -2,8 +2,9 @@
 
 A scenario runs on two or more *sides*: ``ours`` (our sbusd, or our relay
 path), and what it is compared with -- ``reference`` (the C sbusd, same
-load), ``direct`` (the same load on our sbusd without the relay hop) or
-``clean`` (the same load without the stalled subscriber).  The sides run
+load), ``direct`` (the same load on our sbusd without the relay hop),
+``clean`` (the same load without the stalled subscriber) or ``calm`` (the
+same load without the clients that subscribe and unsubscribe all along).  The sides run
 interleaved, A B A B ..., each run on a fresh server process, so drift in the
 machine's speed hits every side alike; each side reports its medians.  A
 scenario that fails is reported with its reason and the others still run.
@@ -20,7 +21,6 @@ import platform
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +31,7 @@ from typing import Any
 
 from sbus_relay import accel
 
-from . import clientbench, continuity, fleet, report
+from . import clientbench, continuity, fleet, report, rss
 from .build import build_programs
 from .procs import BenchProcessError, ProcessSet, rss_bytes
 from .reference import Reference, resolve_reference
@@ -63,6 +63,11 @@ CYCLE_KEYS = 1_000
 #: (each message is delivered to every one of them).
 WIDE_FANOUT = 100
 WIDE_FANOUT_DIVISOR = 20
+#: The churn scenario: subscription changes/s (a SUB or an UNSUB each, of
+#: exact, prefix and wildcard patterns that match none of its keys) made by
+#: this many other clients while one publisher cycles over CYCLE_KEYS keys.
+CHURN_RATE = 1_000.0
+CHURN_CLIENTS = 100
 #: Idle clients x non-matching patterns each, in the idle-patterns scenario.
 IDLE_CLIENTS = 100
 IDLE_PATTERNS = 100
@@ -94,6 +99,7 @@ SCENARIO_NAMES = (
     "1to100",
     "idle_patterns",
     "stalled",
+    "churn",
     "clients_1000",
     "relay_up",
     "relay_down",
@@ -141,7 +147,7 @@ class Scenario:
     name: str
     title: str
     load: Load
-    compare: str = "reference"  # the side ours is divided by: reference, direct, clean
+    compare: str = "reference"  # the side ours is divided by: reference, direct, clean, calm
     relay: str = ""  # "up": publisher on the relay; "down": subscriber on the relay
 
     @property
@@ -209,6 +215,18 @@ def scenarios(messages: int) -> list[Scenario]:
             "clean",
         ),
         Scenario(
+            "churn",
+            f"1 -> 1, {CYCLE_KEYS:,} keys, {CHURN_RATE:,.0f} changes/s beside",
+            Load(
+                messages,
+                keymode="cycle",
+                keys=CYCLE_KEYS,
+                churn=CHURN_RATE,
+                churn_clients=CHURN_CLIENTS,
+            ),
+            "calm",
+        ),
+        Scenario(
             "clients_1000",
             f"{CROWD_CLIENTS:,} clients, {2 * CROWD_PAIRS} active, {CROWD_RATE:,.0f} msg/s",
             crowd,
@@ -228,7 +246,11 @@ class _Unavailable(Exception):
 
 def _run_side(ctx: _Context, sc: Scenario, side: str) -> RunResult:
     """One run of ``sc`` on ``side``, on fresh servers."""
-    load = dataclasses.replace(sc.load, stalled=0) if side == "clean" else sc.load
+    load = sc.load
+    if side == "clean":
+        load = dataclasses.replace(load, stalled=0)
+    elif side == "calm":
+        load = dataclasses.replace(load, churn=0.0, churn_clients=0)
     kind = "reference" if side == "reference" else "ours"
     bus = new_address(ctx.workdir, "ref" if kind == "reference" else "bus")
     with running_server(ctx.procs, kind, server_argv(ctx.tools, kind, bus), bus) as server:
@@ -277,6 +299,7 @@ def _side_summary(runs: list[RunResult]) -> dict[str, Any]:
         "expected": runs[-1].expected,
         "lost": max(r.expected - r.delivered for r in runs),
         "stalled": any(r.stalled for r in runs),
+        "churn_per_s": med([r.churn_per_s for r in runs]),
         "runs": [r.as_dict() for r in runs],
     }
 
@@ -369,54 +392,36 @@ def _memory(ctx: _Context, reference: Reference) -> dict[str, Any]:
     return entry
 
 
-#: What an idle relay's footprint is broken down into: each library a server
-#: imports, measured alone in a fresh interpreter, then the whole server.
-FOOTPRINT_IMPORTS = (
-    ("python", ""),
-    ("gevent", "import gevent"),
-    ("structlog", "import structlog"),
-    ("yaml", "import yaml"),
-    ("prometheus_client (with --metrics)", "import prometheus_client"),
-    ("the whole server (sbus_relay.bus.server)", "import sbus_relay.bus.server"),
-)
-_RSS_OF_SELF = (
-    "\nfor line in open('/proc/self/status'):\n"
-    "    if line.startswith('VmRSS:'): print(int(line.split()[1]) * 1024)"
-)
-
-
-def _import_rss(code: str, env: dict[str, str]) -> int:
-    """The RSS of a fresh interpreter after ``code``."""
-    out = subprocess.run(
-        [sys.executable, "-c", code + _RSS_OF_SELF],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return int(out.stdout.split()[-1])
-
-
 def _footprint(ctx: _Context) -> dict[str, Any]:
-    """An idle relay's RSS (connected to its master), and what each import costs."""
+    """An idle relay's RSS (connected to its master, medians of the runs) beside
+    its floor: what the libraries it imports cost in a fresh interpreter."""
     entry: dict[str, Any] = {"title": "footprint", "status": "ok"}
-    master = new_address(ctx.workdir, "fmaster")
-    relay = new_address(ctx.workdir, "frelay")
+    env = dict(ctx.procs.env or os.environ)
+    relays: list[float] = []
+    floors: list[dict[str, dict[str, int]]] = []
     try:
-        with (
-            running_server(ctx.procs, "ours", server_argv(ctx.tools, "ours", master), master),
-            running_server(
-                ctx.procs, "relay", relay_argv(ctx.tools, relay, master), relay
-            ) as relay_child,
-        ):
-            relay_warmup(relay, master)
-            time.sleep(RSS_SETTLE)
-            entry["idle_relay_rss"] = rss_bytes(relay_child.pid)
-        env = dict(ctx.procs.env or os.environ)
-        entry["imports"] = {name: _import_rss(code, env) for name, code in FOOTPRINT_IMPORTS}
+        for _ in range(ctx.options.n_repeat):  # interleaved, like the throughput runs
+            master = new_address(ctx.workdir, "fmaster")
+            relay = new_address(ctx.workdir, "frelay")
+            with (
+                running_server(ctx.procs, "ours", server_argv(ctx.tools, "ours", master), master),
+                running_server(
+                    ctx.procs, "relay", relay_argv(ctx.tools, relay, master), relay
+                ) as relay_child,
+            ):
+                relay_warmup(relay, master)
+                time.sleep(RSS_SETTLE)
+                relays.append(rss_bytes(relay_child.pid))
+            floors.append(rss.import_floor(env))
     except (*Failure, subprocess.SubprocessError) as exc:
         return {**entry, "status": "failed", "reason": _first_line(exc)}
+    med = report.median
+    entry["idle_relay_rss"] = int(med(relays))
+    entry["floor"] = {k: int(med([f["floor"][k] for f in floors])) for k in floors[0]["floor"]}
+    entry["on_demand"] = {
+        k: int(med([f["on_demand"][k] for f in floors])) for k in floors[0]["on_demand"]
+    }
+    entry["runs"] = {"idle_relay_rss": relays, "imports": floors}
     ctx.say(f"  idle relay: {entry['idle_relay_rss'] / 2**20:.1f} MiB")
     return entry
 

@@ -1,7 +1,8 @@
 """The benchmark's building blocks: servers, one load run, the relay warm-up, memory.
 
 A *load* is some loadgen processes against one or two addresses: optional idle
-clients holding non-matching patterns, optional stalled subscribers, reading
+clients holding non-matching patterns, optional clients that subscribe and
+unsubscribe all along (churn), optional stalled subscribers, reading
 subscribers, then publishers released together.  Throughput is counted at the
 reading subscribers: deliveries / (last receive - first send).  The servers'
 CPU time (utime + stime from /proc) is read just before the publishers start
@@ -176,6 +177,8 @@ class Load:
     stalled: int = 0  # subscribers that never read
     idle_clients: int = 0
     idle_patterns: int = 0  # per idle client
+    churn: float = 0.0  # subscription changes/s by other clients while the messages flow
+    churn_clients: int = 0  # the connections making them, round-robin
 
     @property
     def sent_total(self) -> int:
@@ -222,6 +225,8 @@ class RunResult:
     load_cpu_us_per_delivery: float
     rss_bytes: int  # server RSS at the end of the run
     stalled: bool  # a publisher never finished: the server stopped reading it
+    #: subscription changes/s the churning clients made while the messages flowed
+    churn_per_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -275,6 +280,25 @@ def drive(
             idle.expect("connected", IDLE_SETUP_TIMEOUT)
             idle.tell("go")
             idle.expect("ready", IDLE_SETUP_TIMEOUT)
+        churner = None
+        if load.churn:
+            churner = mine.start(
+                "churn",
+                _loadgen(
+                    tools,
+                    "churn",
+                    sub_address,
+                    "-c",
+                    load.churn_clients,
+                    "-r",
+                    load.churn,
+                    "-P",
+                    KEY_PREFIX,
+                    "-w",
+                ),
+                stdin=True,
+            )
+            churner.expect("ready", READY_TIMEOUT)
         for i in range(load.stalled):
             stalled = mine.start(
                 f"stalled{i}", _loadgen(tools, "stalled", sub_address, "-p", PATTERN), stdin=True
@@ -304,6 +328,8 @@ def drive(
             pub.expect("ready", READY_TIMEOUT)
             pubs.append(pub)
         cpu0 = sum(cpu_seconds(s.pid) for s in servers)
+        if churner is not None:
+            churner.tell("go")
         for pub in pubs:
             pub.tell("go")
         budget = RUN_BUDGET_BASE + load.expected / RUN_BUDGET_RATE
@@ -312,6 +338,12 @@ def drive(
         sub_results = [sub.result(budget + idle_s) for sub in subs]
         cpu1 = sum(cpu_seconds(s.pid) for s in servers)
         rss = sum(rss_bytes(s.pid) for s in servers)
+        churn_per_s = 0.0
+        if churner is not None:
+            churner.end_input()
+            churned = churner.result(STALL_GRACE)
+            if float(churned["seconds"]) > 0:
+                churn_per_s = int(churned["changes"]) / float(churned["seconds"])
         pub_results = []
         stalled_run = False
         for pub in pubs:
@@ -346,6 +378,7 @@ def drive(
         load_cpu_us_per_delivery=load_ns / 1e3 / delivered if delivered else 0.0,
         rss_bytes=rss,
         stalled=stalled_run,
+        churn_per_s=round(churn_per_s, 1),
     )
 
 

@@ -24,7 +24,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 import socket
 import stat
 import struct
@@ -273,7 +272,7 @@ def _listen_abstract(name: bytes | None) -> tuple[socket.socket, str]:
     for _ in range(attempts):
         candidate = name
         if candidate is None:
-            random_part = secrets.token_hex(_RANDOM_NAME_BYTES).encode()
+            random_part = os.urandom(_RANDOM_NAME_BYTES).hex().encode()
             candidate = (b"\0sbus-" + random_part).ljust(SUN_PATH_SIZE, b"\0")
         sock = _new_socket()
         try:

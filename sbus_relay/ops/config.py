@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-import yaml
-
 from sbus_relay.protocol import limits
 from sbus_relay.protocol.accounting import TOP_MAX, TOP_MIN
 from sbus_relay.protocol.errors import ConfigError, UsageError
@@ -411,54 +409,17 @@ def _show(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
-
-
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, line: int) -> None:
-        super().__init__(f"duplicate key {key!r}")
-        self.key = key
-        self.line = line
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _value_node in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise _DuplicateKey(key, key_node.start_mark.line + 1)
-        seen.add(key)
-    return dict(loader.construct_pairs(node))
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
-
-
 def read_yaml(path: str) -> Any:
     """Parse the YAML file at ``path`` strictly; every failure is one ``ConfigError``.
 
     Shared by every YAML file the project reads (server configs, the dev
     hierarchy), so they all refuse duplicate keys and word errors alike.
+    The parser is imported here, on the first file: a bus run without one
+    never loads it.
     """
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return yaml.load(stream, Loader=_StrictLoader)
-    except OSError as exc:
-        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
-    except _DuplicateKey as exc:
-        reason = f"given twice (again at line {exc.line})"
-        raise ConfigError(path, str(exc.key), reason) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(path, "(file)", f"invalid YAML: {_yaml_reason(exc)}") from None
-    except RecursionError:
-        # The YAML parser recurses once per level of nesting.
-        raise ConfigError(path, "(file)", "nested too deeply to be a config file") from None
+    from .yamlfile import read_strictly
+
+    return read_strictly(path)
 
 
 def load_config(path: str, base: ServerConfig | None = None) -> ServerConfig:
@@ -484,9 +445,3 @@ def config_from_mapping(
     result = replace(base, **values)
     _check_together(result, source)
     return result
-
-
-def _yaml_reason(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    return f"{problem} at line {mark.line + 1}" if mark is not None else problem

@@ -19,6 +19,18 @@ cdef class _Node:
 
     cpdef bint empty(self)
 
+cdef class _Level:
+    cdef public dict down
+    cdef public dict ends
+
+@cython.locals(level=_Level, nxt=_Level, start=Py_ssize_t, slash=Py_ssize_t, seg=bytes)
+cdef void _file(_Level root, bytes key) except *
+cdef list _chosen(dict table, bytes seg, bint starred)
+cdef void _gather(_Level level, list out) except *
+@cython.locals(last=bint, child=_Level)
+cdef void _found(_Level level, list segs, list starred, bint tail, Py_ssize_t i,
+                 list out) except *
+
 cdef class SubscriptionIndex:
     cdef readonly _Node _public
     cdef readonly _Node _secret
@@ -32,6 +44,8 @@ cdef class SubscriptionIndex:
     cdef dict _solo
     cdef public dict cache
     cdef public Py_ssize_t cache_size
+    cdef _Level _keys
+    cdef Py_ssize_t _filed
     cdef bint _keeping
     cdef Py_ssize_t _hits
     cdef Py_ssize_t _misses
@@ -43,9 +57,21 @@ cdef class SubscriptionIndex:
     cdef public object on_last
     cdef public object quiet
 
-    @cython.locals(slash=Py_ssize_t, longest=Py_ssize_t, secret=bint, parts=list,
-                   hit=tuple, head=bytes, prefixes=dict, cache=dict)
+    @cython.locals(hit=tuple, cache=dict, result=tuple)
     cpdef tuple match(self, bytes key)
+    cpdef tuple lookup(self, bytes key)
+    @cython.locals(slash=Py_ssize_t, longest=Py_ssize_t, secret=bint, parts=list,
+                   hit=tuple, head=bytes, prefixes=dict, result=tuple, merged=dict)
+    cdef tuple _lookup(self, bytes key)
+    @cython.locals(cache=dict, star=Py_ssize_t, segs=list, starred=list, tail=bint,
+                   out=list, secret=bint)
+    cpdef list cached(self, bytes pattern)
+    @cython.locals(cache=dict, hit=tuple)
+    cdef void _cache_add(self, client, bytes pattern) except *
+    @cython.locals(cache=dict)
+    cdef void _cache_drop(self, client, bytes pattern) except *
+    @cython.locals(cache=dict)
+    cdef void _cache_store(self, bytes key, tuple result) except *
     cpdef tuple holders(self, bytes pattern)
     cdef tuple _holders(self, bytes pattern)
     cdef list _held(self, client)

@@ -30,11 +30,20 @@ Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing key
   wants, so that one ``match`` finds local subscribers and the upstream
   alike; its patterns never fire the callbacks (a relay subscribes upstream
   to what its own clients want, not to what the upstream wants).
-* ``match`` answers from a bounded key -> recipients cache, cleared whole on
-  any change of the recipient sets, so a publish costs a dict lookup and the
-  fan-out, whatever the number of patterns.  Keys that never repeat (an id
-  in every key) would only churn it: a cache that filled up without paying
-  for itself stores one miss in ``MATCH_CACHE_SAMPLE`` until keys repeat again.
+* ``match`` answers from a bounded key -> recipients cache, so a publish
+  costs a dict lookup and the fan-out, whatever the number of patterns.  A
+  subscription change touches only the cached keys its pattern matches (as
+  nats-server's sublist does): a new holder is added to their answers, a
+  holder that leaves drops them (it may still match them through another
+  pattern: the next ``match`` works that out).  An exact pattern finds its
+  one key with a lookup; a prefix or a wildcard walks a trie of the cached
+  keys' segments (``_Level``) as far as its own segments go, so what a
+  change costs grows with the keys it matches, not with the cache.  So
+  clients that come and go do not cost the others their cache.  A patched
+  answer may list the same clients in another order than a fresh one.  Keys
+  that never repeat (an id in every key) would only churn the cache: one
+  that filled up without paying for itself stores one miss in
+  ``MATCH_CACHE_SAMPLE`` until keys repeat again.
 """
 
 from __future__ import annotations
@@ -122,9 +131,14 @@ class SubscriptionIndex:
         self._extra: dict[C, dict[bytes, int]] = {}
         #: client -> (client,), shared by all the patterns it alone holds
         self._solo: dict[C, Holders] = {}
-        #: key -> recipients; bounded, cleared on every change of a recipient set
+        #: key -> recipients; bounded, its affected keys updated on every
+        #: change of a recipient set (``_cache_add``, ``_cache_drop``)
         self.cache: dict[bytes, Holders] = {}
         self.cache_size = cache_size
+        #: the cached keys by segments, and how many were filed since it was
+        #: last rebuilt (some may have left the cache since)
+        self._keys = _Level()
+        self._filed = 0
         #: whether every miss is stored, or (keys that do not repeat) one in
         #: MATCH_CACHE_SAMPLE, enough to notice when they start repeating
         self._keeping = True
@@ -155,6 +169,18 @@ class SubscriptionIndex:
         if hit is not None:
             self._hits += 1
             return hit
+        result = self._lookup(key)
+        if len(key) <= MATCH_CACHE_KEY_MAX:
+            self._misses += 1
+            if self._keeping or not self._misses % MATCH_CACHE_SAMPLE:
+                self._cache_store(key, result)
+        return result
+
+    def lookup(self, key: bytes) -> tuple[C, ...]:
+        """What ``match`` answers, worked out afresh: the cache neither read nor filled."""
+        return self._lookup(key)
+
+    def _lookup(self, key: bytes) -> Holders:
         secret = key.startswith(CRED)
         parts: list[Holders] = []
         hit = self._exact.get(key)
@@ -187,16 +213,6 @@ class SubscriptionIndex:
             for part in parts:
                 merged.update(dict.fromkeys(part))
             result = tuple(merged)
-        if len(key) <= MATCH_CACHE_KEY_MAX:
-            self._misses += 1
-            if self._keeping or not self._misses % MATCH_CACHE_SAMPLE:
-                if len(cache) >= self.cache_size:
-                    # never a scan: whole, then it refills with what is hot; and
-                    # filled in full again only if it paid (keys that repeat)
-                    self._keeping = self._hits * MATCH_CACHE_PAYS >= len(cache)
-                    self._hits = 0
-                    cache.clear()
-                cache[key] = result
         return result
 
     def holders(self, pattern: bytes) -> tuple[C, ...]:
@@ -284,7 +300,8 @@ class SubscriptionIndex:
         if owned is None:
             owned = self._owned[client] = []
         owned.append(pattern)
-        self.cache.clear()
+        if self.cache:
+            self._cache_add(client, pattern)
         if heard and not self._heard(before):
             self._distinct += 1
             if self.on_first is not None:
@@ -307,7 +324,8 @@ class SubscriptionIndex:
                     del self._extra[client]
             return True
         left = self._detach(client, pattern)
-        self.cache.clear()
+        if self.cache:
+            self._cache_drop(client, pattern)
         stale = self._stale.get(client, 0) + 1  # its entry is left behind
         if stale == len(owned):  # it holds nothing more
             del self._owned[client]
@@ -325,6 +343,78 @@ class SubscriptionIndex:
             if self.on_last is not None:
                 self.on_last(pattern)
         return True
+
+    # --- the match cache -------------------------------------------------
+
+    def cached(self, pattern: bytes) -> list[bytes]:
+        """The keys in the match cache that ``pattern`` (canonical) matches:
+        those a change of its holders touches.  No scan of the cache: an exact
+        pattern is one lookup, a prefix or wildcard a walk of the cached keys'
+        segments (``_Level``), only ``""`` lists them all."""
+        cache = self.cache
+        if not cache:
+            return []
+        if pattern == b"":
+            return [key for key in cache if not key.startswith(CRED)]
+        star = pattern.find(b"*")
+        if star < 0 and not pattern.endswith(b"/"):
+            return [pattern] if pattern in cache else []
+        if star < 0:
+            segs, tail = pattern[:-1].split(b"/"), True
+        else:
+            split = _split(pattern)
+            if split is None:
+                return []  # it never matches
+            segs, tail = split
+        starred = [seg.endswith(b"*") for seg in segs]
+        segs = [seg[:-1] if seg.endswith(b"*") else seg for seg in segs]
+        out: list[bytes] = []
+        _found(self._keys, segs, starred, tail, 0, out)
+        # a key filed since it left the cache is not in it; a secret key, for
+        # a pattern that is not, is matched by no pattern but a secret one
+        secret = pattern.startswith(CRED)
+        return [key for key in out if key in cache and key.startswith(CRED) == secret]
+
+    def _cache_add(self, client: C, pattern: bytes) -> None:
+        """``client`` has come to ``pattern``: it joins the cached answers of
+        the keys ``pattern`` matches (unless it is in them already)."""
+        cache = self.cache
+        for key in self.cached(pattern):
+            hit = cache[key]
+            if client not in hit:
+                cache[key] = (*hit, client)
+
+    def _cache_drop(self, client: C, pattern: bytes) -> None:
+        """``client`` has left ``pattern``: the cached answers that name it for
+        keys ``pattern`` matches are dropped (it may hold another pattern that
+        matches them; the next ``match`` of such a key works it out)."""
+        cache = self.cache
+        for key in self.cached(pattern):
+            if client in cache[key]:
+                del cache[key]
+
+    def _cache_store(self, key: bytes, result: Holders) -> None:
+        """Keep ``match``'s answer for ``key``: in the cache, and its key filed
+        by segments (the file is rebuilt from the cache when keys that have
+        left it make up half of it, so it stays within twice the cache)."""
+        cache = self.cache
+        if len(cache) >= self.cache_size:
+            # never a scan: whole, then it refills with what is hot; and
+            # filled in full again only if it paid (keys that repeat)
+            self._keeping = self._hits * MATCH_CACHE_PAYS >= len(cache)
+            self._hits = 0
+            cache.clear()
+            self._keys = _Level()
+            self._filed = 0
+        elif self._filed >= 2 * self.cache_size:
+            self._keys = _Level()
+            self._filed = 0
+            for old in cache:
+                _file(self._keys, old)
+                self._filed += 1
+        cache[key] = result
+        _file(self._keys, key)
+        self._filed += 1
 
     # --- trie plumbing ---------------------------------------------------
 
@@ -472,6 +562,78 @@ class SubscriptionIndex:
                     parent.children = None
             node = parent
         return left
+
+
+class _Level:
+    """The cached keys, by their '/'-separated segments: those that end at this
+    depth by their last segment, and the deeper levels by their next one.
+    ``SubscriptionIndex`` finds the keys a changed pattern matches here, with
+    a walk as long as the pattern, not a test of every cached key."""
+
+    __slots__ = ("down", "ends")
+
+    def __init__(self) -> None:
+        self.down: dict[bytes, _Level] | None = None
+        self.ends: dict[bytes, bytes] | None = None
+
+
+def _file(root: _Level, key: bytes) -> None:
+    """Put ``key`` under ``root``."""
+    level = root
+    start = 0
+    slash = find_byte(key, _SLASH, 0)
+    while slash >= 0:
+        seg = cut(key, start, slash)
+        if level.down is None:
+            level.down = {}
+        nxt = level.down.get(seg)
+        if nxt is None:
+            nxt = level.down[seg] = _Level()
+        level = nxt
+        start = slash + 1
+        slash = find_byte(key, _SLASH, start)
+    if level.ends is None:
+        level.ends = {}
+    level.ends[cut(key, start, len(key))] = key
+
+
+def _chosen(table: dict[bytes, Any], seg: bytes, starred: bool) -> list[Any]:
+    """The values of ``table`` whose segment a pattern segment matches: ``seg``
+    itself, or (``starred``: ``seg`` then '*') any that begins with ``seg``."""
+    if not starred:
+        hit = table.get(seg)
+        return [] if hit is None else [hit]
+    if not seg:
+        return list(table.values())
+    return [v for name, v in table.items() if name.startswith(seg)]
+
+
+def _gather(level: _Level, out: list[bytes]) -> None:
+    """Every key under ``level``."""
+    if level.ends is not None:
+        out.extend(level.ends.values())
+    if level.down is not None:
+        for child in level.down.values():
+            _gather(child, out)
+
+
+def _found(
+    level: _Level, segs: list[bytes], starred: list[bool], tail: bool, i: int, out: list[bytes]
+) -> None:
+    """The keys under ``level`` that the pattern's segments ``i:`` match: as
+    many segments as it has, or (``tail``) more."""
+    last = i == len(segs) - 1
+    if last and not tail:
+        if level.ends is not None:
+            out.extend(_chosen(level.ends, segs[i], starred[i]))
+        return
+    if level.down is None:
+        return
+    for child in _chosen(level.down, segs[i], starred[i]):
+        if last:
+            _gather(child, out)  # a tail: whatever goes on past this segment
+        else:
+            _found(child, segs, starred, tail, i + 1, out)
 
 
 def _walk(node: _Node, segs: list[bytes], i: int, out: list[Holders]) -> None:

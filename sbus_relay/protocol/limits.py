@@ -37,8 +37,9 @@ MAX_PATTERN_LENGTH = 4096
 #: Most '/'-separated segments in a pattern: bounds the depth of the wildcard
 #: trie, and so the work of one match.
 MAX_PATTERN_SEGMENTS = 128
-#: Entries in the key -> recipients cache; cleared whole when full or on any
-#: subscription change, so it bounds memory, not correctness.
+#: Entries in the key -> recipients cache, cleared whole when full (with the
+#: trie of its keys a subscription change walks, at most twice as many): it
+#: bounds their memory, not correctness.
 MATCH_CACHE_SIZE = 4096
 #: A full match cache is filled again with every miss only if it was hit at
 #: least once per this many entries since it was last cleared...

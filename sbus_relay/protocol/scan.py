@@ -8,11 +8,16 @@ in C; in pure Python they are the built-in methods they stand for.
 
 from __future__ import annotations
 
-from sbus_relay.accel import load_compiled
+from sbus_relay.accel import compiled, load_compiled
 
-try:
-    import cython
-except ImportError:  # Cython is needed only to build the compiled path
+if not compiled():
+    try:
+        import cython
+    except ImportError:  # Cython is needed only to build the compiled path
+        from sbus_relay.accel import NotCompiled as cython
+else:
+    # The compiled twin replaces this module at its end: until then only
+    # ``cython.compiled`` is read, so Cython's shadow module (1.5 MiB) stays out.
     from sbus_relay.accel import NotCompiled as cython
 
 

@@ -27,7 +27,7 @@ from sbus_relay.cli.bench import EXIT_TARGETS_MISSED
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 3_000
 #: Scenarios of the smoke run: one of each kind of load the runner drives.
-SMOKE = ("1to1", "wildcards", "1to100", "stalled", "clients_1000", "relay_up")
+SMOKE = ("1to1", "wildcards", "1to100", "stalled", "churn", "clients_1000", "relay_up")
 #: Seconds for the whole smoke run (it is about 40 s on 2 idle cores).
 RUN_TIMEOUT = 240
 
@@ -139,6 +139,31 @@ def test_every_target_has_a_verdict_a_script_can_read(live: dict[str, Any]) -> N
             assert v["value"] > 0 and not (v["metric"] == "overhead" and v["value"] > 1), v
     assert sum(live["summary"].values()) == len(verdicts)
     assert live["meta"]["load_before"] >= 0 and live["meta"]["load_after"] >= 0
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_churn_runs_beside_the_same_traffic_without_it(live: dict[str, Any]) -> None:
+    churn = live["scenarios"]["churn"]
+    assert set(churn["sides"]) == {"ours", "calm"} and churn["compare"] == "calm"
+    assert churn["sides"]["ours"]["churn_per_s"] > 0, "subscriptions changed beside the traffic"
+    assert churn["sides"]["calm"]["churn_per_s"] == 0
+    assert churn["ratio"] is not None
+    assert "(un)subscriptions/s" in live["_stdout"]
+
+
+@pytest.mark.timeout(120)
+def test_an_idle_relay_is_shown_beside_its_floor(tmp_path: Path) -> None:
+    data, stdout, _ = bench(tmp_path, "--no-reference", "--only", "footprint", timeout=100)
+    foot = data["scenarios"]["footprint"]
+    assert foot["status"] == "ok", foot
+    floor = list(foot["floor"].values())
+    assert 0 < floor[0] < floor[1] < floor[2], "python, + gevent, + structlog: each adds"
+    assert foot["idle_relay_rss"] > floor[0]
+    assert set(foot["on_demand"]) == {
+        "yaml (with a config file)",
+        "prometheus_client (with --metrics)",
+    }
+    assert "its floor, in a fresh interpreter:" in stdout and "+ gevent + structlog" in stdout
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 60)

@@ -6,10 +6,10 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.index import SubscriptionIndex, canonical
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -143,6 +143,115 @@ def test_add_remove_sequences(ops: list[tuple[bool, int, bytes]], key: bytes) ->
     for client in (0, 1, 2):
         drop_client(ix, client)
     assert len(ix) == 0 and ix.distinct == 0 and not ix.match(key)
+
+
+# One step of a client's life on a bus: subscribe, unsubscribe, publish
+# (a match), or go away (every subscription dropped, as the server does).
+steps = st.one_of(
+    st.tuples(st.just("sub"), st.integers(0, 3), patterns),
+    st.tuples(st.just("unsub"), st.integers(0, 3), patterns),
+    st.tuples(st.just("match"), st.just(0), keys),
+    st.tuples(st.just("gone"), st.integers(0, 3), st.just(b"")),
+)
+
+
+#: Keys of every shape the patterns can tell apart, matched between changes.
+SHAPES = [b"", b"a", b"ab", b"a/", b"/", b"a/b", b"a/ab", b"ab/", b"a/b/", b"ab/a/b"]
+SHAPES.append(b"!/cred/1/2/3/a")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(steps, max_size=60), st.sampled_from([3, 64]), st.lists(keys, max_size=4))
+@example([("sub", 1, b"*/a")], 64, [])  # a literal segment is not a prefix: a/ab
+@example([("sub", 1, b"a*/")], 64, [])  # a tail wants more after it: not ab
+def test_the_cache_answers_as_a_fresh_match_whatever_the_interleaving(
+    ops: list[tuple[str, int, bytes]], size: int, more: list[bytes]
+) -> None:
+    """Subscriptions, unsubscriptions, matches and departures in any order,
+    wildcards, trailing '/', '' and secret keys included: every answer the
+    cache gives is the one a fresh match gives, and the reference's (the
+    same clients, each once), and the cache stays within its bound (a small
+    one is emptied and refilled as it goes; a large one keeps every key)."""
+    ix: SubscriptionIndex = SubscriptionIndex(cache_size=size)
+    model: dict[tuple[int, bytes], int] = {}
+
+    def check(key: bytes) -> None:
+        got = ix.match(key)
+        assert len(got) == len(set(got)), "one copy per client"
+        assert set(got) == set(ix.lookup(key)) == {c for (c, p) in model if ref_match(p, key)}
+        assert len(ix.cache) <= size
+
+    for verb, client, arg in ops:
+        if verb == "sub":
+            ix.add(client, arg)
+            model[client, same(arg)] = model.get((client, same(arg)), 0) + 1
+        elif verb == "unsub":
+            held = model.get((client, same(arg)), 0)
+            assert ix.remove(client, arg) is bool(held)
+            if held > 1:
+                model[client, same(arg)] = held - 1
+            elif held:
+                del model[client, same(arg)]
+        elif verb == "gone":
+            drop_client(ix, client)
+            model = {(c, p): n for (c, p), n in model.items() if c != client}
+        else:
+            check(arg)
+        for key in SHAPES + more:  # matched between every change: the cache is full of them
+            check(key)
+    for key in list(ix.cache):
+        assert set(ix.cache[key]) == set(ix.lookup(key))
+
+
+def test_a_change_leaves_the_keys_it_does_not_match_cached() -> None:
+    """Clients coming and going on patterns that do not match the hot keys
+    leave their cached answers alone; one that matches updates them."""
+    ix: SubscriptionIndex = SubscriptionIndex()
+    ix.add("reader", b"hot/")
+    hot = [b"hot/%d" % i for i in range(100)] + [b"!/cred/1/2/3/hot"]
+    ix.add("spy", b"!/cred/1/2/3/hot")
+    for key in hot:
+        ix.match(key)
+    cached = {key: ix.cache[key] for key in hot}
+    for pattern in (b"cold/1", b"cold/", b"hot/*/x", b"*/*/x/", b"hot/x*/", b"a*b", b"hot/1/"):
+        ix.add("churn", pattern)
+        ix.remove("churn", pattern)
+    assert {key: ix.cache.get(key) for key in hot} == cached, "untouched by the churn"
+    ix.add("late", b"hot/*")  # matches every public hot key: joins their answers
+    assert all(ix.cache[key] == ("reader", "late") for key in hot[:-1])
+    assert ix.cache[hot[-1]] == ("spy",), "no wildcard sees a secret key"
+    ix.add("all", b"")
+    assert all(ix.cache[key] == ("reader", "late", "all") for key in hot[:-1])
+    assert ix.cache[hot[-1]] == ("spy",)
+    ix.remove("late", b"hot/*")  # leaves: the answers that named it are dropped
+    assert not any(key in ix.cache for key in hot[:-1]) and hot[-1] in ix.cache
+    assert ix.match(b"hot/7") == ("reader", "all")
+    ix.add("exact", b"hot/7")  # one key: one lookup
+    assert ix.cache[b"hot/7"] == ("reader", "all", "exact")
+    ix.remove("exact", b"hot/7")
+    assert b"hot/7" not in ix.cache and ix.match(b"hot/7") == ("reader", "all")
+
+
+rule_patterns = st.lists(
+    st.sampled_from([b"a", b"b", b"/", b"*", b"**", b"ab", b"!/cred/1/2/3/"]), max_size=7
+).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(rule_patterns, max_size=4), st.lists(keys, max_size=20))
+def test_the_cached_keys_a_pattern_matches_are_the_references(
+    changed: list[bytes], cached: list[bytes]
+) -> None:
+    """What a subscription change touches, found without a scan, is every
+    cached key the pattern matches and nothing else."""
+    ix: SubscriptionIndex = SubscriptionIndex()
+    ix.add("c", b"never")
+    for key in SHAPES + cached:
+        ix.match(key)
+    ix.cache.pop(b"a/b", None)  # a key that has left the cache is not touched
+    for pattern in changed:
+        found = ix.cached(canonical(pattern))
+        assert sorted(found) == sorted(k for k in ix.cache if ref_match(pattern, k))
 
 
 def drop_client(ix: SubscriptionIndex, client: Any) -> None:

@@ -1,6 +1,6 @@
 /* loadgen: the load generator of `sbus-relay bench`.
  *
- * One small program with four modes, so that the load never comes from Python:
+ * One small program with five modes, so that the load never comes from Python:
  *
  *   loadgen pub     -a ADDR -n N [-c CONNS] [-s SIZE] [-r RATE] [-k PREFIX]
  *                   [-x KEYMODE] [-N KEYS] [-S SECRET] [-i ID] [-w]
@@ -31,6 +31,15 @@
  *       (barrier, "ready"), then hold them until stdin reaches EOF.
  *   loadgen stalled -a ADDR [-p PATTERN]
  *       Subscribe (barrier, "ready") and never read again, until stdin's EOF.
+ *   loadgen churn   -a ADDR -c CLIENTS -r RATE [-P PREFIX] [-w]
+ *       Open CLIENTS connections (barrier, "ready"), with -w wait for a line on
+ *       stdin, then until stdin's EOF send RATE subscription changes/s in all,
+ *       round-robin over the connections: each subscribes to a pattern and
+ *       unsubscribes from it on its next turn, the patterns going through an
+ *       exact key, a prefix and two wildcards in PREFIX's namespace that never
+ *       match a measured key (PREFIX/churn/C/N, PREFIX/churn/C/N/,
+ *       PREFIX/ * /churn-C-N/ and * / * /churn-C-N, without the spaces).
+ *       It never reads: nothing is sent to it.
  *
  * Every mode ends by printing one JSON line on stdout; pub and sub include
  * "cpu_ns", the CPU time they used while the messages flowed (from "go", and
@@ -46,6 +55,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -583,10 +593,76 @@ static int run_stalled(const struct options *o)
 	return 0;
 }
 
+/* The pattern connection c subscribes to on its n-th change (see the top). */
+static void churn_pattern(char *out, size_t size, const char *prefix, long c, long n)
+{
+	switch (n % 4) {
+	case 0: snprintf(out, size, "%s/churn/%ld/%ld", prefix, c, n); break;
+	case 1: snprintf(out, size, "%s/churn/%ld/%ld/", prefix, c, n); break;
+	case 2: snprintf(out, size, "%s/*/churn-%ld-%ld/", prefix, c, n); break;
+	default: snprintf(out, size, "*/*/churn-%ld-%ld", c, n); break;
+	}
+}
+
+static int run_churn(const struct options *o)
+{
+	char pattern[512], packet[600];
+	long *turns, c = 0, ok;
+	uint64_t start, interval, changes = 0, cpu0;
+	int *fds;
+	struct pollfd in = { STDIN_FILENO, POLLIN, 0 };
+
+	if (o->rate <= 0) {
+		fprintf(stderr, "loadgen: churn needs -r RATE\n");
+		return 2;
+	}
+	turns = calloc((size_t)o->clients, sizeof(*turns));
+	if (!turns)
+		die("calloc");
+	fds = connect_all(o->address, o->clients);
+	ok = barrier_all(fds, o->clients);
+	say("ready");
+	if (o->wait_go)
+		wait_line();
+	interval = (uint64_t)(1e9 / o->rate);
+	cpu0 = cpu_ns();
+	start = now_ns();
+	for (;;) {
+		uint64_t target = start + changes * interval, now = now_ns();
+		/* wait for the next change's time, watching stdin for its EOF */
+		int wait_ms = target > now ? (int)((target - now + 999999u) / 1000000u) : 0;
+		if (poll(&in, 1, wait_ms) > 0) {
+			char buf[256];
+			if (read(STDIN_FILENO, buf, sizeof(buf)) <= 0)
+				break;
+			continue;
+		}
+		if (now_ns() < target)
+			continue;
+		/* even turns subscribe, odd turns unsubscribe what the turn before did */
+		churn_pattern(pattern, sizeof(pattern), o->prefix, c, turns[c] / 2);
+		snprintf(packet, sizeof(packet), "%s %s", turns[c] % 2 ? "UNSUB" : "SUB", pattern);
+		send_text(fds[c], packet);
+		turns[c]++;
+		changes++;
+		c = (c + 1) % o->clients;
+	}
+	printf("{\"mode\":\"churn\",\"clients\":%ld,\"changes\":%llu,\"seconds\":%.3f,"
+	       "\"barrier\":%ld,\"cpu_ns\":%llu}\n",
+	       o->clients, (unsigned long long)changes, (double)(now_ns() - start) / 1e9, ok,
+	       (unsigned long long)(cpu_ns() - cpu0));
+	fflush(stdout);
+	for (c = 0; c < o->clients; c++)
+		close(fds[c]);
+	free(fds);
+	free(turns);
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: loadgen pub|sub|idle|stalled -a ADDRESS [-n N] [-c CONNS] [-s SIZE]\n"
+		"usage: loadgen pub|sub|idle|stalled|churn -a ADDRESS [-n N] [-c CONNS] [-s SIZE]\n"
 		"       [-r RATE] [-k PREFIX] [-x fixed|cycle|distinct|wild] [-N KEYS]\n"
 		"       [-S SECRET] [-p PATTERN]... [-e] [-P PREFIX] [-t IDLE_S] [-T START_S]\n"
 		"       [-K PATTERNS] [-i ID] [-m FLOOD_MODE] [-w]\n");
@@ -671,6 +747,8 @@ int main(int argc, char **argv)
 		return run_idle(&o);
 	if (strcmp(mode, "stalled") == 0)
 		return run_stalled(&o);
+	if (strcmp(mode, "churn") == 0)
+		return run_churn(&o);
 	usage();
 	return 2;
 }
