@@ -57,7 +57,7 @@ NOT_MODULES = {
 NOT_PATHS = {"grafana/grafana"}  # the Grafana container image
 HOST_PORT = re.compile(r"\b(?:127\.0\.0\.1|0\.0\.0\.0|localhost):(\d{2,5})\b")
 #: Ports of other programs the docs name, and whose.
-OTHER_PROGRAMS = {9090: "Prometheus", 3000: "Grafana"}
+OTHER_PROGRAMS = {9090: "Prometheus", 3000: "Grafana", 4222: "NATS"}
 PERFORMANCE = ROOT / "docs" / "performance.md"
 RUN_JSON = ROOT / "docs" / "performance-run.json"
 #: The client library's own run (``bench --only client``): its scenario
