@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-report", action="store_true", help="write the Parquet tables and summary.json only"
     )
     parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="read every capture's raw rows, not the rollup written beside it "
+        "(the same tables, slower; a deeper --depth or an odd --window does it anyway)",
+    )
+    parser.add_argument(
         "--skip-bad-files",
         action="store_true",
         help="skip capture files that are not readable Parquet instead of stopping",
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             spark=spark_settings(args),
             report=not args.no_report,
             skip_bad_files=args.skip_bad_files,
+            raw=args.raw,
         )
         if not args.follow and args.checkpoint is not None:
             raise InputError("--checkpoint goes with --follow")

@@ -67,6 +67,8 @@ class Inputs:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     losses: LossSummary | None = None
+    #: Rows of each checked capture file (its footer), by path.
+    file_rows: dict[str, int] = field(default_factory=dict)
 
 
 def is_url(path: str) -> bool:
@@ -111,6 +113,7 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
             not_captures.append(str(f))
             continue
         inputs.paths.append(str(f))
+        inputs.file_rows[str(f)] = meta.num_rows
         inputs.rows += meta.num_rows
         inputs.bytes += f.stat().st_size
         t = meta.schema.to_arrow_schema().get_field_index("time_ns")
