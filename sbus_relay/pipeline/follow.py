@@ -199,13 +199,24 @@ def reads_rollups(request: Request) -> bool:
     )
 
 
-def roll_up_missing(files: dict[str, int]) -> int:
+def roll_up_missing(files: dict[str, int], skip_bad: bool = False) -> int:
     """Roll up, beside them, the capture ``files`` (path: rows) without a usable
-    rollup; how many were made."""
+    rollup; how many were made.  A file that cannot be read is refused
+    (InputError), or left out with ``skip_bad``."""
+    import pyarrow as pa
+
     made = 0
     for path, rows in sorted(files.items()):
         if R.usable(R.rollup_path(path), rows) is None:
-            R.roll_up_file(path)
+            try:
+                R.roll_up_file(path)
+            except (OSError, pa.ArrowException) as exc:
+                if skip_bad:
+                    continue
+                raise I.InputError(
+                    f"unreadable capture file {path} ({first_line(exc)}); "
+                    "give --skip-bad-files to follow the rest"
+                ) from None
             made += 1
     return made
 
@@ -376,7 +387,7 @@ def _follow(
         skip = request.skip_bad_files
         inputs = I.resolve(request.captures, skip_bad=skip, recover_journals=False)
         bytes_now = inputs.bytes
-        made = roll_up_missing(inputs.file_rows) if rollups else 0
+        made = roll_up_missing(inputs.file_rows, skip) if rollups else 0
         if made:
             say(f"rolled up {made} capture {plural(made, 'file')} without a rollup, beside it")
     seen: set[str] = set()
@@ -479,8 +490,8 @@ def _watch(
             fresh = _new_files(directory, seen)
             if fresh:
                 new = I.resolve(fresh, recover_journals=False)  # InputError for a foreign file
-                if rollups:
-                    roll_up_missing(new.file_rows)  # those another tool wrote
+                if rollups:  # those another tool wrote
+                    roll_up_missing(new.file_rows, request.skip_bad_files)
         committed = state.committed()
         if committed > reported:
             t0 = time.monotonic()

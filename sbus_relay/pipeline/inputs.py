@@ -90,6 +90,11 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
     for p in paths:
         if not os.path.exists(p):
             raise InputError(f"no such file or directory: {p}")
+        if not os.path.isdir(p) and not p.endswith(CAPTURE_SUFFIX):
+            raise InputError(
+                f"{p} is not a capture file: analyze reads the *{CAPTURE_SUFFIX} files "
+                "`sbus-relay record` writes; give them, or the directory that holds them"
+            )
     inputs = Inputs(paths=[], checked=True)
     if recover_journals:
         try:

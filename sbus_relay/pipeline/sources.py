@@ -20,7 +20,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .rollup import ROLLUP_DEPTH, RollupInfo, roll_up_file, rollup_path, usable
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .rollup import (
+    ROLLUP_DEPTH,
+    SCANNED,
+    RollupInfo,
+    roll_up,
+    rollup_path,
+    usable,
+    write_rollup,
+)
 
 #: The directory under analyze's output that keeps the rollups it could not
 #: write beside their captures.
@@ -123,16 +134,23 @@ def plan(
 
 
 def _make(capture: Path, rows: int, out: Path | None, sources: Sources) -> RollupInfo | None:
-    """Roll up ``capture`` beside it, else under ``out``; None when neither may be written."""
+    """Roll up ``capture`` beside it, else under ``out``; None when it cannot be
+    read (Spark then reads it, and says what is wrong with it or skips it) or
+    the rollup cannot be written anywhere."""
+    try:
+        table = pq.read_table(capture, columns=SCANNED)
+    except (OSError, pa.ArrowException):
+        return None
+    rollup = roll_up(table, capture.name)
     made: Path | None = None
     if _writable(capture.parent):
         try:
-            made = roll_up_file(capture)
-        except PermissionError:
+            made = write_rollup(rollup, rollup_path(capture))
+        except OSError:
             made = None
     if made is None and out is not None:
         (out / ROLLUPS_DIR).mkdir(exist_ok=True)
-        made = roll_up_file(capture, out / ROLLUPS_DIR / kept_name(capture))
+        made = write_rollup(rollup, out / ROLLUPS_DIR / kept_name(capture))
         sources.in_output += 1
     if made is None:
         return None
