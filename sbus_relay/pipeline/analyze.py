@@ -328,38 +328,55 @@ def _resums() -> list[Any]:
     ]
 
 
+#: ``_set`` of the row that carries the number of distinct keys (in ``messages``)
+#: among the small sets ``compute`` collects.
+KEY_COUNT_SET = -2
+
+
 def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """The job from a DataFrame of the three sets (``aggregate``, ``reaggregate``):
-    persisted while the small sets are collected as Arrow (their size is
-    bounded by prefixes x windows x instances and prefixes x distinct sizes,
-    not by the traffic) and the keys, left in Spark because they are
-    unbounded, are ranked and counted."""
+    """The job from a DataFrame of the three sets (``aggregate``, ``reaggregate``),
+    persisted while it runs two jobs: the small sets and the number of distinct
+    keys, collected as Arrow (their size is bounded by prefixes x windows x
+    instances and prefixes x distinct sizes, not by the traffic); and the two
+    top-key rankings, the keys left in Spark because they are unbounded."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        tag = F.col("_set")
-        small = sets.where(tag != F.lit(R.KEY_SET)).toArrow()
-        keys = sets.where(tag == F.lit(R.KEY_SET)).select("key", "messages", "bytes")
+        is_key = F.col("_set") == F.lit(R.KEY_SET)
+        keys = sets.where(is_key).select("key", "messages", "bytes")
+        counted = _as_sets(keys.agg(F.count(F.lit(1)).alias("messages")), KEY_COUNT_SET)
+        small = sets.where(~is_key).unionByName(counted).toArrow()
         ranked = _keys(keys, opts)
     finally:
         sets.unpersist()
-    return _split(small, ranked)
+    import pyarrow.compute as pc
+
+    is_count = pc.equal(small["_set"], KEY_COUNT_SET)
+    distinct = pc.sum(small.filter(is_count)["messages"]).as_py() or 0
+    return _split(small.filter(pc.invert(is_count)), (*ranked, distinct))
 
 
-def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any, int]:
-    """The two top-key rankings and the number of distinct keys, from per-key counts."""
+def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any]:
+    """The two top-key rankings from per-key counts, in one job."""
     from pyspark.sql import functions as F
 
-    def top_by(first: str, second: str) -> Any:
+    def top_by(first: str, second: str) -> DataFrame:
         order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
         # At most opts.top rows, ranked here: no global (single-partition) window.
-        top = keys.orderBy(*order).limit(opts.top).collect()
-        return ranking([r["key"] for r in top], [r["messages"] for r in top],
-                       [r["bytes"] for r in top])  # fmt: skip
+        return keys.orderBy(*order).limit(opts.top).withColumn("_by", F.lit(first))
 
-    return top_by("messages", "bytes"), top_by("bytes", "messages"), keys.count()
+    rows = top_by("messages", "bytes").unionByName(top_by("bytes", "messages")).collect()
+
+    def ranked(by: str) -> Any:
+        then = "bytes" if by == "messages" else "messages"
+        top = sorted(
+            (r for r in rows if r["_by"] == by), key=lambda r: (-r[by], -r[then], r["key"])
+        )
+        return ranking(*([r[c] for r in top] for c in ("key", "messages", "bytes")))
+
+    return ranked("messages"), ranked("bytes")
 
 
 def ranking(keys: list[Any], messages: list[Any], nbytes: list[Any]) -> pa.Table:
