@@ -2,8 +2,11 @@
 
 The captures are read by Spark with built-in Spark SQL functions, never Python
 UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
-only the driver runs this code.  Two scans (``compute_rows``) yield small
-aggregates from which the driver derives the tables (``derive``).  Definitions
+only the driver runs this code.  Every table derives from three sets, (prefix,
+window, instance), (prefix, size) and key: read from the captures' rollups
+(``rollup``, re-binned and cut by ``reaggregate``) or aggregated from raw rows
+(``aggregate``), whichever ``sources`` chose per file; ``compute`` collects the
+small sets, from which the driver derives the tables (``derive``).  Definitions
 (the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``

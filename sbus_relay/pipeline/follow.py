@@ -1,19 +1,23 @@
 """``analyze --follow``: the report kept current while ``record`` writes (Structured Streaming).
 
-The stream is Spark's file source over the capture directory, reading
-``*.parquet``: the files ``record`` has closed (it writes a journal and renames
-each finished Parquet file into place).  Spark's checkpoint (offsets, commits,
+The stream is Spark's file source over the capture directory, reading the
+``*.rollup`` files ``record`` publishes with each capture file it closes (the
+driver rolls up, beside them, capture files that arrive without one); or, when
+rollups cannot serve the report (``reads_rollups``), the ``*.parquet`` capture
+files themselves.  Spark's checkpoint (offsets, commits,
 the list of files read) makes each file read once, across ``kill -9`` and
 restarts.
 
-Each micro-batch (``foreachBatch``) aggregates its rows into the job's grouping
-sets (``analyze.aggregate``), in windows fine enough to be summed into any
-later window (``analyze.state_window``), plus one row per file it read, and
-writes them to ``<checkpoint>/state/batch=<id>``, overwriting: a batch that
-Spark runs again after a crash rewrites the same rows, never adds them twice.
+Each micro-batch (``foreachBatch``) writes its rollups' rows as they are, or
+aggregates its capture rows into the job's sets (``analyze.aggregate``) in
+windows fine enough to be summed into any later window
+(``windows.state_window``), plus one row per file it read, to
+``<checkpoint>/state/batch=<id>``, overwriting: a batch that Spark runs again
+after a crash rewrites the same rows, never adds them twice.
 
 After each batch Spark has committed, the driver sums the committed state
-again (``analyze.reaggregate``) into the windows of the whole span and writes
+again with pyarrow (``read_state``, ``analyze.compute_local``) into the windows
+of the whole span and writes
 the tables, summary and report as a batch run does (``analyze.finish``), into a
 fresh directory that then replaces ``--out``: a batch ``analyze`` of the same
 files gives the same tables.  Every COMPACT_BATCHES batches the state is summed
