@@ -410,30 +410,63 @@ def _split(small: Any, ranked: tuple[Any, Any, int]) -> Computed:
 def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
     """``compute(reaggregate(state, opts.window_ns, opts.depth))`` with pyarrow on
     the driver, for stored sets that are local files and small (``follow``'s
-    state): the same tables, byte for byte."""
+    state): the same tables, byte for byte.  Each set is summed on its own
+    columns; prefixes are cut once per distinct prefix."""
     import pyarrow.compute as pc
 
     w = opts.window_ns
-    state = state.filter(pc.not_equal(state["_set"], R.FILE_SET))
-    is_cell = pc.equal(state["_set"], R.CELL_SET)
-    rebinned = pc.if_else(is_cell, pc.multiply(pc.divide(state["window_start_ns"], w), w), None)
-    state = state.set_column(1, "prefix", _cut(state["prefix"], opts.depth))
-    state = state.set_column(2, "window_start_ns", rebinned.cast(pa.int64()))
-    keys = state.filter(pc.equal(state["_set"], R.KEY_SET))
-    small = state.filter(pc.not_equal(state["_set"], R.KEY_SET))
-    g = small.group_by(["_set", *GROUPING_COLUMNS], use_threads=False).aggregate(
+
+    def rows(set_id: int) -> pa.Table:
+        return state.filter(pc.equal(state["_set"], set_id))
+
+    cells = rows(R.CELL_SET)
+    codes, names = _cut(cells["prefix"], opts.depth)
+    cells = pa.table(
+        {
+            "prefix": codes,
+            "window_start_ns": pc.multiply(pc.divide(cells["window_start_ns"], w), w),
+            **{c: cells[c] for c in ("instance", "messages", "bytes", "first_ns", "last_ns")},
+        }
+    ).group_by(list(CELLS), use_threads=False)
+    cells = cells.aggregate(
         [("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"), ("last_ns", "max")]
     )
-    small = pa.table(
-        {
-            "_set": g["_set"],
-            **{c: g[c] for c in GROUPING_COLUMNS},
-            "messages": g["messages_sum"],
-            "bytes": g["bytes_sum"],
-            "first_ns": g["first_ns_min"],
-            "last_ns": g["last_ns_max"],
-        }
+    cells = cells.set_column(
+        cells.schema.get_field_index("prefix"), "prefix", pc.take(names, cells["prefix"])
     )
+    sizes = rows(R.SIZE_SET)
+    codes, names = _cut(sizes["prefix"], opts.depth)
+    sizes = pa.table({"prefix": codes, "size": sizes["size"], "messages": sizes["messages"]})
+    sizes = sizes.group_by(list(SIZES), use_threads=False).aggregate([("messages", "sum")])
+    sizes = sizes.set_column(
+        sizes.schema.get_field_index("prefix"), "prefix", pc.take(names, sizes["prefix"])
+    )
+
+    def tagged(t: pa.Table, set_id: int, **columns: Any) -> pa.Table:
+        n = t.num_rows
+        return pa.table(
+            {
+                f.name: pa.repeat(pa.scalar(set_id), n)
+                if f.name == "_set"
+                else (columns[f.name] if f.name in columns else pa.nulls(n, f.type))
+                for f in R.ROLLUP_SCHEMA
+            },
+            schema=R.ROLLUP_SCHEMA,
+        )
+
+    small = pa.concat_tables(
+        [
+            tagged(
+                cells, R.CELL_SET, prefix=cells["prefix"],
+                window_start_ns=cells["window_start_ns"], instance=cells["instance"],
+                messages=cells["messages_sum"], bytes=cells["bytes_sum"],
+                first_ns=cells["first_ns_min"], last_ns=cells["last_ns_max"],
+            ),
+            tagged(sizes, R.SIZE_SET, prefix=sizes["prefix"], size=sizes["size"],
+                   messages=sizes["messages_sum"]),
+        ]
+    )  # fmt: skip
+    keys = rows(R.KEY_SET)
     k = keys.group_by("key", use_threads=False).aggregate([("messages", "sum"), ("bytes", "sum")])
     k = pa.table({"key": k["key"], "messages": k["messages_sum"], "bytes": k["bytes_sum"]})
 
@@ -445,15 +478,16 @@ def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
     return _split(small, (top_by("messages", "bytes"), top_by("bytes", "messages"), k.num_rows))
 
 
-def _cut(prefixes: Any, depth: int) -> Any:
-    """Stored prefixes cut to ``depth`` segments (nulls, the keys' rows, stay null)."""
+def _cut(prefixes: Any, depth: int) -> tuple[Any, Any]:
+    """Stored prefixes cut to ``depth`` segments, each distinct one once: (a code
+    per row, the cut prefixes the codes index), so that sums group on integers."""
     import pyarrow.compute as pc
 
     if isinstance(prefixes, pa.ChunkedArray):
-        prefixes = prefixes.combine_chunks()
-    valid = pc.is_valid(prefixes)
-    cut = R.prefixes(pc.fill_null(prefixes, ""), depth)
-    return pc.if_else(valid, cut, pa.scalar(None, pa.string()))
+        prefixes = prefixes.combine_chunks() if prefixes.num_chunks else pa.array([], pa.string())
+    encoded = pc.dictionary_encode(prefixes)
+    cut = pc.dictionary_encode(R.prefixes(encoded.dictionary, depth))
+    return pc.take(cut.indices, encoded.indices), cut.dictionary
 
 
 def _rebin(cells: Any, window_ns: int) -> Any:

@@ -285,19 +285,35 @@ def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) ->
     return root
 
 
+#: The state files the driver has read, by path: (modification time, rows).  Only
+#: the files of the current state are kept: each update reads just the new ones.
+_READ: dict[str, tuple[int, Any]] = {}
+
+
 def read_state(state: State, upto: int) -> Any:
     """The committed state up to batch ``upto``, read with pyarrow on the driver
-    (the checkpoint is local; its rows are aggregates, not messages)."""
+    (the checkpoint is local; its rows are aggregates, not messages); a file
+    read by an earlier update, unchanged since, is not read again."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     files = [str(f) for p in state.paths(upto) for f in sorted(Path(p).glob("*.parquet"))]
-    if not files:
+    parts = []
+    for f in files:
+        mtime = os.stat(f).st_mtime_ns
+        cached = _READ.get(f)
+        if cached is None or cached[0] != mtime:
+            table = pq.read_table(f)
+            table = pa.Table.from_arrays(
+                [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA], schema=R.ROLLUP_SCHEMA
+            )
+            cached = (mtime, table)
+        parts.append((f, cached))
+    _READ.clear()
+    _READ.update(parts)
+    if not parts:
         return R.ROLLUP_SCHEMA.empty_table()
-    table = ds.dataset(files, format="parquet").to_table()
-    return pa.Table.from_arrays(
-        [table[f.name].cast(f.type) for f in R.ROLLUP_SCHEMA], schema=R.ROLLUP_SCHEMA
-    )
+    return pa.concat_tables([table for _, (_, table) in parts])
 
 
 def update(
