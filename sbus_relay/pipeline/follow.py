@@ -193,13 +193,13 @@ def reads_rollups(request: Request) -> bool:
     """Whether the stream can read the rollups: prefixes the rollups hold, and
     windows chosen from the span (any of them is a multiple of every rollup's)."""
     opts = request.options
-    directory = request.captures[0]
-    writable = os.access(directory, os.W_OK | os.X_OK)  # for the rollups it makes
+    # The directory must take the rollups of captures that arrive without one.
+    writable = os.access(request.captures[0], os.W_OK | os.X_OK)
     return (
         not request.raw
         and opts.window_seconds is None
         and opts.depth <= R.ROLLUP_DEPTH
-        and (writable)
+        and writable
     )
 
 

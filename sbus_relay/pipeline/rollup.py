@@ -146,12 +146,13 @@ def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
     by_size = coded.group_by(["p", "s"], use_threads=False).aggregate([("k", "count")])
     by_key = coded.group_by(["k"], use_threads=False).aggregate([("s", "count"), ("s", "sum")])
 
-    def part(rows: int, set_id: int, **columns: pa.Array | None) -> pa.Table:
+    def part(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
+        """One set's rows in ROLLUP_SCHEMA: its columns given, the others null."""
         return pa.table(
             {
                 f.name: pa.repeat(pa.scalar(set_id), rows)
                 if f.name == "_set"
-                else (columns.get(f.name) if columns.get(f.name) is not None else pa.nulls(rows))
+                else columns.get(f.name, pa.nulls(rows, f.type))
                 for f in ROLLUP_SCHEMA
             }
         ).cast(ROLLUP_SCHEMA)
