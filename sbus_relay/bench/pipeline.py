@@ -2,6 +2,7 @@
 
     python -m sbus_relay.bench.pipeline --rows 10000000 100000000 --runs 3
     python -m sbus_relay.bench.pipeline --recorder 1000000    # the recorder (``recording``)
+    python -m sbus_relay.bench.pipeline --follow-only --runs 3   # --follow alone
 
 For each size, a synthetic capture (``synth``, generated into ``--dir`` unless
 there), then ``--runs`` rounds, each running in turn (interleaved, so that the
@@ -426,6 +427,40 @@ def analysis_benchmark(sizes: list[int], base: Path, runs: int, with_cluster: bo
     return 0 if ok else 1
 
 
+def follow_benchmark(sizes: list[int], base: Path, runs: int) -> int:
+    """The --follow probe alone, on a Connect server of its own: ``runs`` new
+    files into each size's followed capture; print each time and the median."""
+    from sbus_relay.bench.synth import generate
+    from sbus_relay.pipeline.capture import capture_files
+    from sbus_relay.pipeline.connect import ServerOptions, connect_server, free_port
+    from sbus_relay.pipeline.session import SparkSettings
+
+    ok = True
+    with contextlib.ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="sbus-bench-"))
+        stack.callback(shutil.rmtree, work, True)
+        opts = ServerOptions(port=free_port(), settings=SparkSettings(memory=SERVER_MEMORY))
+        stack.enter_context(connect_server(opts, str(work / "server.log")))
+        for rows in sizes:
+            directory = base / f"synth{rows}"
+            if not capture_files([str(directory)]):
+                generate(directory, rows)
+            files = capture_files([str(directory)])
+            _roll_up(files)
+            probe = FollowProbe(work / f"follow{rows}", files, opts.url)
+            try:
+                found = [probe.measure(seed=2000 + i) for i in range(runs)]
+            finally:
+                probe.stop()
+            ok &= all(r.ok for r in found)
+            each = ", ".join(f"{r.seconds:.1f}" for r in found)
+            lat = _median([r.seconds for r in found])
+            print(f"{rows:,} rows: a new {FOLLOW_ROWS:,}-row capture file in the followed report "
+                  f"in {lat:.1f} s ({each}), target {FOLLOW_TARGET_S:g} s: "
+                  f"{_met(lat <= FOLLOW_TARGET_S)}", flush=True)  # fmt: skip
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Benchmark the analysis (default) or the recorder; print the figures."""
     parser = argparse.ArgumentParser(prog="python -m sbus_relay.bench.pipeline")
@@ -438,11 +473,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recorder", type=int, metavar="N", help="benchmark record with N flood messages instead"
     )
+    parser.add_argument(
+        "--follow-only", action="store_true", help="only the --follow probe, on a server of its own"
+    )
     args = parser.parse_args(argv)
     if args.recorder:
         from sbus_relay.bench.recording import recorder_benchmark
 
         return recorder_benchmark(args.recorder)
+    if args.follow_only:
+        return follow_benchmark(args.rows, Path(args.dir), max(1, args.runs))
     return analysis_benchmark(args.rows, Path(args.dir), max(1, args.runs), not args.no_cluster)
 
 
