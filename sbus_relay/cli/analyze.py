@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--depth",
         type=int,
         default=D.DEFAULT_DEPTH,
+        metavar="N",
         help="key prefix depth in '/'-separated segments (default %(default)s)",
     )
     parser.add_argument(
@@ -60,23 +61,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "about 100 to 500 windows, and to the traffic's own rhythm)",
     )
     parser.add_argument(
-        "--top", type=int, default=D.DEFAULT_TOP, help="top keys to keep (default %(default)s)"
+        "--top",
+        type=int,
+        default=D.DEFAULT_TOP,
+        metavar="N",
+        help="top keys to keep (default %(default)s)",
     )
     parser.add_argument(
         "--burst-factor",
         type=float,
         default=D.DEFAULT_BURST_FACTOR,
+        metavar="X",
         help="burst: window >= this x the median window (default %(default)s)",
     )
     parser.add_argument(
         "--burst-min-messages",
         type=int,
         default=D.DEFAULT_BURST_MIN_MESSAGES,
+        metavar="N",
         help="burst: and at least this many messages (default %(default)s)",
     )
     add_spark_arguments(parser)
     parser.add_argument(
         "--no-report", action="store_true", help="write the Parquet tables and summary.json only"
+    )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="read every capture's raw rows, not the rollup written beside it "
+        "(the same tables, slower; a deeper --depth or an odd --window does it anyway)",
     )
     parser.add_argument(
         "--skip-bad-files",
@@ -153,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             spark=spark_settings(args),
             report=not args.no_report,
             skip_bad_files=args.skip_bad_files,
+            raw=args.raw,
         )
         if not args.follow and args.checkpoint is not None:
             raise InputError("--checkpoint goes with --follow")

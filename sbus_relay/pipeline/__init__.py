@@ -4,6 +4,8 @@ Modules (see ``docs/pipeline.md``):
 
 - ``capture``: the capture format, the crash-safe writer (journal, then Parquet),
   recovery of a killed recorder's journal, and the loss log.
+- ``rollup``: a capture file's aggregates, written when it is closed;
+  ``sources``: whether a run reads a capture's rollup or its raw rows.
 - ``recorder``: a bus client that feeds the writer and counts what the bus
   dropped for it (``sbus-relay record``).
 - ``inputs``: what ``analyze`` reads (checked captures only) and how it replaces

@@ -2,8 +2,11 @@
 
 The captures are read by Spark with built-in Spark SQL functions, never Python
 UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
-only the driver runs this code.  Two scans (``compute_rows``) yield small
-aggregates from which the driver derives the tables (``derive``).  Definitions
+only the driver runs this code.  Every table derives from three sets, (prefix,
+window, instance), (prefix, size) and key: read from the captures' rollups
+(``rollup``, re-binned and cut by ``reaggregate``) or aggregated from raw rows
+(``aggregate``), whichever ``sources`` chose per file; ``compute`` collects the
+small sets, from which the driver derives the tables (``derive``).  Definitions
 (the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import derive as D
+from . import rollup as R
 from .defaults import (
     CAPTURE_SUFFIX,
     DEFAULT_BURST_FACTOR,
@@ -46,6 +50,7 @@ from .defaults import (
     DEFAULT_WINDOW_SECONDS,
 )
 from .inputs import SUMMARY_FILE, Inputs, resolve
+from .sources import Sources, plan
 from .windows import auto_window, recorded_windows, rhythm_window
 
 if TYPE_CHECKING:
@@ -75,14 +80,13 @@ MAX_HEAP_MIB = 4096
 #: Size histogram buckets: powers of two up to the largest sbus packet (409,600 B).
 HISTOGRAM_MAX_EXPONENT = D.HISTOGRAM_MAX_EXPONENT
 
-#: The scan's grouping sets: what every table derives from.
-CELLS = ("prefix", "window_start_ns", "instance")
-SIZES = ("prefix", "size")
-KEYS = ("key",)
+#: The scan's grouping sets: what every table derives from (``rollup``).
+CELLS = R.CELLS
+SIZES = R.SIZES
+KEYS = R.KEYS
 GROUPING_SETS = (CELLS, SIZES, KEYS)
-GROUPING_COLUMNS = ("prefix", "window_start_ns", "instance", "size", "key")
-#: The columns of the batch job's aggregate of the small sets (``compute_rows``).
-SMALL_COLUMNS = ("prefix", "window_start_ns", "instance", "size")
+GROUPING_COLUMNS = R.GROUPING_COLUMNS
+grouping_id = R.grouping_id
 
 OTHER = "(other)"
 #: The capture schema (``capture.CAPTURE_SCHEMA``) as Spark reads it.
@@ -142,12 +146,6 @@ class AnalyzeOptions:
     def window_ns(self) -> int:
         w = DEFAULT_WINDOW_SECONDS if self.window_seconds is None else self.window_seconds
         return round(w * 1e9)
-
-
-def grouping_id(grouping: tuple[str, ...], columns: tuple[str, ...] = GROUPING_COLUMNS) -> int:
-    """Spark's ``grouping_id()`` of the rows of one grouping set: a bit per
-    grouping column, most significant first, set when it is not grouped on."""
-    return sum(1 << (len(columns) - 1 - i) for i, c in enumerate(columns) if c not in grouping)
 
 
 def percentile_name(q: float) -> str:
@@ -223,16 +221,55 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
 
 
 def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
-    """One aggregate of the capture rows ``df`` into the GROUPING_SETS, (prefix,
-    window, instance), (prefix, size) and key, each row tagged with its set
-    (``_set``, see ``grouping_id``): the state ``follow`` keeps per batch.  Lazy."""
+    """The capture rows ``df`` aggregated once into the three sets every table
+    derives from, each row tagged with its set (``_set``, ``rollup.grouping_id``),
+    in the rollup's columns (``rollup.ROLLUP_DDL``).  Lazy.
+
+    One hash aggregate at the finest grain the cells and keys need, (key,
+    window, instance), from which the (prefix, window, instance) cells and the
+    per-key counts are summed (a key's prefix is cut once per aggregated row,
+    not per message); and one of (prefix, size), the exact size histograms.
+    No row is expanded by grouping sets."""
     from pyspark.sql import functions as F
 
-    return (
-        _with_derived(df, opts)
-        .groupingSets([list(s) for s in GROUPING_SETS], *GROUPING_COLUMNS)
-        .agg(F.grouping_id().alias("_set"), *_sums())
+    derived = _with_derived(df, opts)
+    fine = derived.groupBy("key", "window_start_ns", "instance").agg(*_sums())
+    cells = (
+        fine.withColumn("prefix", F.substring_index(F.col("key"), "/", opts.depth))
+        .groupBy(*CELLS)
+        .agg(*_resums())
     )
+    keys = fine.groupBy("key").agg(*_resums())
+    sizes = derived.groupBy(*SIZES).agg(F.count(F.lit(1)).alias("messages"))
+    return (
+        _as_sets(cells, R.CELL_SET)
+        .unionByName(_as_sets(sizes, R.SIZE_SET))
+        .unionByName(_as_sets(keys, R.KEY_SET))
+    )
+
+
+def _as_sets(df: DataFrame, set_id: int) -> DataFrame:
+    """``df``'s rows in the rollup's columns, tagged ``set_id``; absent columns null."""
+    from pyspark.sql import functions as F
+
+    columns = [c.split() for c in R.ROLLUP_DDL.split(", ")]
+    have = set(df.columns)
+    return df.select(
+        *[
+            F.lit(set_id).cast(t).alias(c)
+            if c == "_set"
+            else (F.col(c) if c in have else F.lit(None)).cast(t).alias(c)
+            for c, t in columns
+        ]
+    )
+
+
+def rolled_up(df: DataFrame) -> DataFrame:
+    """The sets held by rollups (``rollup``), or by ``follow``'s state: the rows
+    of the three sets, without the rows naming files."""
+    from pyspark.sql import functions as F
+
+    return df.where(F.col("_set") != F.lit(R.FILE_SET))
 
 
 @dataclass
@@ -248,22 +285,20 @@ class Computed:
     distinct_keys: int
 
 
-def reaggregate(state: DataFrame, window_ns: int) -> DataFrame:
-    """The sets of ``aggregate`` from stored sets (``follow``'s state): the same
-    columns, the cells re-binned into windows of ``window_ns`` (a multiple of
-    the stored windows, so exactly) and every set summed again.  Lazy."""
+def reaggregate(state: DataFrame, window_ns: int, depth: int | None = None) -> DataFrame:
+    """The three sets from stored sets (rollups, ``follow``'s state): the cells
+    re-binned into windows of ``window_ns`` (a multiple of the stored windows,
+    so exactly), prefixes cut to ``depth`` segments (at most the stored depth)
+    when given, and every set summed again.  Lazy."""
     from pyspark.sql import functions as F
 
     window = F.expr(f"window_start_ns div {window_ns} * {window_ns}")
+    if depth is not None:
+        state = state.withColumn("prefix", F.substring_index(F.col("prefix"), "/", depth))
     return (
-        state.withColumn("window_start_ns", F.when(F.col("_set") == grouping_id(CELLS), window))
+        state.withColumn("window_start_ns", F.when(F.col("_set") == R.CELL_SET, window))
         .groupBy("_set", *GROUPING_COLUMNS)
-        .agg(
-            F.sum("messages").alias("messages"),
-            F.sum("bytes").alias("bytes"),
-            F.min("first_ns").alias("first_ns"),
-            F.max("last_ns").alias("last_ns"),
-        )
+        .agg(*_resums())
     )
 
 
@@ -273,7 +308,7 @@ SMALL_ORDER = [(c, "ascending") for c in ("_set", "prefix", "window_start_ns", "
 
 
 def _sums() -> list[Any]:
-    """The aggregates of every set: messages, bytes, first and last receive time."""
+    """The aggregates of raw rows: messages, bytes, first and last receive time."""
     from pyspark.sql import functions as F
 
     return [
@@ -284,85 +319,175 @@ def _sums() -> list[Any]:
     ]
 
 
-def compute_rows(df: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """The batch job on capture rows ``df``: two scans.  One aggregate of the
-    (prefix, window, instance) and (prefix, size) sets, collected as Arrow
-    (their size is bounded by prefixes x windows x instances and prefixes x
-    distinct sizes, not by the traffic); and the per-key counts, left on the
-    cluster because keys are unbounded, persisted while the two top-key
-    rankings and the number of distinct keys are read from them.  (One
-    aggregate of all three sets, persisted, took half as long again: its rows
-    are tripled before they are hashed, the key set's among them.)"""
-    from pyspark import StorageLevel
+def _resums() -> list[Any]:
+    """The same aggregates of aggregated rows."""
     from pyspark.sql import functions as F
 
-    small = (
-        _with_derived(df, opts)
-        .groupingSets([list(CELLS), list(SIZES)], *SMALL_COLUMNS)
-        .agg(F.grouping_id().alias("_set"), *_sums())
-        .toArrow()
-    )
-    keys = df.groupBy("key").agg(
-        F.count(F.lit(1)).alias("messages"), F.sum(F.col("size").cast("long")).alias("bytes")
-    )
-    keys = keys.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        ranked = _keys(keys, opts)
-    finally:
-        keys.unpersist()
-    return _split(small, grouping_id(CELLS, SMALL_COLUMNS), ranked)
+    return [
+        F.sum("messages").alias("messages"),
+        F.sum("bytes").alias("bytes"),
+        F.min("first_ns").alias("first_ns"),
+        F.max("last_ns").alias("last_ns"),
+    ]
+
+
+#: ``_set`` of the row that carries the number of distinct keys (in ``messages``)
+#: among the small sets ``compute`` collects.
+KEY_COUNT_SET = -2
 
 
 def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """The job from a DataFrame of the three sets of ``aggregate`` (``follow``'s
-    state, ``reaggregate``d): persisted while the small sets are collected and
-    the keys ranked and counted."""
+    """The job from a DataFrame of the three sets (``aggregate``, ``reaggregate``),
+    persisted while it runs two jobs: the small sets and the number of distinct
+    keys, collected as Arrow (their size is bounded by prefixes x windows x
+    instances and prefixes x distinct sizes, not by the traffic); and the two
+    top-key rankings, the keys left in Spark because they are unbounded."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        tag = F.col("_set")
-        small = sets.where(tag != F.lit(grouping_id(KEYS))).toArrow()
-        keys = sets.where(tag == F.lit(grouping_id(KEYS))).select("key", "messages", "bytes")
+        is_key = F.col("_set") == F.lit(R.KEY_SET)
+        keys = sets.where(is_key).select("key", "messages", "bytes")
+        counted = _as_sets(keys.agg(F.count(F.lit(1)).alias("messages")), KEY_COUNT_SET)
+        small = sets.where(~is_key).unionByName(counted).toArrow()
         ranked = _keys(keys, opts)
     finally:
         sets.unpersist()
-    return _split(small, grouping_id(CELLS), ranked)
+    import pyarrow.compute as pc
+
+    is_count = pc.equal(small["_set"], KEY_COUNT_SET)
+    distinct = pc.sum(small.filter(is_count)["messages"]).as_py() or 0
+    return _split(small.filter(pc.invert(is_count)), (*ranked, distinct))
 
 
-def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any, int]:
-    """The two top-key rankings and the number of distinct keys, from per-key counts."""
-    import pyarrow as pa
+def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any]:
+    """The two top-key rankings from per-key counts, in one job."""
     from pyspark.sql import functions as F
 
-    def top_by(first: str, second: str) -> Any:
+    def top_by(first: str, second: str) -> DataFrame:
         order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
         # At most opts.top rows, ranked here: no global (single-partition) window.
-        top = keys.orderBy(*order).limit(opts.top).collect()
-        return pa.table(
-            {
-                "rank": pa.array(range(1, len(top) + 1), pa.int32()),
-                "key": pa.array([r["key"] for r in top], pa.string()),
-                "messages": pa.array([r["messages"] for r in top], pa.int64()),
-                "bytes": pa.array([r["bytes"] for r in top], pa.int64()),
-            }
+        return keys.orderBy(*order).limit(opts.top).withColumn("_by", F.lit(first))
+
+    rows = top_by("messages", "bytes").unionByName(top_by("bytes", "messages")).collect()
+
+    def ranked(by: str) -> Any:
+        then = "bytes" if by == "messages" else "messages"
+        top = sorted(
+            (r for r in rows if r["_by"] == by), key=lambda r: (-r[by], -r[then], r["key"])
         )
+        return ranking(*([r[c] for r in top] for c in ("key", "messages", "bytes")))
 
-    return top_by("messages", "bytes"), top_by("bytes", "messages"), keys.count()
+    return ranked("messages"), ranked("bytes")
 
 
-def _split(small: Any, cell_tag: int, ranked: tuple[Any, Any, int]) -> Computed:
+def ranking(keys: list[Any], messages: list[Any], nbytes: list[Any]) -> pa.Table:
+    """A top-keys table from its rows, in rank order."""
+    return pa.table(
+        {
+            "rank": pa.array(range(1, len(keys) + 1), pa.int32()),
+            "key": pa.array(keys, pa.string()),
+            "messages": pa.array(messages, pa.int64()),
+            "bytes": pa.array(nbytes, pa.int64()),
+        }
+    )
+
+
+def _split(small: Any, ranked: tuple[Any, Any, int]) -> Computed:
     """The collected cells and sizes apart, sorted and typed alike wherever Spark ran."""
     import pyarrow.compute as pc
 
     small = small.sort_by(SMALL_ORDER)
-    is_cell = pc.equal(small["_set"], cell_tag)
+    is_cell = pc.equal(small["_set"], R.CELL_SET)
     cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
     cells = cells.cast(CELLS_SCHEMA)
     sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
     sizes = sizes.rename_columns([*SIZES, "n"]).cast(SIZES_SCHEMA)
     return Computed(cells, sizes, *ranked)
+
+
+def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
+    """``compute(reaggregate(state, opts.window_ns, opts.depth))`` with pyarrow on
+    the driver, for stored sets that are local files and small (``follow``'s
+    state): the same tables, byte for byte.  Each set is summed on its own
+    columns; prefixes are cut once per distinct prefix."""
+    import pyarrow.compute as pc
+
+    w = opts.window_ns
+
+    def rows(set_id: int) -> pa.Table:
+        return state.filter(pc.equal(state["_set"], set_id))
+
+    cells = rows(R.CELL_SET)
+    codes, names = _cut(cells["prefix"], opts.depth)
+    cells = pa.table(
+        {
+            "prefix": codes,
+            "window_start_ns": pc.multiply(pc.divide(cells["window_start_ns"], w), w),
+            **{c: cells[c] for c in ("instance", "messages", "bytes", "first_ns", "last_ns")},
+        }
+    ).group_by(list(CELLS), use_threads=False)
+    cells = cells.aggregate(
+        [("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"), ("last_ns", "max")]
+    )
+    cells = cells.set_column(
+        cells.schema.get_field_index("prefix"), "prefix", pc.take(names, cells["prefix"])
+    )
+    sizes = rows(R.SIZE_SET)
+    codes, names = _cut(sizes["prefix"], opts.depth)
+    sizes = pa.table({"prefix": codes, "size": sizes["size"], "messages": sizes["messages"]})
+    sizes = sizes.group_by(list(SIZES), use_threads=False).aggregate([("messages", "sum")])
+    sizes = sizes.set_column(
+        sizes.schema.get_field_index("prefix"), "prefix", pc.take(names, sizes["prefix"])
+    )
+
+    def tagged(t: pa.Table, set_id: int, **columns: Any) -> pa.Table:
+        n = t.num_rows
+        return pa.table(
+            {
+                f.name: pa.repeat(pa.scalar(set_id), n)
+                if f.name == "_set"
+                else (columns[f.name] if f.name in columns else pa.nulls(n, f.type))
+                for f in R.ROLLUP_SCHEMA
+            },
+            schema=R.ROLLUP_SCHEMA,
+        )
+
+    small = pa.concat_tables(
+        [
+            tagged(
+                cells, R.CELL_SET, prefix=cells["prefix"],
+                window_start_ns=cells["window_start_ns"], instance=cells["instance"],
+                messages=cells["messages_sum"], bytes=cells["bytes_sum"],
+                first_ns=cells["first_ns_min"], last_ns=cells["last_ns_max"],
+            ),
+            tagged(sizes, R.SIZE_SET, prefix=sizes["prefix"], size=sizes["size"],
+                   messages=sizes["messages_sum"]),
+        ]
+    )  # fmt: skip
+    keys = rows(R.KEY_SET)
+    k = keys.group_by("key", use_threads=False).aggregate([("messages", "sum"), ("bytes", "sum")])
+    k = pa.table({"key": k["key"], "messages": k["messages_sum"], "bytes": k["bytes_sum"]})
+
+    def top_by(first: str, second: str) -> pa.Table:
+        order = [(first, "descending"), (second, "descending"), ("key", "ascending")]
+        top = k.sort_by(order).slice(0, opts.top)
+        return ranking(*(top[c].to_pylist() for c in ("key", "messages", "bytes")))
+
+    return _split(small, (top_by("messages", "bytes"), top_by("bytes", "messages"), k.num_rows))
+
+
+def _cut(prefixes: Any, depth: int) -> tuple[Any, Any]:
+    """Stored prefixes cut to ``depth`` segments, each distinct one once: (a code
+    per row, the cut prefixes the codes index), so that sums group on integers."""
+    import pyarrow.compute as pc
+
+    if isinstance(prefixes, pa.ChunkedArray):
+        prefixes = prefixes.combine_chunks() if prefixes.num_chunks else pa.array([], pa.string())
+    encoded = pc.dictionary_encode(prefixes)
+    cut = pc.dictionary_encode(R.prefixes(encoded.dictionary, depth))
+    return pc.take(cut.indices, encoded.indices), cut.dictionary
 
 
 def _rebin(cells: Any, window_ns: int) -> Any:
@@ -411,9 +536,12 @@ def run(
     paths: Sequence[str] | Inputs,
     out_dir: str | os.PathLike[str],
     opts: AnalyzeOptions,
+    sources: Sources | None = None,
 ) -> AnalysisResult:
     """Analyse the captures (paths, or already resolved ``Inputs``); write the Parquet
-    tables and summary.json into out_dir.
+    tables and summary.json into out_dir.  ``sources`` says which files are read
+    through their rollups (``sources.plan``; by default every capture whose
+    rollup serves, rolling up those without one beside them where it may).
 
     The report (``report.write_report``) is written separately so that this
     function stays usable from notebooks without matplotlib.
@@ -421,15 +549,36 @@ def run(
     from pyspark.sql import functions as F
 
     inputs = paths if isinstance(paths, Inputs) else resolve(list(paths))
-    df = load_captures(spark, inputs)
     first_ns, last_ns = inputs.first_ns, inputs.last_ns
     if first_ns is None:
+        df = load_captures(spark, inputs)
         span = df.agg(F.min("time_ns").alias("a"), F.max("time_ns").alias("b")).collect()[0]
         first_ns, last_ns = span["a"], span["b"]
     base = span_options(opts, first_ns, last_ns)
-    job = compute_rows(df, base)
+    if sources is None:
+        sources = (
+            plan(inputs.file_rows, base.depth, base.window_ns)
+            if inputs.checked
+            else Sources(raw=list(inputs.paths))
+        )
+    job = compute(job_sets(spark, inputs, sources, base), base)
     files = len(inputs.paths) if inputs.checked else None
     return finish(spark, job, opts, base, inputs, files, out_dir)
+
+
+def job_sets(spark: SparkSession, inputs: Inputs, sources: Sources, opts: AnalyzeOptions) -> Any:
+    """The three sets of the report: the rollups re-binned and cut to the report's
+    window and depth, the raw captures aggregated (``aggregate``), summed together."""
+    parts = []
+    if sources.rollups:
+        stored = spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups)
+        parts.append(rolled_up(stored))
+    if sources.raw:
+        parts.append(aggregate(load_captures(spark, replace(inputs, paths=sources.raw)), opts))
+    if not sources.rollups:
+        return parts[0]
+    union = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return reaggregate(union, opts.window_ns, opts.depth)
 
 
 def span_options(opts: AnalyzeOptions, first_ns: int | None, last_ns: int | None) -> AnalyzeOptions:

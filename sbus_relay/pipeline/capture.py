@@ -17,9 +17,11 @@ stream to which a batch is appended (and handed to the kernel) at least once per
 last second, and whatever reached the journal is readable even without its end.
 On rotation the journal is converted into ``<name>.parquet`` in a background
 thread: written as ``<name>.parquet.tmp``, fsync'ed, renamed, the directory
-fsync'ed, and only then is the journal removed.  The writer holds an exclusive
-``flock`` on its journal for its whole life, so ``recover`` (run by the next
-``record`` and by ``analyze``) converts only the journals of dead writers.
+fsync'ed, and only then is the journal removed.  Its rollup (``rollup``) is
+written the same way just before, so a capture file always has one beside it.
+The writer holds an exclusive ``flock`` on its journal for its whole life, so
+``recover`` (run by the next ``record`` and by ``analyze``) converts only the
+journals of dead writers.
 
 Losses: the recorder appends one JSON line per event to ``<session>.loss.jsonl``
 (LOSS_SUFFIX) beside the files; see ``LossLog``.
@@ -54,6 +56,8 @@ from .defaults import (
     ROTATE_SECONDS,
     TMP_SUFFIX,
 )
+from .rollup import SCANNED as ROLLUP_SCANNED
+from .rollup import roll_up, rollup_path, write_rollup
 
 #: Parquet compression codec: zstd compresses keys and payloads well at low CPU cost.
 COMPRESSION = "zstd"
@@ -154,6 +158,10 @@ def convert_journal(journal: Path) -> tuple[Path | None, int]:
         journal.unlink(missing_ok=True)
         _fsync_dir(journal.parent)
         return None, 0
+    # The rollup first: a capture file that exists has its rollup beside it.
+    table = pa.Table.from_batches(batches)
+    write_rollup(roll_up(table.select(ROLLUP_SCANNED), final.name), rollup_path(final))
+    del table
     tmp = final.with_name(final.name + TMP_SUFFIX)
     with pq.ParquetWriter(
         str(tmp), CAPTURE_SCHEMA, compression=COMPRESSION, use_dictionary=["key", "instance"]

@@ -19,7 +19,8 @@ Settings (``server_conf``), on top of analyze's own (``session.BASE_CONF`` and
 - the class archive (``classarchive``), when this install has built one: it was
   written by the same pyspark's ``spark-submit`` class path;
 - Python workers (``foreachBatch`` of ``--follow``) on this interpreter, which
-  has sbus_relay; Spark's log at WARN; times in UTC; the gRPC port bound to
+  has sbus_relay; Spark's log at WARN from the JVM's start (LOG_CONFIG); times
+  in UTC; the gRPC port bound to
   ``--host`` (default 127.0.0.1: the server has no authentication unless
   $SPARK_CONNECT_AUTHENTICATE_TOKEN is set, so it is not offered to the network
   by default).
@@ -35,6 +36,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sbus_relay.ops import children
 
@@ -58,6 +60,10 @@ DEFAULT_PORT = CONNECT_PORT
 DEFAULT_MEMORY = CONNECT_MEMORY
 #: Spark's own log level on the server (its INFO lines are several per job).
 LOG_LEVEL = "WARN"
+#: The server JVM's log4j2 configuration, at LOG_LEVEL from its first line:
+#: ``spark.log.level`` alone takes effect only once the session is up, after
+#: a screenful of INFO lines.
+LOG_CONFIG = Path(__file__).with_name("log4j2-server.properties")
 #: Seconds the server may take to start listening (about 15 s on an idle machine).
 START_TIMEOUT = 180.0
 #: Seconds it gets to stop after SIGTERM before it is killed.
@@ -122,6 +128,7 @@ def server_conf(opts: ServerOptions) -> dict[str, str]:
     if cores is not None:
         conf["spark.default.parallelism"] = str(cores)
         conf["spark.sql.shuffle.partitions"] = str(cores)
+    conf[DRIVER_OPTIONS] += f" -Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
     archive = classarchive.java_option()
     if archive is not None and DRIVER_OPTIONS not in settings.conf:
         conf[DRIVER_OPTIONS] = f"{conf[DRIVER_OPTIONS]} {archive}"

@@ -38,6 +38,9 @@ JOURNAL_SUFFIX = ".arrow.partial"
 LEGACY_PARTIAL_SUFFIX = ".parquet.partial"
 #: Suffix of a Parquet file being converted from a journal, before its rename.
 TMP_SUFFIX = ".tmp"
+#: Suffix of a capture file's rollup (Parquet, ``rollup``), beside it: not a
+#: capture file (a different suffix), so nothing that lists captures reads it.
+ROLLUP_SUFFIX = ".rollup"
 #: Suffix of a recorder session's loss log (JSON lines).
 LOSS_SUFFIX = ".loss.jsonl"
 #: Default rotation size (journal bytes): large enough for efficient Spark scans.

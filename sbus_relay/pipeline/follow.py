@@ -1,19 +1,23 @@
 """``analyze --follow``: the report kept current while ``record`` writes (Structured Streaming).
 
-The stream is Spark's file source over the capture directory, reading
-``*.parquet``: the files ``record`` has closed (it writes a journal and renames
-each finished Parquet file into place).  Spark's checkpoint (offsets, commits,
+The stream is Spark's file source over the capture directory, reading the
+``*.rollup`` files ``record`` publishes with each capture file it closes (the
+driver rolls up, beside them, capture files that arrive without one); or, when
+rollups cannot serve the report (``reads_rollups``), the ``*.parquet`` capture
+files themselves.  Spark's checkpoint (offsets, commits,
 the list of files read) makes each file read once, across ``kill -9`` and
 restarts.
 
-Each micro-batch (``foreachBatch``) aggregates its rows into the job's grouping
-sets (``analyze.aggregate``), in windows fine enough to be summed into any
-later window (``analyze.state_window``), plus one row per file it read, and
-writes them to ``<checkpoint>/state/batch=<id>``, overwriting: a batch that
-Spark runs again after a crash rewrites the same rows, never adds them twice.
+Each micro-batch (``foreachBatch``) writes its rollups' rows as they are, or
+aggregates its capture rows into the job's sets (``analyze.aggregate``) in
+windows fine enough to be summed into any later window
+(``windows.state_window``), plus one row per file it read, to
+``<checkpoint>/state/batch=<id>``, overwriting: a batch that Spark runs again
+after a crash rewrites the same rows, never adds them twice.
 
 After each batch Spark has committed, the driver sums the committed state
-again (``analyze.reaggregate``) into the windows of the whole span and writes
+again with pyarrow (``read_state``, ``analyze.compute_local``) into the windows
+of the whole span and writes
 the tables, summary and report as a batch run does (``analyze.finish``), into a
 fresh directory that then replaces ``--out``: a batch ``analyze`` of the same
 files gives the same tables.  Every COMPACT_BATCHES batches the state is summed
@@ -40,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 from . import analyze as A
 from . import classarchive
 from . import inputs as I
+from . import rollup as R
 from .capture import capture_files, recover
-from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS
+from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS, ROLLUP_SUFFIX
 from .runner import Request, jvm_log_path, plural
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
@@ -54,12 +59,10 @@ if TYPE_CHECKING:
 COMPACT_BATCHES = 20
 #: The grouping set of the rows that name the files a batch read (in ``key``,
 #: with their rows in ``messages`` and their first and last receive times).
-FILES_SET = -1
-#: The state's columns: the grouping sets of ``analyze.aggregate`` and the files.
-STATE_DDL = (
-    "_set long, prefix string, window_start_ns long, instance string, size long, "
-    "key string, messages long, bytes long, first_ns long, last_ns long"
-)
+FILES_SET = R.FILE_SET
+#: The state's columns: those of a rollup (``rollup.ROLLUP_DDL``), the sets of
+#: ``analyze.aggregate`` and the rows naming files.
+STATE_DDL = R.ROLLUP_DDL
 #: The column the stream adds to the capture rows: the file each came from.
 FILE_COLUMN = "_file"
 #: Suffix of the checkpoint directory beside --out when --checkpoint is not given.
@@ -168,6 +171,60 @@ def _batch_writer(state: str, opts: A.AnalyzeOptions) -> Callable[[DataFrame, in
     return write
 
 
+def _rollup_writer(state: str) -> Callable[[DataFrame, int], None]:
+    """The foreachBatch function of a stream of rollups: their rows are the
+    state as they are (each file's row named by its path), written replacing
+    any earlier attempt of the same batch."""
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        columns = [c.split()[0] for c in STATE_DDL.split(", ")]
+        named = F.when(F.col("_set") == F.lit(FILES_SET), F.col(FILE_COLUMN)).otherwise(
+            F.col("key")
+        )
+        rows = df.select(*[named.alias(c) if c == "key" else F.col(c) for c in columns])
+        rows.write.mode("overwrite").parquet(f"{state}/batch={batch_id}")
+
+    return write
+
+
+def reads_rollups(request: Request) -> bool:
+    """Whether the stream can read the rollups: prefixes the rollups hold, and
+    windows chosen from the span (any of them is a multiple of every rollup's)."""
+    opts = request.options
+    # The directory must take the rollups of captures that arrive without one.
+    writable = os.access(request.captures[0], os.W_OK | os.X_OK)
+    return (
+        not request.raw
+        and opts.window_seconds is None
+        and opts.depth <= R.ROLLUP_DEPTH
+        and writable
+    )
+
+
+def roll_up_missing(files: dict[str, int], skip_bad: bool = False) -> int:
+    """Roll up, beside them, the capture ``files`` (path: rows) without a usable
+    rollup; how many were made.  A file that cannot be read is refused
+    (InputError), or left out with ``skip_bad``."""
+    import pyarrow as pa
+
+    made = 0
+    for path, rows in sorted(files.items()):
+        if R.usable(R.rollup_path(path), rows) is None:
+            try:
+                R.roll_up_file(path)
+            except (OSError, pa.ArrowException) as exc:
+                if skip_bad:
+                    continue
+                raise I.InputError(
+                    f"unreadable capture file {path} ({first_line(exc)}); "
+                    "give --skip-bad-files to follow the rest"
+                ) from None
+            made += 1
+    return made
+
+
 def checkpoint_dir(request: Request, watch: FollowOptions) -> Path:
     """--checkpoint, else OUT.checkpoint beside --out; refused inside an input or --out."""
     given = watch.checkpoint or str(Path(request.out).resolve()) + CHECKPOINT_SUFFIX
@@ -187,6 +244,7 @@ def _check_options(root: Path, request: Request) -> None:
         "captures": str(Path(request.captures[0]).resolve()),
         "depth": opts.depth,
         "window_seconds": opts.window_seconds,
+        "reads": "rollups" if reads_rollups(request) else "captures",
     }
     path = root / OPTIONS_FILE
     if path.exists():
@@ -207,8 +265,8 @@ def _check_options(root: Path, request: Request) -> None:
 
 def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) -> Path:
     """What --follow refuses before anything starts; the checkpoint directory.  A
-    capture directory that does not exist yet is created (``record`` will write
-    into it): following may start before recording does."""
+    capture directory that does not exist is refused (a mistyped name would
+    otherwise be watched for ever): ``record`` creates it with its first file."""
     if len(request.captures) != 1:
         raise I.InputError("--follow watches one capture directory: give exactly one")
     directory = Path(request.captures[0])
@@ -216,31 +274,63 @@ def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) ->
         raise I.InputError("--follow reads and writes local paths, not URLs")
     if directory.exists() and not directory.is_dir():
         raise I.InputError(f"--follow watches a capture directory; {directory} is a file")
+    if not directory.exists():
+        raise I.InputError(
+            f"no such capture directory: {directory} (--follow watches the directory "
+            f"`sbus-relay record --out DIR` writes into: check the name, or start record first)"
+        )
     I.check_output(request.out, request.captures)
     root = checkpoint_dir(request, watch)
-    if not directory.exists():
-        directory.mkdir(parents=True)
-        say(f"{directory} did not exist: created, for record's capture files")
     _check_options(root, request)
     return root
+
+
+#: The state files the driver has read, by path: (modification time, rows).  Only
+#: the files of the current state are kept: each update reads just the new ones.
+_READ: dict[str, tuple[int, Any]] = {}
+
+
+def read_state(state: State, upto: int) -> Any:
+    """The committed state up to batch ``upto``, read with pyarrow on the driver
+    (the checkpoint is local; its rows are aggregates, not messages); a file
+    read by an earlier update, unchanged since, is not read again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [str(f) for p in state.paths(upto) for f in sorted(Path(p).glob("*.parquet"))]
+    parts = []
+    for f in files:
+        mtime = os.stat(f).st_mtime_ns
+        cached = _READ.get(f)
+        if cached is None or cached[0] != mtime:
+            table = pq.read_table(f)
+            table = pa.Table.from_arrays(
+                [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA], schema=R.ROLLUP_SCHEMA
+            )
+            cached = (mtime, table)
+        parts.append((f, cached))
+    _READ.clear()
+    _READ.update(parts)
+    if not parts:
+        return R.ROLLUP_SCHEMA.empty_table()
+    return pa.concat_tables([table for _, (_, table) in parts])
 
 
 def update(
     spark: SparkSession, state: State, upto: int, request: Request, staging: Path
 ) -> dict[str, Any]:
-    """The tables, summary and report of the state up to batch ``upto``, into ``staging``."""
-    from pyspark.sql import functions as F
+    """The tables, summary and report of the state up to batch ``upto``, into
+    ``staging``: the state summed with pyarrow on the driver
+    (``analyze.compute_local``), the tables derived as a batch run derives them."""
+    import pyarrow.compute as pc
 
-    stored = spark.read.schema(STATE_DDL).parquet(*state.paths(upto))
-    is_file = F.col("_set") == F.lit(FILES_SET)
-    sets = stored.where(~is_file)
-    files, first, last = (
-        stored.where(is_file)
-        .agg(F.count_distinct("key"), F.min("first_ns"), F.max("last_ns"))
-        .collect()[0]
-    )
+    stored = read_state(state, upto)
+    named = stored.filter(pc.equal(stored["_set"], FILES_SET))
+    files = pc.count_distinct(named["key"]).as_py()
+    first = pc.min(named["first_ns"]).as_py()
+    last = pc.max(named["last_ns"]).as_py()
     base = A.span_options(request.options, first, last)
-    job = A.compute(A.reaggregate(sets, base.window_ns), base)
+    job = A.compute_local(stored, base)
     inputs = I.resolve(request.captures, recover_journals=False)
     inputs.notes = []
     result = A.finish(spark, job, request.options, base, inputs, files, staging)
@@ -287,16 +377,39 @@ def follow(
     show: Callable[[str], None],
 ) -> str:
     """Run until Ctrl-C (or a failure); the line that says where things were left."""
+    new_checkpoint = not (checkpoint_dir(request, watch) / OPTIONS_FILE).exists()
     root = check(request, watch, say)
+    try:
+        return _follow(request, watch, root, say, on_interrupt, show)
+    except Exception:
+        # A run that failed before its first batch leaves no checkpoint it made.
+        if new_checkpoint and State(root).committed() < 0:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _follow(
+    request: Request,
+    watch: FollowOptions,
+    root: Path,
+    say: Callable[[str], None],
+    on_interrupt: Callable[[], None],
+    show: Callable[[str], None],
+) -> str:
     state = State(root)
     directory = request.captures[0]
     found = recover([directory]).line()
     if found:
         say(found)
+    rollups = reads_rollups(request)
     bytes_now = 0
     if capture_files(request.captures):
         skip = request.skip_bad_files
-        bytes_now = I.resolve(request.captures, skip_bad=skip, recover_journals=False).bytes
+        inputs = I.resolve(request.captures, skip_bad=skip, recover_journals=False)
+        bytes_now = inputs.bytes
+        made = roll_up_missing(inputs.file_rows, skip) if rollups else 0
+        if made:
+            say(f"rolled up {made} capture {plural(made, 'file')} without a rollup, beside it")
     seen: set[str] = set()
     _new_files(directory, seen)
     log = jvm_log_path()
@@ -312,13 +425,27 @@ def follow(
                 from pyspark.sql import functions as F
 
                 session.configure(A.partitioning(bytes_now, session.parallelism()))
+                where = str(Path(directory).resolve())
+                if rollups:
+                    stream = (
+                        spark.readStream.schema(STATE_DDL)
+                        .option("pathGlobFilter", f"*{ROLLUP_SUFFIX}")
+                        .option("recursiveFileLookup", "true")
+                        .parquet(where)
+                        .select("*", F.col("_metadata.file_path").alias(FILE_COLUMN))
+                    )
+                    writer = _rollup_writer(str(state.sets))
+                else:
+                    stream = (
+                        spark.readStream.schema(A.CAPTURE_DDL)
+                        .option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")
+                        .option("recursiveFileLookup", "true")
+                        .parquet(where)
+                        .select(*A.SCANNED, F.col("_metadata.file_path").alias(FILE_COLUMN))
+                    )
+                    writer = _batch_writer(str(state.sets), request.options)
                 query = (
-                    spark.readStream.schema(A.CAPTURE_DDL)
-                    .option("pathGlobFilter", f"*{CAPTURE_SUFFIX}")
-                    .option("recursiveFileLookup", "true")
-                    .parquet(str(Path(directory).resolve()))
-                    .select(*A.SCANNED, F.col("_metadata.file_path").alias(FILE_COLUMN))
-                    .writeStream.foreachBatch(_batch_writer(str(state.sets), request.options))
+                    stream.writeStream.foreachBatch(writer)
                     .option("checkpointLocation", str(state.stream))
                     .trigger(processingTime=f"{watch.trigger_seconds} seconds")
                     .queryName(f"sbus-follow-{os.getpid()}")
@@ -328,7 +455,7 @@ def follow(
                     f"following {directory}: the report in {request.out} is rewritten after "
                     f"each new capture file; Ctrl-C stops (a restart carries on from {root})"
                 )
-                reported = _watch(spark, query, state, request, directory, seen, say, show)
+                reported = _watch(spark, query, state, request, directory, seen, rollups, say, show)
             except BaseException as exc:
                 ending, session = session, None
                 interrupts.end(exc, ending)
@@ -347,6 +474,13 @@ def follow(
     return f"stopped after batch {reported}"
 
 
+def batches_label(reported: int, committed: int) -> str:
+    """``batch 4``, or ``batches 3-4`` when one update covers several batches
+    (they committed while the previous update ran): every batch is named once."""
+    first = reported + 1
+    return f"batch {committed}" if first >= committed else f"batches {first}-{committed}"
+
+
 def _watch(
     spark: SparkSession,
     query: Any,
@@ -354,6 +488,7 @@ def _watch(
     request: Request,
     directory: str,
     seen: set[str],
+    rollups: bool,
     say: Callable[[str], None],
     show: Callable[[str], None],
 ) -> int:
@@ -374,7 +509,9 @@ def _watch(
                 say(str(found.line()))
             fresh = _new_files(directory, seen)
             if fresh:
-                I.resolve(fresh, recover_journals=False)  # InputError for a foreign file
+                new = I.resolve(fresh, recover_journals=False)  # InputError for a foreign file
+                if rollups:  # those another tool wrote
+                    roll_up_missing(new.file_rows, request.skip_bad_files)
         committed = state.committed()
         if committed > reported:
             t0 = time.monotonic()
@@ -384,10 +521,11 @@ def _watch(
                 I.swap_into_place(staging, request.out)
             finally:
                 I.discard(staging)
+            label = batches_label(reported, committed)
             reported = committed
             files, messages = summary["inputs"]["files"], summary["messages"]
             show(
-                f"batch {committed}: {messages:,} {plural(messages, 'message')} from "
+                f"{label}: {messages:,} {plural(messages, 'message')} from "
                 f"{files:,} {plural(files, 'file')}; report updated in "
                 f"{time.monotonic() - t0:.1f} s"
             )

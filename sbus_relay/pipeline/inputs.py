@@ -67,6 +67,8 @@ class Inputs:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     losses: LossSummary | None = None
+    #: Rows of each checked capture file (its footer), by path.
+    file_rows: dict[str, int] = field(default_factory=dict)
 
 
 def is_url(path: str) -> bool:
@@ -88,6 +90,11 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
     for p in paths:
         if not os.path.exists(p):
             raise InputError(f"no such file or directory: {p}")
+        if not os.path.isdir(p) and not p.endswith(CAPTURE_SUFFIX):
+            raise InputError(
+                f"{p} is not a capture file: analyze reads the *{CAPTURE_SUFFIX} files "
+                "`sbus-relay record` writes; give them, or the directory that holds them"
+            )
     inputs = Inputs(paths=[], checked=True)
     if recover_journals:
         try:
@@ -111,6 +118,7 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
             not_captures.append(str(f))
             continue
         inputs.paths.append(str(f))
+        inputs.file_rows[str(f)] = meta.num_rows
         inputs.rows += meta.num_rows
         inputs.bytes += f.stat().st_size
         t = meta.schema.to_arrow_schema().get_field_index("time_ns")

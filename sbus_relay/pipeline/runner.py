@@ -1,7 +1,8 @@
 """One ``analyze`` run from start to end: what the command calls once it has parsed.
 
 In order: the options and inputs are checked (a refused run starts nothing and
-writes nothing: ``InputError``); Spark is started or joined (``session``); the
+writes nothing: ``InputError``); captures without a rollup are rolled up
+(``sources``); Spark is started or joined (``session``); the
 job (``analyze``) writes into a fresh directory beside ``--out``; the report is
 drawn; the directory replaces ``--out``.  A failure of Spark is ``SparkFailed``,
 one line naming Spark's log; Ctrl-C is said at once (``on_interrupt``), ends
@@ -18,13 +19,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import classarchive
 from . import inputs as I
-from .analyze import AnalyzeOptions, heap_mib, partitioning
+from .analyze import AnalyzeOptions, heap_mib, partitioning, span_options
 from .session import Interrupts, Session, SparkFailed, SparkSettings, first_line, is_spark_error
 from .session import start as start_spark
+from .sources import Sources, plan
 
 #: Spark's own log of a run that starts a JVM: kept only when the run fails.
 JVM_LOG = "sbus-analyze-{pid}.log"
@@ -42,6 +45,8 @@ class Request:
     spark: SparkSettings = field(default_factory=SparkSettings)
     report: bool = True
     skip_bad_files: bool = False
+    #: Read every capture's raw rows, not its rollup (``sources``).
+    raw: bool = False
 
 
 @dataclass
@@ -135,6 +140,14 @@ def analyze(
         settings = SparkSettings(settings.master, settings.remote, settings.memory, conf)
     local_out = not I.is_url(request.out)
     staging = I.staging_dir(request.out) if local_out else None
+    try:
+        sources = plan_sources(request, inputs, staging)
+    except BaseException:
+        if staging is not None:
+            I.discard(staging)
+        raise
+    if sources.line():
+        say(str(sources.line()))
     log = jvm_log_path()
     session: Session | None = None
     try:
@@ -146,7 +159,8 @@ def analyze(
                 session.configure(partitioning(inputs.bytes, session.parallelism()))
                 from .analyze import run
 
-                result = run(session.spark, inputs, str(staging or request.out), request.options)
+                out = str(staging or request.out)
+                result = run(session.spark, inputs, out, request.options, sources)
                 t_analysis = time.monotonic()
             except BaseException as exc:
                 ending, session = session, None
@@ -195,6 +209,23 @@ def analyze(
         total_s=time.monotonic() - t0,
         remote=session.remote if session is not None else None,
         building_archive=building,
+    )
+
+
+def plan_sources(request: Request, inputs: I.Inputs, staging: Path | None) -> Sources:
+    """Which captures the run reads through their rollups, rolling up those
+    without one (before Spark starts: pyarrow on this machine)."""
+    if not inputs.checked:
+        return Sources(raw=list(inputs.paths))
+    base = span_options(request.options, inputs.first_ns, inputs.last_ns)
+    previous = Path(request.out)
+    return plan(
+        inputs.file_rows,
+        base.depth,
+        base.window_ns,
+        raw=request.raw,
+        out=staging,
+        previous=previous if I.is_analyze_output(previous) else None,
     )
 
 

@@ -51,6 +51,10 @@ NOT_MODULES = {
     "sbus_relay.metrics": "the name of the metrics server's logger",
     "sbus_relay.sub": "the name of sub's logger",
     "sbus_relay.capture": "the Parquet metadata key that marks a capture file",
+    "sbus_relay.rollup": "the Parquet metadata key that marks a rollup",
+    "sbus_relay.rollup.depth": "a rollup's metadata: its prefixes' depth",
+    "sbus_relay.rollup.window_ns": "a rollup's metadata: its windows' length",
+    "sbus_relay.rollup.rows": "a rollup's metadata: its capture's rows",
     "sbus_relay.egg": "setuptools' metadata directory",
 }
 #: Path-like words that are not paths of this tree.

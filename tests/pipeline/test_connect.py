@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -219,3 +220,15 @@ def test_the_server_settings_take_the_class_archive(monkeypatch: pytest.MonkeyPa
     assert conf["spark.sql.shuffle.partitions"] == conf["spark.default.parallelism"] == "3"
     given = SparkSettings(conf={DRIVER_OPTIONS: "-Dmine=1"})  # --conf wins over the archive
     assert connect.server_conf(connect.ServerOptions(settings=given))[DRIVER_OPTIONS] == "-Dmine=1"
+
+
+#: A line of Spark's log4j2 layout at INFO (``26/11/27 07:00:00 INFO SparkContext: ...``).
+INFO_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", re.M)
+
+
+def test_the_server_logs_no_info_line_even_while_it_starts(
+    connect_server: ConnectServer,
+) -> None:
+    text = connect_server.log.read_text(errors="replace")
+    found = INFO_LINE.findall(text)
+    assert not found, text[:2000]
