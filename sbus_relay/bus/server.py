@@ -48,6 +48,7 @@ from sbus_relay.protocol.limits import (
     LISTEN_BACKLOG,
     SEND_BUFFER,
 )
+from sbus_relay.protocol.natsinterest import host_identity
 from sbus_relay.protocol.stats import Gauges, Stats
 
 from .batchio import borrowed
@@ -145,6 +146,9 @@ class Server:
         self.nats = NatsLink(self, config, self.log) if config.nats is not None else None
         if self.nats is not None:
             self.index.quiet = self.nats.conn
+            if config.nats is not None and config.nats.identities:
+                # our clients' identities cross, under this host's own (docs/nats.md)
+                self.prefix = host_identity(self.nats.name)
 
     # --- lifecycle -------------------------------------------------------
 
@@ -679,7 +683,7 @@ class Server:
         server._gone = list(state["gone"])
         server._next_cid = state["next_cid"]
         server.started = state["started"]
-        server.prefix = state["prefix"]
+        own, server.prefix = server.prefix, state["prefix"]
         server._ever_connected = state["ever_connected"]
         server.by_relay.restore(state["by_relay"])
         server.by_user.restore(state["by_user"])
@@ -706,6 +710,9 @@ class Server:
         if state.get("nats") and server.nats is not None:
             server.nats.adopt(state["nats"])
         index.on_first, index.on_last = server._first_subscriber, server._last_subscriber
+        if server.upstream is None and own != server.prefix:
+            # a master whose identities began (or ceased) to cross hosts
+            server.set_prefix(own if own is not None else b"")
         return server
 
     def _adopt_client(self, state: dict[str, Any], fd: int) -> Connection:
