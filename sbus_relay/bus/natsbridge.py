@@ -126,7 +126,9 @@ class NatsBridge:
         #: when the bridge last had applied at the server all it read from the bus
         self.synced = 0.0
         self.local = natsinterest.LocalInterest()
-        self.remote = natsinterest.RemoteInterest()
+        self.remote = natsinterest.RemoteInterest(secrets=config.identities)
+        #: the prefix of this host's identities when they cross (None: they stay home)
+        self.identity = natsinterest.host_identity(host) if config.identities else None
         self._subs: dict[bytes, Any] = {}  # relaxed pattern -> nats-py Subscription or None
         self._sub_count: dict[bytes, int] = {}  # relaxed pattern -> local patterns behind it
         self._sub_order: dict[bytes, int] = {}  # relaxed pattern -> when subscribed (dedup)
@@ -444,9 +446,11 @@ class NatsBridge:
 
     async def _publish(self, key: bytes, payload: bytes) -> None:
         if is_secret(key):
-            self.drops["secret"] += 1
-            return
-        if self._export is not None and not self._export.match(key):
+            # to another host's identity (held here only for its owner), or never
+            if self.identity is None or key.startswith(self.identity):
+                self.drops["secret"] += 1
+                return
+        elif self._export is not None and not self._export.match(key):
             self.drops["not_exported"] += 1
             return
         subjects = self._subjects
@@ -470,8 +474,8 @@ class NatsBridge:
 
     async def _local(self, pattern: bytes, present: bool) -> None:
         """One of this host's patterns came or went."""
-        if is_secret(pattern) or not natsinterest.acceptable(pattern):
-            return  # identities stay on their host
+        if not natsinterest.acceptable(pattern, owner=self.identity):
+            return  # identities stay on their host, unless they cross
         r = relaxed(pattern)
         if r is None:
             return  # it matches nothing: nobody needs to hear of it
@@ -561,9 +565,11 @@ class NatsBridge:
     def _deliver(self, key: bytes, data: bytes) -> None:
         """A message from another host, for this host's bus (once per host)."""
         if is_secret(key):
-            self.drops["secret"] += 1
-            return
-        if self._import is not None and not self._import.match(key):
+            # only to this host's own identities, and only when they cross
+            if self.identity is None or not key.startswith(self.identity):
+                self.drops["secret"] += 1
+                return
+        elif self._import is not None and not self._import.match(key):
             self.drops["not_imported"] += 1
             return
         if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:

@@ -105,7 +105,13 @@ class NatsLink:
         self.started = True
         self.conn.opened()
         self.bridge.start()
-        self.log.info("nats.starting", host=self.name, servers=list(self.bridge.config.servers))
+        identity = self.bridge.identity
+        self.log.info(
+            "nats.starting",
+            host=self.name,
+            servers=list(self.bridge.config.servers),
+            identities=identity.decode() if identity is not None else None,
+        )
 
     def wait_joined(self, timeout: float) -> bool:
         """Wait (cooperatively) until the link is on NATS with every local

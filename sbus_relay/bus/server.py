@@ -53,6 +53,7 @@ from sbus_relay.protocol.limits import (
     LISTEN_BACKLOG,
     SEND_BUFFER,
 )
+from sbus_relay.protocol.natsinterest import host_identity
 from sbus_relay.protocol.stats import Gauges, Stats
 
 from . import handover, views
@@ -137,6 +138,9 @@ class Server:
         self.nats = NatsLink(self, config, self.log) if config.nats is not None else None
         if self.nats is not None:
             self.index.quiet = self.nats.conn
+            if config.nats is not None and config.nats.identities:
+                # our clients' identities cross, under this host's own (docs/nats.md)
+                self.prefix = host_identity(self.nats.name)
 
     # --- lifecycle -------------------------------------------------------
 
@@ -627,7 +631,11 @@ class Server:
         server = cls(
             config, socket.socket(fileno=fds[0]), log=log, socket_file=state["socket_file"]
         )
+        own = server.prefix
         handover.adopt(server, state, fds)
+        if server.upstream is None and own != server.prefix:
+            # a master whose identities began (or ceased) to cross hosts
+            server.set_prefix(own if own is not None else b"")
         return server
 
     # --- what it shows of itself (``bus.views``) -------------------------------------

@@ -12,6 +12,7 @@ them separated by commas, as ``serve --nats`` takes them) or a mapping:
       export: [""]         # keys that may leave this host (sbus patterns)
       import: [""]         # keys taken from other hosts
       host: web-1          # default: the bus's instance
+      identities: false    # true: identities (!/cred/) cross, prefixed with their host
       queue_messages: 65536
       queue_bytes: 16MiB
 
@@ -47,6 +48,7 @@ _KEYS = (
     "export",
     "import",
     "host",
+    "identities",
     "queue_messages",
     "queue_bytes",
 )
@@ -67,6 +69,8 @@ class NatsConfig:
     export: tuple[bytes, ...] = (b"",)
     import_: tuple[bytes, ...] = (b"",)
     host: str | None = None
+    #: identities cross hosts, each under its host's ``!/cred/<host>/`` (docs/nats.md)
+    identities: bool = False
     queue_messages: int = limits.UPSTREAM_QUEUE_MESSAGES
     queue_bytes: int = limits.UPSTREAM_QUEUE_BYTES
 
@@ -121,7 +125,9 @@ def _patterns(source: str, key: str, value: Any) -> tuple[bytes, ...]:
     for v in value:
         pattern = v.encode("utf-8")
         if is_secret(pattern):
-            raise ConfigError(source, key, f"{v!r}: identities (!/cred/) never cross hosts")
+            raise ConfigError(
+                source, key, f"{v!r}: identities (!/cred/) cross only by nats.identities"
+            )
         if b"\0" in pattern or len(pattern) > limits.MAX_PATTERN_LENGTH:
             raise ConfigError(source, key, f"{v!r} is not a pattern")
         out.append(pattern)
@@ -174,6 +180,10 @@ def parse_nats(source: str, key: str, value: Any) -> NatsConfig | None:
         values["export"] = _patterns(source, name("export"), value["export"])
     if "import" in value:
         values["import_"] = _patterns(source, name("import"), value["import"])
+    if "identities" in value:
+        if not isinstance(value["identities"], bool):
+            raise ConfigError(source, name("identities"), "expected true or false")
+        values["identities"] = value["identities"]
     if "queue_messages" in value:
         values["queue_messages"] = _count(source, name("queue_messages"), value["queue_messages"])
     if "queue_bytes" in value:

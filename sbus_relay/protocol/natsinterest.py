@@ -29,10 +29,11 @@ holds in its subscription index.  ``LocalInterest`` is the sending side.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
-from .keys import BANG, is_secret
+from .keys import BANG, CRED, is_secret
 from .limits import MAX_PATTERN_LENGTH, MAX_PATTERNS_PER_RELAY
 
 #: Bytes of patterns in one announcement: well below NATS's default
@@ -95,13 +96,24 @@ def decode(payload: bytes) -> Announcement | None:
     return Announcement(fields[0].decode(), inc, seq, part, bool(last), changes)
 
 
-def acceptable(pattern: bytes, *, secrets: bool = False) -> bool:
-    """A pattern another host may hold here: not too long, not secret (unless
-    identities may cross), no reserved '!'."""
+def host_identity(host: str) -> bytes:
+    """The prefix of every identity of ``host`` when identities cross hosts:
+    one ``!/cred/0/0/<n>/`` group standing for it, as a relay's own identity
+    heads its clients' (docs/relays.md).  A group's fields are digits (the
+    protocol's key grammar), so ``n`` is the first 64 bits of the name's
+    SHA-256: every host works out every other host's group from its name."""
+    n = int.from_bytes(hashlib.sha256(host.encode("utf-8")).digest()[:8], "big")
+    return CRED + b"0/0/%d/" % n
+
+
+def acceptable(pattern: bytes, *, owner: bytes | None = None) -> bool:
+    """A pattern a host may hold: not too long, no reserved '!', and secret
+    only below ``owner``, that host's own identities (``host_identity``;
+    None: identities do not cross)."""
     if len(pattern) > MAX_PATTERN_LENGTH:
         return False
     if is_secret(pattern):
-        return secrets
+        return owner is not None and pattern.startswith(owner)
     return BANG not in pattern or b"!" not in pattern.split(b"/")
 
 
@@ -192,6 +204,10 @@ class RemoteInterest:
         #: announcements refused (malformed, or patterns not acceptable)
         self.refused = 0
 
+    def _owner(self, host: str) -> bytes | None:
+        """Where ``host``'s secret patterns must lie: below its own identities."""
+        return host_identity(host) if self.secrets else None
+
     def receive(self, host: str, a: Announcement, now: float) -> tuple[list[Change], bool]:
         """Take one announcement of ``host``: the union's changes, and whether
         a snapshot of that host should be asked for now."""
@@ -216,7 +232,7 @@ class RemoteInterest:
         view.seq = a.seq
         out: list[Change] = []
         for present, pattern in a.changes:
-            if not acceptable(pattern, secrets=self.secrets):
+            if not acceptable(pattern, owner=self._owner(host)):
                 self.refused += 1
                 continue
             if present and pattern not in view.patterns:
@@ -247,7 +263,7 @@ class RemoteInterest:
             return [], self._ask(host, now)  # a part went missing
         patterns = got[3]
         for present, pattern in a.changes:
-            wanted = present and acceptable(pattern, secrets=self.secrets)
+            wanted = present and acceptable(pattern, owner=self._owner(host))
             if wanted and len(patterns) < HOST_PATTERNS_MAX:
                 patterns.add(pattern)
             else:

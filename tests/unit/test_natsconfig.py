@@ -23,6 +23,9 @@ def test_urls_as_text_or_list_and_defaults() -> None:
         "f.yaml",
     ).nats  # fmt: skip
     assert full is not None and full.export == (b"a/", b"b") and full.queue_bytes == 1 << 20
+    assert not full.identities
+    crossing = config_from_mapping({"nats": {"servers": "a:1", "identities": True}}, "f.yaml").nats
+    assert crossing is not None and crossing.identities
 
 
 @pytest.mark.parametrize(
@@ -36,6 +39,7 @@ def test_urls_as_text_or_list_and_defaults() -> None:
         ({"servers": "a:1", "creds": "/nonexistent.creds"}, "nats.creds", "not a readable file"),
         ({"servers": "a:1", "subject_prefix": "a..b"}, "nats.subject_prefix", "empty token"),
         ({"servers": "a:1", "export": ["!/cred/1/2/3/x"]}, "nats.export", "identities"),
+        ({"servers": "a:1", "identities": "yes"}, "nats.identities", "true or false"),
         (42, "nats", "expected a list of URLs"),
     ],
 )

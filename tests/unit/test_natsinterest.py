@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbus_relay.protocol import natsinterest as ni
+from sbus_relay.protocol.keys import valid_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,6 +85,21 @@ def test_secret_and_reserved_patterns_are_refused_and_silent_hosts_forgotten() -
     feed(remote, "A", a.snapshot())
     assert set(remote.union) == {b"ok"} and remote.refused == 2
     assert remote.expire(ni.HOST_SILENT + 1) == [(False, b"ok")]
+
+
+def test_with_identities_crossing_a_host_holds_secret_patterns_below_its_own_only() -> None:
+    a = ni.LocalInterest(5)
+    a_id, b_id = ni.host_identity("A"), ni.host_identity("B")
+    mine, theirs = a_id + b"!/cred/1/2/3/inbox/", b_id + b"!/cred/1/2/3/inbox/"
+    for p in (mine, theirs, b"!/cred/", a_id[:-1], b"ok"):
+        a.change(p, True)
+    remote = ni.RemoteInterest(secrets=True)
+    feed(remote, "A", a.snapshot())
+    assert set(remote.union) == {mine, b"ok"} and remote.refused == 3
+    assert re.fullmatch(rb"!/cred/0/0/[0-9]+/", a_id) and a_id != b_id
+    assert valid_key(mine + b"x") and ni.host_identity("A") == a_id
+    assert ni.acceptable(mine, owner=a_id) and not ni.acceptable(mine)
+    assert not ni.acceptable(theirs, owner=a_id)
 
 
 @pytest.mark.parametrize(
