@@ -44,7 +44,8 @@ def _hierarchy_file(address: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.ops.children import children_of, process_status
-    from sbus_relay.ops.supervisor import listener_pid, load_hierarchy, supervisor_of
+    from sbus_relay.ops.hierarchy import load_hierarchy
+    from sbus_relay.ops.supervisor import listener_pid, supervisor_of
     from sbus_relay.protocol.errors import UsageError
     from sbus_relay.protocol.limits import UPGRADE_WAIT
 
