@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def upstream() -> Iterator[tuple[str, socket.socket]]:
-    folder = tempfile.mkdtemp(dir="/tmp")
+    folder = tempfile.mkdtemp()
     path = folder + "/up"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)

@@ -259,7 +259,7 @@ def test_a_hierarchy_file_given_as_an_address_is_named_as_one(tmp_path: Path) ->
 
 
 def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path) -> None:
-    sock_dir = tempfile.mkdtemp(dir="/tmp")
+    sock_dir = tempfile.mkdtemp()
     hierarchy = tmp_path / "tree.yaml"
     hierarchy.write_text(
         f"log_dir: {tmp_path}\n"
