@@ -75,7 +75,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(
-            f"FAILED: tests left {len(left)} entries in the temporary directory {run_dir}:",
+            f"FAILED: tests left {_entries(len(left))} in the temporary directory {run_dir}:",
             red=True,
         )
         for entry in left:
@@ -103,3 +103,7 @@ def short_tmp() -> Iterator[Path]:
     path = short_dir()
     yield Path(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _entries(count: int) -> str:
+    return "1 entry" if count == 1 else f"{count} entries"
