@@ -482,6 +482,24 @@ def supervisor_of(pid: int) -> int | None:
     return None
 
 
+def tree_of(up_pid: int) -> str | None:
+    """The hierarchy file that the ``sbus-relay up`` of pid ``up_pid`` runs (an
+    absolute path), from its command line and directory; None if unknown."""
+    try:
+        with open(f"/proc/{up_pid}/cmdline", "rb") as stream:
+            argv = [a.decode(errors="replace") for a in stream.read(LOG_TAIL_BYTES).split(b"\0")]
+        cwd = os.readlink(f"/proc/{up_pid}/cwd")
+    except OSError:
+        return None
+    if "up" not in argv:
+        return None
+    given = [a for a in argv[argv.index("up") + 1 :] if a and not a.startswith("-")]
+    if len(given) != 1:
+        return None
+    path = os.path.join(cwd, given[0])
+    return path if os.path.isfile(path) else None
+
+
 def _last_line(path: str) -> str:
     """The last non-empty line of a text file ("" if none), shortened."""
     try:
