@@ -8,6 +8,7 @@ ignores it): the relay's publishes arrive packed, or one packet each.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 import time
@@ -33,6 +34,7 @@ def upstream() -> Iterator[tuple[str, socket.socket]]:
     listener.settimeout(10)
     yield path, listener
     listener.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def handshake(conn: socket.socket, *, packs: bool) -> list[bytes]:
