@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, cast
 
-from sbus_relay.ops import logsetup
+from sbus_relay.ops import foreground, logsetup
 from sbus_relay.ops.addresses import (
     answers,
     listen,
@@ -224,7 +224,7 @@ def run_server(
     early = _EarlySignals(reload is not None)
     serving = os.environ.get(TAKE_OVER_ENV)
     if serving:
-        return _take_over(config, serving, log, reload, source, early)
+        return _take_over(config, serving, log, reload, source, early, hangup_stops)
     pidfile = None
     status = 0
     socket_file = None
@@ -266,6 +266,10 @@ def run_server(
     finally:
         if not handed_over:
             _clean_up(socket_file, pidfile)
+    if handed_over and config.foreground and foreground.holds_terminal():
+        # the terminal still waits on us: the bus stays within its reach
+        log.info("foreground.kept", pid=os.getpid(), until="the bus stops (Ctrl-C stops it)")
+        status = foreground.keep()
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
 
@@ -286,8 +290,10 @@ def _take_over(
     reload: Loader | None,
     source: str,
     early: _EarlySignals,
+    hangup_stops: bool,
 ) -> int:
-    """Be the bus on ``serving``: take it over from the process serving it."""
+    """Be the bus on ``serving``: take it over from the process serving it
+    (``hangup_stops``: it runs on the terminal its predecessor was started from)."""
     from sbus_relay.ops.handover import take_over
 
     state, fds, channel = take_over(serving)  # UpgradeError: one line, exit 1
@@ -303,8 +309,8 @@ def _take_over(
             if config.log_file is None:
                 _log_to(config, default_target, source)
     reloading = None
-    if reload is not None:  # no terminal of its own: SIGHUP only ever reloads it
-        reloading = _Reloading(reload, default_target, source, log, hangup_stops=False)
+    if reload is not None:
+        reloading = _Reloading(reload, default_target, source, log, hangup_stops)
     adopted = (state, fds, channel)
     handed_over = False
     try:
@@ -518,6 +524,8 @@ def _upgrade(server: Any, log: Any, start_dir: str) -> None:
     import gevent
 
     env = {**os.environ, TAKE_OVER_ENV: server.address}
+    if server.config.foreground and foreground.holds_terminal():
+        foreground.become_subreaper()  # its successors' successors stay within our reach
     # Where our stderr goes nowhere (a daemon), the new process's goes to us
     # until it serves, so that a failure can say why in our log.
     listen_to_it = not stderr_is_a_file() and not os.isatty(2)
