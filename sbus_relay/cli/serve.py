@@ -269,9 +269,19 @@ def run_server(
     if handed_over and config.foreground and foreground.holds_terminal():
         # the terminal still waits on us: the bus stays within its reach
         log.info("foreground.kept", pid=os.getpid(), until="the bus stops (Ctrl-C stops it)")
-        status = foreground.keep()
+        status = _keep_the_terminal()
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
+
+
+def _keep_the_terminal() -> int:
+    """Become the light process that waits for the bus (``cli.foreground``); where
+    that cannot start, wait here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        os.execv(sys.executable, [sys.executable, "-P", "-m", "sbus_relay.cli.foreground"])
+    return foreground.keep()
 
 
 def _clean_up(socket_file: str | None, pidfile: str | None) -> None:

@@ -16,9 +16,10 @@ terminal's foreground, stays:
 * before it starts its successor it becomes a child subreaper
   (``PR_SET_CHILD_SUBREAPER``), so that the successor's own successors,
   orphaned by later upgrades, become its children rather than init's;
-* once it has handed the bus over, ``keep`` waits for its children and
-  returns the exit status of the last one, the bus that ran last: the shell
-  gets the terminal back when that bus stops;
+* once it has handed the bus over, it runs ``keep`` (in a fresh interpreter,
+  ``cli.foreground``, so as to hold none of the bus's memory), which waits
+  for its children and returns the exit status of the last one, the bus that
+  ran last: the shell gets the terminal back when that bus stops;
 * a Ctrl-C reaches the whole foreground group, the running bus included,
   which stops; so SIGINT is not forwarded (it would arrive twice).
   SIGTERM, SIGHUP (a reload, or the terminal hanging up) and SIGUSR2 (an
