@@ -60,6 +60,10 @@ STABLE_AFTER = 10.0
 START_ATTEMPTS = 5
 #: Seconds between checks that a starting bus listens.
 LISTEN_POLL = 0.05
+#: Seconds a look at who listens at an address may wait for the connect: a
+#: process that listens there but never accepts fills its backlog, and each
+#: look (one every LISTEN_POLL while a bus starts) would then wait for ever.
+LISTENER_PROBE_TIMEOUT = 1.0
 #: Bytes read from the end of a bus's log to quote its last line on failure.
 LOG_TAIL_BYTES = 4096
 #: Characters of that last line quoted.
@@ -453,9 +457,10 @@ class Supervisor:
 
 
 def listener_pid(address: Any) -> int | None:
-    """The pid of the process listening at ``address``, or None if none answers."""
+    """The pid of the process listening at ``address``, or None if none answers
+    (within ``LISTENER_PROBE_TIMEOUT``)."""
     try:
-        sock = connect(address)
+        sock = connect(address, timeout=LISTENER_PROBE_TIMEOUT)
     except (OSError, AddressError):
         return None
     try:
