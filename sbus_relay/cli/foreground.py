@@ -16,8 +16,9 @@ from sbus_relay.ops.foreground import keep
 
 
 def main() -> None:
-    """Wait for the bus; exit with its status."""
-    sys.exit(keep())
+    """Wait for the bus; exit with its status.  The arguments: the numbers of
+    the signals the bus's process got once it had handed over, to pass on."""
+    sys.exit(keep([int(arg) for arg in sys.argv[1:] if arg.isdigit()]))
 
 
 if __name__ == "__main__":

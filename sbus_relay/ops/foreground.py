@@ -21,13 +21,15 @@ terminal's foreground, stays:
   for its children and returns the exit status of the last one, the bus that
   ran last: the shell gets the terminal back when that bus stops;
 * a Ctrl-C reaches the whole foreground group, the running bus included,
-  which stops; so SIGINT is not forwarded (it would arrive twice).
-  SIGTERM, SIGHUP (a reload, or the terminal hanging up) and SIGUSR2 (an
-  upgrade) sent to this process are forwarded to its children.
+  which stops; so the terminal's SIGINT is not forwarded (it would arrive
+  twice).  Any other SIGINT, and SIGTERM, SIGHUP (a reload, or the terminal
+  hanging up) and SIGUSR2 (an upgrade) sent to this process are forwarded to
+  its children.
 
-A bus that does not hold its terminal's foreground (a daemon, a systemd
-service, a bus under ``sbus-relay up``, a background job) hands over and
-ends as before.
+Only a bus typed at a terminal (``serve -f`` with stdin on it) that holds
+its foreground does this; any other (a daemon, a systemd service, a bus
+under ``sbus-relay up`` or started by a program, a background job) hands
+over and ends as before.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ import contextlib
 import ctypes
 import os
 import signal
-from types import FrameType
+from collections.abc import Sequence
 
 from .children import children_of
 
 #: prctl(2) option: orphaned descendants are reparented to this process.
 _PR_SET_CHILD_SUBREAPER = 36
-#: Signals passed on to the running bus (SIGINT reaches it from the terminal).
+#: Signals passed on to the running bus (and SIGINT, unless the terminal sent it).
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+#: What the waiting process takes with ``sigwaitinfo``: the bus's process
+#: blocks them before it becomes that process, so that none is lost between.
+WAITED = frozenset({*FORWARDED, signal.SIGINT, signal.SIGCHLD})
 
 
 def holds_terminal() -> bool:
@@ -69,25 +74,50 @@ def become_subreaper() -> bool:
     return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-def keep() -> int:
-    """Wait for every child, forwarding ``FORWARDED`` signals to them; the exit
-    status of the last to end (128 + N if signal N ended it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's reaches the bus itself
+def keep(owed: Sequence[int] = ()) -> int:
+    """Wait for every child, passing signals on to them (first those ``owed``:
+    sent to the bus's process once it had handed over); the exit status of the
+    last to end (128 + N if signal N ended it).
+
+    Signals are taken with ``sigwaitinfo`` (one thread: the fresh interpreter
+    of ``cli.foreground``), which says who sent each: a SIGINT the terminal
+    sent (the kernel, no pid) has reached the bus too and is not passed on;
+    any other SIGINT, and every SIGTERM, SIGHUP and SIGUSR2, is.
+    """
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # nobody else reaps our children
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        for pid in children_of(os.getpid()):
-            with contextlib.suppress(ProcessLookupError):  # ended: the wait sees it
-                os.kill(pid, signum)
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [*FORWARDED, signal.SIGCHLD])
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+    for signum in owed:
+        _pass_on(signum)
     status = 0
     while True:
+        ended = _reap()
+        if ended is None:
+            return status
+        status = ended if ended >= 0 else status
+        info = signal.sigwaitinfo(WAITED)
+        if info.si_signo == signal.SIGCHLD:
+            continue
+        if info.si_signo == signal.SIGINT and info.si_pid == 0:
+            continue  # the terminal's Ctrl-C: the bus has it already
+        _pass_on(info.si_signo)
+
+
+def _pass_on(signum: int) -> None:
+    for pid in children_of(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):  # ended: reaped next round
+            os.kill(pid, signum)
+
+
+def _reap() -> int | None:
+    """Reap the children that ended: the last one's exit status, -1 if none
+    ended, None once no child is left."""
+    status = -1
+    while True:
         try:
-            _pid, raw = os.waitpid(-1, 0)  # a forwarded signal runs, then it waits on
+            pid, raw = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
+            return None
+        if pid == 0:
             return status
         status = os.waitstatus_to_exitcode(raw)
         if status < 0:

@@ -4,7 +4,7 @@
 ``sbus-relay upgrade``, twice, the shell still waits, the bus that serves now
 is in the terminal's foreground group, and Ctrl-C stops it -- the socket is
 removed, no process is left, and the shell goes on with status 0.  A SIGTERM
-to the pid the shell started reaches the bus that serves now.
+or SIGINT sent to the pid the shell started reaches the bus that serves now.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def test_ctrl_c_stops_a_foreground_bus_after_upgrades(
         term.close()
 
 
-def test_sigterm_to_the_started_process_stops_the_bus_that_serves_now(
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=str)
+def test_a_signal_to_the_started_process_stops_the_bus_that_serves_now(
+    sig: int,
     tmp_path: Path,
     short_tmp: Path,
     tmux_available: None,  # noqa: F811
@@ -88,7 +90,7 @@ def test_sigterm_to_the_started_process_stops_the_bus_that_serves_now(
     term, first = _terminal_with_a_bus(tmp_path, address)
     try:
         second = _upgrade(address, first)
-        os.kill(first, signal.SIGTERM)  # as `kill PID` with the pid make printed
+        os.kill(first, sig)  # as `kill PID` with the pid make printed: passed on
         term.wait_for("the shell to go on", r"^EXIT=0$")
         assert not os.path.exists(address)
         assert not _alive(second)
