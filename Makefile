@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: run test install lint clean system-deps
+.PHONY: run test test-slow install lint clean system-deps
 
 # Created only when missing.  Debian splits venv support into python3-venv:
 # install it (as root) if creating the venv fails, then try once more.
@@ -39,8 +39,9 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
-# The suite runs on the compiled hot path; then the protocol, the server and
-# the relays once more on the pure-Python path.
+# The suite but the tests marked slow runs on the compiled hot path; then the
+# protocol, the server and the relays once more on the pure-Python path; then
+# the two slow Spark tests (the standalone cluster, the class archive).
 test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana
 	$(VENV)/bin/ruff format --check sbus_relay tests grafana
@@ -49,6 +50,11 @@ test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	SBUS_PURE_PYTHON=1 $(VENV)/bin/pytest -m "not slow" tests/unit tests/server tests/relay
 	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, a few minutes
+
+# Every test marked slow: the bench's quick run of every scenario, the
+# full-length hardening runs (fuzz, faults, load, soak) and the slow Spark tests.
+test-slow: system-deps $(VENV)/.installed-dev
+	$(VENV)/bin/pytest -m slow
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana

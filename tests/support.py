@@ -50,7 +50,7 @@ def rss(pid: int) -> int:
 
 def short_dir() -> str:
     """A fresh directory whose socket paths stay well under 108 bytes."""
-    return tempfile.mkdtemp(prefix="sbus-", dir="/tmp")
+    return tempfile.mkdtemp(prefix="sbus-")
 
 
 def command_argv(command: str) -> list[str]:

@@ -9,6 +9,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from sbus_relay.ops.cachedir import cache_dir
+
 #: The C sources live in csrc/ beside this module (package data, see pyproject.toml).
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 #: Programs built from ``<name>.c``.
@@ -25,9 +27,8 @@ class BuildError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/sbus_relay/bench`` (``~/.cache/...`` by default)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sbus_relay" / "bench"
+    """``bench/`` in the package's cache (``~/.cache/sbus-relay/bench`` by default)."""
+    return cache_dir() / "bench"
 
 
 def _digest(cc: str) -> str:

@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="where the C programs and the reference are compiled "
-        "(default ~/.cache/sbus_relay/bench)",
+        "(default ~/.cache/sbus-relay/bench)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the servers' logs")
     parser.add_argument(

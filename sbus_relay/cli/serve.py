@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any, cast
 
-from sbus_relay.ops import logsetup
+from sbus_relay.ops import foreground, logsetup
 from sbus_relay.ops.addresses import (
     answers,
     listen,
@@ -247,6 +247,9 @@ def run_server(
     """
     _log_to(config, None, source)
     start_dir = os.getcwd()  # where an upgrade runs this command line again
+    # typed at a terminal (``make run``): an upgrade keeps the bus on it
+    from_terminal = config.foreground and os.isatty(0)
+    owed: list[int] = []  # signals that came once the bus was handed over: the new one's
     import structlog
 
     log = structlog.get_logger("sbus_relay")
@@ -261,7 +264,9 @@ def run_server(
     if take_over and not serving and _bus_answers(config.address):
         serving = config.address
     if serving:
-        return _take_over(config, serving, log, reload, source, early, from_new_side=take_over)
+        return _take_over(
+            config, serving, log, reload, source, early, hangup_stops, from_new_side=take_over
+        )
     pidfile = None
     status = 0
     socket_file = None
@@ -294,7 +299,7 @@ def run_server(
             reloading = _Reloading(reload, default_target, source, log, hangup_stops)
         handed_over = _serve(
             config, log, ready, socket_file, printable, reloading, early, start_dir,
-            listener=sock, web_sock=web_sock,
+            listener=sock, web_sock=web_sock, from_terminal=from_terminal, owed=owed,
         )  # fmt: skip
     except KeyboardInterrupt:
         pass  # a signal before our handlers were installed: still a clean stop
@@ -305,8 +310,28 @@ def run_server(
             _clean_up(socket_file, pidfile)
     if handed_over and take_over:
         _linger(config, log)
+    elif handed_over and from_terminal and foreground.holds_terminal():
+        # the terminal still waits on us: the bus stays within its reach
+        log.info("foreground.kept", pid=os.getpid(), until="the bus stops (Ctrl-C stops it)")
+        _keep_the_terminal(log, owed)
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
+
+
+def _keep_the_terminal(log: Any, owed: list[int]) -> None:
+    """Become the small process that waits for the bus (``cli.foreground``),
+    passing it the signals ``owed`` to the bus; returns only if that cannot
+    start (this one then ends as it would have)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # from now until it waits for them, signals stay pending (through the exec)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, foreground.WAITED)
+    command = [sys.executable, "-P", "-m", "sbus_relay.cli.foreground", *map(str, owed)]
+    try:
+        os.execv(command[0], command)
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        log.warning("foreground.lost", reason=f"cannot run {command[0]}: {exc}")
 
 
 def _clean_up(socket_file: str | None, pidfile: str | None) -> None:
@@ -325,10 +350,12 @@ def _take_over(
     reload: Loader | None,
     source: str,
     early: _EarlySignals,
+    hangup_stops: bool,
     *,
     from_new_side: bool = False,
 ) -> int:
-    """Be the bus on ``serving``: take it over from the process serving it.
+    """Be the bus on ``serving``: take it over from the process serving it
+    (``hangup_stops``: it runs on the terminal its predecessor was started from).
 
     ``from_new_side`` (``serve --take-over``): serve metrics on a socket of
     this process's own if it can bind one, the old process's only where that
@@ -361,8 +388,8 @@ def _take_over(
             if config.log_file is None:
                 _log_to(config, default_target, source)
     reloading = None
-    if reload is not None:  # no terminal of its own: SIGHUP only ever reloads it
-        reloading = _Reloading(reload, default_target, source, log, hangup_stops=False)
+    if reload is not None:
+        reloading = _Reloading(reload, default_target, source, log, hangup_stops)
     adopted = (state, fds, channel)
     handed_over = False
     try:
@@ -490,8 +517,13 @@ def _serve(
     listener: socket.socket | None = None,
     web_sock: socket.socket | None = None,
     adopted: tuple[dict[str, Any], list[int], socket.socket] | None = None,
+    from_terminal: bool = False,
+    owed: list[int] | None = None,
 ) -> bool:
-    """Serve until stopped; True if a newer process took the bus over."""
+    """Serve until stopped; True if a newer process took the bus over.
+    ``from_terminal``: typed at a terminal, whose foreground an upgrade keeps;
+    then the signals that come once the bus is handed over are noted in
+    ``owed``, for the process that waits for the new bus to pass on."""
     # Imported here, after any fork: gevent's hub must start in the daemon.
     import gevent
 
@@ -508,11 +540,24 @@ def _serve(
         server = Server(config, listener, log=log, socket_file=socket_file)
         server.web_listener = web_sock
 
+    def passed_on(signum: int) -> bool:
+        if server.handed_over and owed is not None:
+            owed.append(signum)
+        return server.handed_over
+
     def stop(signum: int) -> None:
+        if passed_on(signum):
+            return
         log.info("signal", signal=signal.Signals(signum).name)
         server.stop()
 
+    def upgrade() -> None:
+        if not passed_on(UPGRADE_SIGNAL):
+            _upgrade(server, log, start_dir, from_terminal)
+
     def hup() -> None:
+        if passed_on(RELOAD_SIGNAL):
+            return
         if reloading is None or reloading.is_hangup():
             log.info("signal", signal="SIGHUP", hangup=reloading is not None)
             server.stop()
@@ -522,7 +567,7 @@ def _serve(
     for signum in STOP_SIGNALS:
         gevent.signal_handler(signum, stop, signum)
     gevent.signal_handler(RELOAD_SIGNAL, hup)
-    gevent.signal_handler(UPGRADE_SIGNAL, _upgrade, server, log, start_dir)
+    gevent.signal_handler(UPGRADE_SIGNAL, upgrade)
     web = None
     if web_sock is not None:
         # Only when asked: prometheus_client is not free to import.
@@ -569,10 +614,12 @@ def _serve(
     return server.handed_over
 
 
-def _upgrade(server: Any, log: Any, start_dir: str) -> None:
+def _upgrade(server: Any, log: Any, start_dir: str, from_terminal: bool) -> None:
     """SIGUSR2: start the installed version of this bus, to take it over: the
     same command line, from the directory this bus was started in (a daemon
-    has left it; relative paths in the command line are relative to it)."""
+    has left it; relative paths in the command line are relative to it).
+    A bus typed at a terminal that still holds its foreground will wait for
+    its successors (``ops.foreground``): they are to be its children."""
     if os.environ.get(SUPERVISED_ENV):
         log.warning(
             "upgrade.supervised",
@@ -584,6 +631,8 @@ def _upgrade(server: Any, log: Any, start_dir: str) -> None:
     import gevent
 
     env = {**os.environ, TAKE_OVER_ENV: server.address}
+    if from_terminal and foreground.holds_terminal():
+        foreground.become_subreaper()  # its successors' successors stay within our reach
     # Where our stderr goes nowhere (a daemon), the new process's goes to us
     # until it serves, so that a failure can say why in our log.
     listen_to_it = not stderr_is_a_file() and not os.isatty(2)

@@ -144,7 +144,7 @@ def _watches(args: argparse.Namespace) -> tuple[list[Watch], list[str]]:
     named: list[tuple[str, str]] = []
     unwatched: list[str] = []
     if args.hierarchy is not None:
-        from sbus_relay.ops.supervisor import load_hierarchy
+        from sbus_relay.ops.hierarchy import load_hierarchy
 
         for spec in load_hierarchy(args.hierarchy).buses:
             if spec.metrics is None or spec.metrics.endswith(":0"):

@@ -21,7 +21,7 @@ from sbus_relay.ops.config import COMMAND_LINE
 from sbus_relay.protocol.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
-    from sbus_relay.ops.supervisor import BusSpec, Hierarchy
+    from sbus_relay.ops.hierarchy import BusSpec, Hierarchy
 
 #: Signals that stop the whole hierarchy.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -147,13 +147,12 @@ def _already_up(source: str, running: list[tuple[BusSpec, int]]) -> str:
 def load_checked(path: str) -> Hierarchy:
     """Read and validate the hierarchy file, the ``serve`` flags of each bus
     included (what ``up`` runs, and reloads); raises ``ConfigError``."""
-    from sbus_relay.ops.supervisor import Supervisor, load_hierarchy
+    from sbus_relay.ops.hierarchy import load_hierarchy
 
     hierarchy = load_hierarchy(path)
-    supervisor = Supervisor(hierarchy)
     for spec in hierarchy.buses:
         _check_own_args(path, spec.name, spec.args)
-        flags = supervisor.argv(spec)[len(supervisor.command) :]
+        flags = hierarchy.serve_flags(spec)
         parent = hierarchy.bus(spec.upstream).address if spec.upstream else None
         _check_serve_flags(path, spec.name, flags, parent, spec.metrics)
     return hierarchy

@@ -3,7 +3,8 @@
 Nobody is disconnected (docs/deploy.md, "Upgrade"): the bus is sent SIGUSR2
 and starts the installed version of itself, which takes every socket and
 connection over.  A bus run by ``sbus-relay up`` is upgraded by its ``up``,
-the whole tree at once (the master first).  This command waits until a new
+the whole tree at once (the master first): ``-a`` with one of its buses says
+so and follows every bus of that tree.  This command waits until a new
 process answers on each address and says, in one line per bus, which pid
 serves it now, or why the old one still does.
 """
@@ -44,7 +45,8 @@ def _hierarchy_file(address: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.ops.children import children_of, process_status
-    from sbus_relay.ops.supervisor import listener_pid, load_hierarchy, supervisor_of
+    from sbus_relay.ops.hierarchy import load_hierarchy
+    from sbus_relay.ops.supervisor import listener_pid, supervisor_of
     from sbus_relay.protocol.errors import UsageError
     from sbus_relay.protocol.limits import UPGRADE_WAIT
 
@@ -73,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         before[name] = pid
     # Whom to signal: a bus run by `up` is upgraded by its `up` (the whole tree).
     owners = {supervisor_of(pid) or pid for pid in before.values()}
+    if args.tree is None:
+        addresses = _whole_tree(addresses, before, owners)
     for pid in owners:
         try:
             os.kill(pid, signal.SIGUSR2)
@@ -80,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"not allowed to signal pid {pid}: run this as its user") from None
         except ProcessLookupError:
             pass  # it ended meanwhile: reported below as not answering
-    if owners != set(before.values()):
+    if args.tree is not None and owners != set(before.values()):
         print(f"sbus-relay upgrade: asked sbus-relay up (pid {', '.join(map(str, owners))})")
     status = 0
     deadline = time.monotonic() + UPGRADE_WAIT
@@ -114,3 +118,44 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{name}: pid {old} -> pid {now}")
     return status
+
+
+def _whole_tree(
+    addresses: list[tuple[str, str]], before: dict[str, int], owners: set[int]
+) -> list[tuple[str, str]]:
+    """``-a`` on a bus of an ``up`` tree: every bus of that tree is upgraded, so
+    say so and follow them all (their pids noted in ``before``, before the signal)."""
+    from sbus_relay.ops.addresses import parse_address
+    from sbus_relay.ops.hierarchy import load_hierarchy
+    from sbus_relay.ops.supervisor import listener_pid, tree_of
+    from sbus_relay.protocol.errors import ConfigError
+
+    ((given, address),) = addresses
+    (owner,) = owners
+    if owner == before[given]:
+        return addresses  # a bus of its own
+    tree = tree_of(owner)
+    try:
+        buses = load_hierarchy(tree).buses if tree is not None else ()
+    except ConfigError:
+        buses = ()  # edited since up read it: its buses are not known here
+    ours = [spec for spec in buses if os.path.realpath(spec.address) == os.path.realpath(address)]
+    if not ours:
+        print(
+            f"sbus-relay upgrade: {address} is run by sbus-relay up pid {owner}, which upgrades"
+            " every bus of its tree; only this one is followed here"
+        )
+        return addresses
+    pid = before.pop(given)
+    followed = []
+    for spec in buses:
+        now = pid if spec is ours[0] else listener_pid(parse_address(spec.address))
+        if now:
+            before[spec.name] = now
+            followed.append((spec.name, spec.address))
+    names = ", ".join(name for name, _ in followed)
+    print(
+        f"sbus-relay upgrade: {address} is bus {ours[0].name} of {tree}, run by sbus-relay up"
+        f" pid {owner}: it upgrades the whole tree, {len(followed)} buses ({names})"
+    )
+    return followed

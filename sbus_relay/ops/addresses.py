@@ -357,10 +357,12 @@ def _adopt(fd: int) -> socket.socket:
     return sock
 
 
-def connect(address: Address | str) -> socket.socket:
+def connect(address: Address | str, *, timeout: float | None = None) -> socket.socket:
     """A blocking SEQPACKET socket connected to ``address``.
 
     ``/dev/fd/N`` here means an inherited, already connected socket.
+    ``timeout`` bounds the connect itself (a listener that does not accept and
+    whose backlog is full holds a connect for ever); the socket is blocking after.
     """
     if isinstance(address, str):
         address = parse_address(address)
@@ -371,7 +373,9 @@ def connect(address: Address | str) -> socket.socket:
     target: bytes = address.name if address.name is not None else os.fsencode(address.path)
     sock = _new_socket()
     try:
+        sock.settimeout(timeout)
         sock.connect(target)
+        sock.settimeout(None)
     except OSError as exc:
         sock.close()
         hint = ""

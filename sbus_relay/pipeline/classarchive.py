@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sbus_relay.ops import children
+from sbus_relay.ops.cachedir import cache_dir
 
 #: Environment variable: ``0`` turns the archive off; ``write:<path>`` (set by the
 #: builder for its own analysis run) makes that run's JVM write the archive there.
@@ -65,12 +66,6 @@ MAX_ARCHIVES = 4
 RUNNING_DIR = "running"
 #: Seconds between the builder's looks for running analyses.
 PAUSE_POLL_SECONDS = 0.25
-
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/sbus-relay``, or ``~/.cache/sbus-relay``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base, "sbus-relay")
 
 
 def _java() -> str | None:

@@ -11,8 +11,9 @@
   (``bench --only client``) it states; between them those runs judged every
   target of the code, and every figure its prose quotes is in those tables;
   the scenario table's targets are the code's;
-* the README says how to get the reference, and that ``make test`` runs the
-  slow tests too, and for how long.
+* the README says how to get the reference, which tests ``make test`` and
+  ``make test-slow`` run (in the Makefile's words), and for how long; every
+  ``make`` target the docs name exists.
 """
 
 from __future__ import annotations
@@ -306,11 +307,32 @@ def test_the_readme_and_the_performance_page_say_how_to_get_the_reference() -> N
         assert f"git clone {UPSTREAM}" in text and "--reference-src" in text, path
 
 
-def test_the_readme_says_make_test_runs_the_slow_tests_and_how_long() -> None:
+def _recipe(makefile: str, target: str) -> str:
+    """The commands of ``target`` in the Makefile."""
+    match = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert match, f"no target {target} in the Makefile"
+    return match.group(1)
+
+
+def test_the_readme_says_which_tests_make_test_and_make_test_slow_run_and_how_long() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert 'pytest -m "slow and spark"' in makefile  # make test runs them: say so
+    chosen = re.search(r"^PYTEST_ARGS \?= (.+)$", makefile, re.MULTILINE)
+    assert chosen and "$(PYTEST_ARGS)" in _recipe(makefile, "test")
+    assert 'pytest -m "slow and spark"' in _recipe(makefile, "test")
+    assert "pytest -m slow" in _recipe(makefile, "test-slow")
     top = (ROOT / "README.md").read_text().split("## ")[0]
-    assert re.search(r"slow", top) and re.search(r"\d+\s+minutes", top), top
+    # what each target selects, in the Makefile's own words
+    assert f"pytest {chosen.group(1)}" in top, top
+    assert "make test-slow" in top and "pytest -m slow" in top, top
+    assert re.search(r"\d+\s+minutes", top), top
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w.-]+):", makefile, re.MULTILINE))
+    for path in DOCS:
+        for target in re.findall(r"`make ([\w-]+)", path.read_text()):
+            assert target in targets, f"{path.name}: make {target} is no target of the Makefile"
 
 
 def test_the_pipeline_s_window_examples_are_the_code_s() -> None:

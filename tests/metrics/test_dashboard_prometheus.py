@@ -281,7 +281,7 @@ class Prometheus:
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     # Short path under /tmp: socket paths must stay under 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="sbm", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="sbm"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -98,6 +98,10 @@ def test_a_failed_run_leaves_the_previous_output_whole(tmp_path: Path) -> None:
     assert second.returncode == 1, second.stderr
     line = one_error_line(second)
     assert line.startswith("sbus-relay analyze: Spark failed:") and "--skip-bad-files" in line
+    # where to look: the JVM's log, kept for the user after a failure (removed here)
+    log = Path(line.rsplit("Spark's log: ", 1)[1])
+    assert log.is_file(), line
+    log.unlink()
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -165,6 +165,9 @@ def test_analyze_builds_the_archive_then_uses_it_and_survives_a_broken_one(
     assert "#" not in third.stdout and not third.stderr.strip(), (third.stdout, third.stderr)
     assert not path.exists()
     assert not list(tmp_path.glob("hs_err*")), "a JVM crash report in the user's directory"
+    # it went to the temporary directory (session.py's -XX:ErrorFile): removed here
+    for report in Path(tempfile.gettempdir()).glob("sbus-analyze-jvm-crash-*.log"):
+        report.unlink()
 
 
 @pytest.mark.spark

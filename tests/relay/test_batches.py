@@ -8,6 +8,7 @@ ignores it): the relay's publishes arrive packed, or one packet each.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 import time
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def upstream() -> Iterator[tuple[str, socket.socket]]:
-    folder = tempfile.mkdtemp(dir="/tmp")
+    folder = tempfile.mkdtemp()
     path = folder + "/up"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -33,6 +34,7 @@ def upstream() -> Iterator[tuple[str, socket.socket]]:
     listener.settimeout(10)
     yield path, listener
     listener.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def handshake(conn: socket.socket, *, packs: bool) -> list[bytes]:

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,8 +257,8 @@ def test_a_hierarchy_file_given_as_an_address_is_named_as_one(tmp_path: Path) ->
     assert f"sbus-relay upgrade {hierarchy} (without -a)" in said
 
 
-def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path) -> None:
-    sock_dir = tempfile.mkdtemp(dir="/tmp")
+def _two_bus_tree(tmp_path: Path, sock_dir: Path) -> tuple[Path, subprocess.Popen[str]]:
+    """``sbus-relay up`` of a master and a relay, both serving."""
     hierarchy = tmp_path / "tree.yaml"
     hierarchy.write_text(
         f"log_dir: {tmp_path}\n"
@@ -269,14 +268,23 @@ def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path)
     )
     relay_log = tmp_path / "relay.log"
     up = subprocess.Popen(
-        [os.path.join(VENV_BIN, "sbus-relay"), "up", str(hierarchy)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [os.path.join(VENV_BIN, "sbus-relay"), "up", hierarchy.name],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
+    wait_until(
+        lambda: relay_log.exists() and '"listening"' in relay_log.read_text(),
+        "the relay serving",
+    )
+    return hierarchy, up
+
+
+def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    sock_dir = short_tmp
+    relay_log = tmp_path / "relay.log"
+    hierarchy, up = _two_bus_tree(tmp_path, sock_dir)
     try:
-        wait_until(
-            lambda: relay_log.exists() and '"listening"' in relay_log.read_text(),
-            "the relay serving",
-        )
         relay_pid = serving_pid(f"{sock_dir}/r.sock")
         os.kill(relay_pid, signal.SIGUSR2)  # a supervised bus says whom to ask instead
         wait_until(lambda: '"upgrade.supervised"' in relay_log.read_text(), "the relay's answer")
@@ -291,6 +299,34 @@ def test_up_upgrades_its_tree_and_its_buses_leave_upgrades_to_it(tmp_path: Path)
         up.send_signal(signal.SIGINT)
         out, err = up.communicate(timeout=30)
     assert "master upgraded: pid" in out and "relay upgraded: pid" in out, out + err
+
+
+def test_upgrade_of_one_bus_of_a_tree_says_it_upgrades_the_tree_and_follows_every_bus(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    # up was started with a relative path: the tree is found from its directory
+    hierarchy, up = _two_bus_tree(tmp_path, short_tmp)
+    try:
+        master, relay = serving_pid(f"{short_tmp}/m.sock"), serving_pid(f"{short_tmp}/r.sock")
+        done = run_cli("upgrade", "-a", f"{short_tmp}/r.sock", timeout=90)
+        assert done.returncode == 0, done.stderr.decode()
+        lines = done.stdout.decode().splitlines()
+        assert lines[0] == (
+            f"sbus-relay upgrade: {short_tmp}/r.sock is bus relay of {hierarchy}, run by"
+            f" sbus-relay up pid {up.pid}: it upgrades the whole tree, 2 buses (master, relay)"
+        ), lines
+        new_master, new_relay = (
+            serving_pid(f"{short_tmp}/m.sock"),
+            serving_pid(f"{short_tmp}/r.sock"),
+        )
+        assert lines[1:] == [
+            f"master: pid {master} -> pid {new_master}",
+            f"relay: pid {relay} -> pid {new_relay}",
+        ]
+        assert {new_master, new_relay}.isdisjoint({master, relay})
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=30)
 
 
 def test_a_daemon_started_with_relative_paths_upgrades_and_a_failure_says_why(

@@ -22,7 +22,6 @@ from tests.support import (
     BusProcess,
     is_listening,
     run_cli,
-    short_dir,
     start_bus,
     wait_for_text,
 )
@@ -367,8 +366,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path) -> None:
-    directory = short_dir()
+def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path, short_tmp: Path) -> None:
+    directory = str(short_tmp)
     path, pidfile = os.path.join(directory, "bus"), os.path.join(directory, "pid")
     with open(tmp_path / "daemon.err", "wb") as err:  # a file: the daemon keeps stderr
         started = subprocess.run(

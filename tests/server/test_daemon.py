@@ -20,7 +20,7 @@ from tests.server.rawclient import (
     connect_address,
     wait_accepting,
 )
-from tests.support import VENV_BIN, is_listening, short_dir, start_bus
+from tests.support import VENV_BIN, is_listening, start_bus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -233,8 +233,8 @@ def test_given_abstract_address_works(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
-def test_inherited_fd_address(listening: bool) -> None:
-    directory = short_dir()
+def test_inherited_fd_address(listening: bool, short_tmp: Path) -> None:
+    directory = str(short_tmp)
     path = os.path.join(directory, "fd.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -264,16 +264,16 @@ def test_inherited_fd_address(listening: bool) -> None:
 # --- -r and stale sockets -----------------------------------------------------
 
 
-def stale_socket() -> str:
-    path = os.path.join(short_dir(), "stale.sock")
+def stale_socket(short_tmp: Path) -> str:
+    path = os.path.join(short_tmp, "stale.sock")
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     dead.bind(path)
     dead.close()  # the file stays, nobody listens: a stale socket
     return path
 
 
-def test_r_removes_a_stale_socket(tmp_path: Path) -> None:
-    path = stale_socket()
+def test_r_removes_a_stale_socket(tmp_path: Path, short_tmp: Path) -> None:
+    path = stale_socket(short_tmp)
     bus = start_bus(tmp_path, "-r", "-a", path)
     try:
         pubsub_works(path)
@@ -281,10 +281,10 @@ def test_r_removes_a_stale_socket(tmp_path: Path) -> None:
         assert bus.stop(signal.SIGTERM) == 0
 
 
-def test_without_r_a_stale_socket_is_not_clobbered() -> None:
+def test_without_r_a_stale_socket_is_not_clobbered(short_tmp: Path) -> None:
     # The reference sbusd fails to bind over an existing file without -r; a user
     # would expect a clear non-zero exit rather than a silent takeover.
-    path = stale_socket()
+    path = stale_socket(short_tmp)
     result = subprocess.run(
         [os.path.join(VENV_BIN, "sbusd"), "-f", "-a", path],
         stdin=subprocess.DEVNULL,
@@ -314,9 +314,9 @@ def test_r_does_not_take_over_a_live_bus(tmp_path: Path) -> None:
         assert first.stop(signal.SIGTERM) == 0
 
 
-def test_r_removes_a_regular_file_and_logs_a_warning(tmp_path: Path) -> None:
+def test_r_removes_a_regular_file_and_logs_a_warning(tmp_path: Path, short_tmp: Path) -> None:
     # As the reference's own test does: a plain file at the path goes with -r.
-    path = os.path.join(short_dir(), "plain")
+    path = os.path.join(short_tmp, "plain")
     Path(path).write_text("left behind")
     bus = start_bus(tmp_path, "-r", "-a", path)
     try:
@@ -326,8 +326,10 @@ def test_r_removes_a_regular_file_and_logs_a_warning(tmp_path: Path) -> None:
         assert bus.stop(signal.SIGTERM) == 0
 
 
-def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(tmp_path: Path) -> None:
-    path = stale_socket()
+def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    path = stale_socket(short_tmp)
     lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     err_path = tmp_path / "sbusd.err"
     try:
@@ -354,8 +356,10 @@ def test_r_checks_removes_and_binds_under_the_lock_beside_the_socket(tmp_path: P
     assert not os.path.exists(path + ".lock")  # removed by the server once bound
 
 
-def test_two_servers_started_with_r_on_one_stale_path_never_both_bind(tmp_path: Path) -> None:
-    path = stale_socket()
+def test_two_servers_started_with_r_on_one_stale_path_never_both_bind(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    path = stale_socket(short_tmp)
     procs = []
     for i in range(4):
         with open(tmp_path / f"sbusd-{i}.err", "wb") as err:
@@ -401,8 +405,8 @@ def test_h_prints_the_usage_and_every_flag() -> None:
 # --- daemonising ------------------------------------------------------------------
 
 
-def test_daemon_writes_pidfile_and_cleans_up_on_sigterm() -> None:
-    directory = short_dir()
+def test_daemon_writes_pidfile_and_cleans_up_on_sigterm(short_tmp: Path) -> None:
+    directory = str(short_tmp)
     path = os.path.join(directory, "bus")
     pidfile = os.path.join(directory, "sbusd.pid")
     err_path = os.path.join(directory, "stderr")
@@ -441,9 +445,9 @@ def test_daemon_writes_pidfile_and_cleans_up_on_sigterm() -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone() -> None:
+def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone(short_tmp: Path) -> None:
     # protocol.md: "/dev/null for none" -- and it must survive the daemon's cleanup.
-    path = os.path.join(short_dir(), "bus")
+    path = os.path.join(short_tmp, "bus")
     result = subprocess.run(
         [os.path.join(VENV_BIN, "sbusd"), "-a", path, "-p", "/dev/null"],
         stdin=subprocess.DEVNULL,
@@ -488,10 +492,10 @@ def _stop_daemon(pid: int) -> None:
         time.sleep(0.02)
 
 
-def test_a_daemon_lets_go_of_its_callers_pipes() -> None:
+def test_a_daemon_lets_go_of_its_callers_pipes(short_tmp: Path) -> None:
     # `sbus-relay serve ... | tail -2` returns once the daemon is up: the daemon
     # keeps neither end of the caller's stdout nor its stderr.
-    directory = short_dir()
+    directory = str(short_tmp)
     path = os.path.join(directory, "bus")
     pidfile = os.path.join(directory, "bus.pid")
     serve = os.path.join(VENV_BIN, "sbus-relay")
@@ -511,9 +515,9 @@ def test_a_daemon_lets_go_of_its_callers_pipes() -> None:
         _stop_pid_in(pidfile)
 
 
-def test_a_daemon_logs_to_its_log_file_not_to_its_caller(tmp_path: Path) -> None:
+def test_a_daemon_logs_to_its_log_file_not_to_its_caller(tmp_path: Path, short_tmp: Path) -> None:
     # Without --log-file its log goes to syslog (the journal), with it to the file.
-    directory = short_dir()
+    directory = str(short_tmp)
     path = os.path.join(directory, "bus")
     pidfile = os.path.join(directory, "bus.pid")
     log = tmp_path / "bus.log"
@@ -542,8 +546,8 @@ def test_a_daemon_logs_to_its_log_file_not_to_its_caller(tmp_path: Path) -> None
         _stop_pid_in(pidfile)
 
 
-def test_a_second_daemon_on_a_live_pid_file_is_refused_in_one_line() -> None:
-    directory = short_dir()
+def test_a_second_daemon_on_a_live_pid_file_is_refused_in_one_line(short_tmp: Path) -> None:
+    directory = str(short_tmp)
     first, second = os.path.join(directory, "one"), os.path.join(directory, "two")
     pidfile = os.path.join(directory, "sbus.pid")
     sbusd = os.path.join(VENV_BIN, "sbusd")
@@ -568,8 +572,8 @@ def test_a_second_daemon_on_a_live_pid_file_is_refused_in_one_line() -> None:
         _stop_pid_in(pidfile)
 
 
-def test_a_stale_pid_file_is_taken_over() -> None:
-    directory = short_dir()
+def test_a_stale_pid_file_is_taken_over(short_tmp: Path) -> None:
+    directory = str(short_tmp)
     path = os.path.join(directory, "bus")
     pidfile = os.path.join(directory, "sbus.pid")
     Path(pidfile).write_text("2147483646\n")  # no such process

@@ -28,7 +28,7 @@ def _client(path: str) -> Any:
 
 
 def test_an_exception_in_a_handler_disconnects_only_that_client() -> None:
-    folder = tempfile.mkdtemp(dir="/tmp")
+    folder = tempfile.mkdtemp()
     path = folder + "/bus"
     listener = gsocket.socket(gsocket.AF_UNIX, gsocket.SOCK_SEQPACKET)
     listener.bind(path)

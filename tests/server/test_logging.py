@@ -22,7 +22,7 @@ import pytest
 
 from sbus_relay.client import Client
 from tests.server.rawclient import wait_accepting
-from tests.support import VENV_BIN, short_dir
+from tests.support import VENV_BIN
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,8 +91,8 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=str)
-def test_a_closed_log_pipe_never_touches_the_bus(sig: int) -> None:
-    directory = short_dir()
+def test_a_closed_log_pipe_never_touches_the_bus(sig: int, short_tmp: Path) -> None:
+    directory = str(short_tmp)
     address = os.path.join(directory, "S")
     port = free_port()
     serve = os.path.join(VENV_BIN, "sbus-relay")
@@ -139,9 +139,11 @@ def test_a_closed_log_pipe_never_touches_the_bus(sig: int) -> None:
             shell.stdout.close()
 
 
-def test_a_log_reader_that_stopped_reading_never_stalls_the_bus(tmp_path: Path) -> None:
+def test_a_log_reader_that_stopped_reading_never_stalls_the_bus(
+    tmp_path: Path, short_tmp: Path
+) -> None:
     # A pipe nobody reads fills up; a blocking write would freeze the bus.
-    directory = short_dir()
+    directory = str(short_tmp)
     address = os.path.join(directory, "S")
     read_end, write_end = os.pipe()
     proc = subprocess.Popen(
@@ -168,8 +170,8 @@ def test_a_log_reader_that_stopped_reading_never_stalls_the_bus(tmp_path: Path) 
         os.close(read_end)
 
 
-def test_a_daemon_never_logs_to_the_terminal_it_left(tmp_path: Path) -> None:
-    directory = short_dir()
+def test_a_daemon_never_logs_to_the_terminal_it_left(tmp_path: Path, short_tmp: Path) -> None:
+    directory = str(short_tmp)
     address = os.path.join(directory, "S")
     pidfile = os.path.join(directory, "pid")
     master, slave = pty.openpty()
@@ -195,8 +197,8 @@ def test_a_daemon_never_logs_to_the_terminal_it_left(tmp_path: Path) -> None:
         os.close(master)
 
 
-def test_a_daemon_logs_to_the_configured_file(tmp_path: Path) -> None:
-    directory = short_dir()
+def test_a_daemon_logs_to_the_configured_file(tmp_path: Path, short_tmp: Path) -> None:
+    directory = str(short_tmp)
     address = os.path.join(directory, "S")
     pidfile = os.path.join(directory, "pid")
     log_file = tmp_path / "bus.log"

@@ -50,8 +50,8 @@ _PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def short_dir() -> str:
-    """A fresh directory under /tmp: socket paths must fit in 108 bytes."""
-    return tempfile.mkdtemp(prefix="sbh-", dir="/tmp")
+    """A fresh directory under the temporary one: socket paths must fit in 108 bytes."""
+    return tempfile.mkdtemp(prefix="sbh-")
 
 
 def raise_nofile(want: int) -> int:
