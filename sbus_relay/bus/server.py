@@ -56,6 +56,10 @@ from .upstream import UpstreamLink
 
 _DROPS_COUNT = b"drops/count"
 _RELAY_NAME = b"relay/name"
+#: a relay below says it takes a new identity in place (``set_prefix``)
+_FOLLOW = b"identity/follow"
+#: what it is then told: its whole new identity, as whoami would answer
+_CHANGED = b"identity/changed"
 #: closed-connection totals kept beyond two per live client before the
 #: accounting forgets those of keys nobody uses (bounds its memory)
 _TRIM_SLACK = 1024
@@ -120,6 +124,9 @@ class Server:
         self.prefix: bytes | None = b""
         #: connections holding a packet until the prefix is known
         self._awaiting_prefix: list[Connection] = []
+        #: the relays below (by cid) that said ``identity/follow``: told a new
+        #: identity in place, never disconnected for it
+        self.followers: set[int] = set()
         self.stopped = Event()
         #: set once a newer process has taken the bus over (``hand_over``): this
         #: one leaves its socket file and pid file to it
@@ -303,6 +310,7 @@ class Server:
     def forget(self, conn: Connection) -> None:
         """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
+        self.followers.discard(conn.cid)
         for i, n in enumerate(_traffic(conn)):
             self._gone[i] += n
         if conn.interest:
@@ -454,6 +462,8 @@ class Server:
                 del self.interest.listeners[conn]
         elif key == _RELAY_NAME:
             self._name_relay(conn, packet)
+        elif key == _FOLLOW:
+            self.followers.add(conn.cid)
         elif key == codec.BATCH_ON:
             # our packed batches extension: say yes, then pack what goes to it
             conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
@@ -504,16 +514,20 @@ class Server:
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream told us who we are: ``<whoami reply>/``.
 
-        If that differs from before (our upstream restarted, so our identity
-        changed), the secret patterns our clients hold are rewritten to the new
-        prefix, and our own relays are disconnected so that they redo their
-        handshake and learn their new identity from us.
+        If that differs from before (we reconnected from another pid, or a
+        relay above us did), the secret patterns our clients hold are
+        rewritten to the new prefix.  Our own relays are told their new
+        identity in place (``CMSG identity/changed``) and rename their own
+        patterns, each one level down in turn: nobody is disconnected and
+        the traffic between buses below us never stops.  A relay that did not
+        say ``identity/follow`` (an older version) is disconnected instead,
+        so that it redoes its handshake and learns its identity from us.
         """
         old = self.prefix
         if old is not None and old != prefix:
             self.log.warning("relay.identity_changed", old=old.decode(), new=prefix.decode())
             for listener in list(self.interest.listeners):  # every listener is a relay
-                listener.close("upstream_identity_changed")
+                self._reidentify(listener, prefix)
             self._rewrite_secret_patterns(old, prefix)
         self.prefix = prefix
         waiting, self._awaiting_prefix = self._awaiting_prefix, []
@@ -521,9 +535,22 @@ class Server:
             if conn.alive:
                 conn.resume()
 
+    def _reidentify(self, relay: Connection, prefix: bytes) -> None:
+        """Tell a relay below its new identity, or disconnect it if it cannot
+        take one in place (or the notice could not even be queued)."""
+        if relay.cid not in self.followers:
+            relay.close("upstream_identity_changed")
+            return
+        dropped = relay.dropped
+        relay.reply(codec.encode_cmsg(_CHANGED, prefix + relay.creds.identity()))
+        if relay.dropped != dropped:
+            relay.close("upstream_identity_changed", "its queue could not take the notice")
+
     def _rewrite_secret_patterns(self, old: bytes, new: bytes) -> None:
         stale = old + CRED
         for conn in list(self.clients.values()):
+            if conn.cid in self.followers:
+                continue  # it renames its own, with UNSUB and SUB (``_reidentify``)
             for pattern, count in self.index.patterns_of(conn).items():
                 if not pattern.startswith(stale):
                     continue
@@ -639,6 +666,7 @@ class Server:
             "next_cid": self._next_cid,
             "started": self.started,
             "prefix": self.prefix,
+            "followers": sorted(self.followers),
             "ever_connected": self._ever_connected,
             "by_relay": self.by_relay.export(),
             "by_user": self.by_user.export(),
@@ -663,6 +691,7 @@ class Server:
         server._next_cid = state["next_cid"]
         server.started = state["started"]
         server.prefix = state["prefix"]
+        server.followers = set(state.get("followers", ()))
         server._ever_connected = state["ever_connected"]
         server.by_relay.restore(state["by_relay"])
         server.by_user.restore(state["by_user"])

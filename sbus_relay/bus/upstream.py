@@ -15,7 +15,8 @@ its own bus only through ``UpstreamHost``.
   upstream is reached as soon as it binds again, not after the back-off; the
   connection's reading and writing are callbacks of the hub.
 * On connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
-  ``CMSG interest/on``, ``CMSG batch/on`` and its name (``CMSG relay/name``);
+  ``CMSG interest/on``, ``CMSG batch/on``, ``CMSG identity/follow`` and its
+  name (``CMSG relay/name``);
   an upstream that answers ``batch/on`` is sent packed batches, and sends
   them (docs/protocol.md, "Packed batches"); once whoami is
   answered (our identity is known, and so are the right secret patterns) it
@@ -29,6 +30,10 @@ its own bus only through ``UpstreamHost``.
   the link is down, the link holds ``EVERYTHING``: every local publish goes
   up (or waits in the bounded queue, beyond which it is dropped and counted:
   the local bus never waits for its upstream).
+* Our identity can change on a link that stays up (``CMSG
+  identity/changed``: a relay above us reconnected from another pid): the
+  host renames its clients' secret patterns, which go up as UNSUB and SUB,
+  and tells its own relays in turn.  Nobody is disconnected for it.
 * An upstream that never answers whoami is warned about after
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
@@ -71,7 +76,10 @@ _HELLO = (
     codec.encode_cmsg(WHOAMI),
     codec.encode_cmsg(b"interest/on"),
     codec.encode_cmsg(codec.BATCH_ON),
+    codec.encode_cmsg(b"identity/follow"),
 )
+#: the upstream's notice of our new identity (we said ``identity/follow``)
+_CHANGED = b"identity/changed"
 #: What the link holds while the upstream's interest is unknown: every public
 #: key ("") and every secret one (the prefix pattern "!/cred/").
 EVERYTHING = (b"", CRED)
@@ -126,6 +134,9 @@ class UpstreamLink:
         self.ready = False  # whoami answered: patterns synced, publishes flow
         #: the last whoami answer we took, kept across reconnects (cycle detection)
         self._identity_known: bytes | None = None
+        #: secret patterns of an identity we no longer have, left out of the
+        #: last resend (a relay below renames them itself): never UNSUB'd up
+        self._unsent: set[bytes] = set()
         #: patterns the upstream has said it wants (the interest extension)
         self.interest_count = 0
         self.interest_complete = False
@@ -178,6 +189,7 @@ class UpstreamLink:
             "connected": self.connected,
             "ready": self.ready,
             "identity_known": self._identity_known,
+            "unsent": sorted(self._unsent),
             "interest_count": self.interest_count,
             "interest_complete": self.interest_complete,
             "connections": self._connections,
@@ -193,6 +205,7 @@ class UpstreamLink:
         self.connected = state["connected"] and fd is not None
         self.ready = state["ready"] and self.connected
         self._identity_known = state["identity_known"]
+        self._unsent = set(state.get("unsent", ()))
         self.interest_count = state["interest_count"]
         self.interest_complete = state["interest_complete"]
         self._connections = state["connections"]
@@ -229,7 +242,9 @@ class UpstreamLink:
 
     def unsubscribe(self, pattern: bytes) -> None:
         """A local pattern went 1 -> 0: UNSUB it upstream."""
-        if self.ready:
+        if pattern in self._unsent:
+            self._unsent.discard(pattern)  # the upstream never had it
+        elif self.ready:
             self.conn.notify(pattern, False)
 
     # --- the connection's handler ------------------------------------------------
@@ -243,6 +258,8 @@ class UpstreamLink:
         key = event.key
         if key == WHOAMI:
             self._identity(payload)
+        elif key == _CHANGED:
+            self._changed(payload)
         elif key == ADD:
             self.interest_count += 1
             self.host.upstream_interest(payload, True)
@@ -388,6 +405,25 @@ class UpstreamLink:
                 "leads back here (a relay cycle)?",
             )
 
+    def _changed(self, reply: bytes) -> None:
+        """``CMSG identity/changed``: the upstream's own identity changed, so
+        ours is now ``reply``, on the link we have.  Taken like a whoami
+        answer (a cycle is refused), but nothing is resent: the host renames
+        what changes, and that goes up as UNSUB and SUB."""
+        if not self.ready or reply == self._identity_known:
+            return  # not answered yet: the whoami answer will carry it
+        if self._identity_known is not None and reply.startswith(self._identity_known + b"/"):
+            self.log.error(
+                "upstream.refused",
+                reason="relay cycle detected",
+                identity=reply.decode("ascii", "replace"),
+            )
+            self.lost(self.conn, "cycle", "")
+            return
+        self.log.info("upstream.identity_changed", identity=reply.decode("ascii", "replace"))
+        self._identity_known = reply
+        self.host.set_prefix(reply + b"/")
+
     def _identity(self, reply: bytes) -> None:
         """The whoami reply: our prefix is ``<reply>/``; now send every pattern."""
         if self.ready:
@@ -407,7 +443,17 @@ class UpstreamLink:
         self._cancel_whoami()
         self.host.set_prefix(reply + b"/")
         self._identity_known = reply
-        patterns = list(self.host.local_patterns())
+        # A relay below that keeps its old secret patterns until it renames
+        # them (``identity/changed``) holds some of an identity we no longer
+        # have: the upstream would refuse them, and never had them to UNSUB.
+        ours = reply + b"/"
+        patterns = []
+        self._unsent.clear()
+        for pattern in self.host.local_patterns():
+            if pattern.startswith(b"!") and not pattern.startswith(ours):
+                self._unsent.add(pattern)
+            else:
+                patterns.append(pattern)
         for pattern in patterns:
             self.conn.notify(pattern, True)
         self.ready = True
