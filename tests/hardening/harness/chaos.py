@@ -551,6 +551,9 @@ def check(chaos: Chaos) -> dict[str, Any]:
     for name, log in logs.items():
         if "Traceback" in log or "internal_error" in log:
             failures.append(f"a traceback or internal error in the log of {name}")
+    cut = sum(log.count("upstream_identity_changed") for log in logs.values())
+    if cut:
+        failures.append(f"{cut} relays were cut off because their identity changed")
     drops: collections.Counter[str] = collections.Counter()
     for bus in chaos.buses.values():
         drops += bus.drops()
@@ -571,9 +574,7 @@ def check(chaos: Chaos) -> dict[str, Any]:
         "drops_counted_by_reason": dict(drops),
         "drop_episodes_logged": sum(log.count('"flood.drop"') for log in logs.values()),
         "identity_changes": sum(log.count('"relay.identity_changed"') for log in logs.values()),
-        "relays_cut_for_identity": sum(
-            log.count("upstream_identity_changed") for log in logs.values()
-        ),
+        "relays_cut_for_identity": cut,
         "publisher_reconnects": sum(p.reconnects for p in chaos.pubs.values()),
         "subscriber_reconnects": sum(s.reconnects for s in chaos.subs.values()),
         "windows": windows,
