@@ -81,6 +81,8 @@ def test_chaos_in_a_tree_loses_nothing_silently() -> None:
     in a tree of four buses (``harness/chaos.py``)."""
     result = chaos.run_chaos(duration=120.0, seed=7)
     assert result["failures"] == [], result
-    assert set(result["faults"]) == set(chaos.KINDS)
+    kinds = set(result["faults"])
+    assert kinds >= set(chaos.KINDS) - {"compound"}, kinds
+    assert any("+" in kind for kind in kinds), kinds  # a compound fault
     assert result["sent_outside_fault_windows"] > 0
     assert result["lost_outside_fault_windows"] == result["lost_uncounted"] == 0

@@ -23,7 +23,7 @@ import pytest
 from sbus_relay.ops.addresses import parse_address
 from sbus_relay.ops.supervisor import listener_pid
 from tests.relay.conftest import Hierarchy
-from tests.relay.helpers import identity, wait_until
+from tests.relay.helpers import Peer, identity, wait_until
 from tests.support import run_cli
 
 pytestmark = pytest.mark.timeout(90)
@@ -125,3 +125,37 @@ def test_a_restart_above_an_upgraded_relay_costs_the_buses_below_nothing(
     assert "secret_refused" not in restarted.log()
     assert "pattern_refused" not in restarted.log()
     assert "unknown_unsubscribe" not in restarted.log() + a.log()
+
+
+def test_an_older_relay_is_disconnected_and_a_follower_told_its_new_identity(
+    tree: Hierarchy, upgraded: list[str]
+) -> None:
+    master = tree.bus("m")
+    a = tree.bus("a", upstream=master)
+    a.wait_log("upstream.ready")
+    old = tree.peer(a)  # a relay of an older version: no identity/follow
+    old.send(b"CMSG interest/on")
+    follower = tree.peer(a)
+    follower.send(b"CMSG interest/on")
+    follower.send(b"CMSG identity/follow")
+    for peer in (old, follower):
+        assert peer.whoami() == identity(a.pid, os.getpid())
+
+    upgraded.append(a.address)
+    new_a = upgrade(a.address)
+    master.kill()
+    tree.bus("m", "-r")
+    assert packets_until(follower, b"CMSG identity/changed\0") == identity(new_a, os.getpid())
+    assert follower.whoami() == identity(new_a, os.getpid())
+    assert packets_until(old, b"CMSG disconnect\0") == b"upstream_identity_changed"
+    assert old.is_closed()
+
+
+def packets_until(peer: Peer, head: bytes) -> bytes:
+    """Read until a packet starting with ``head`` arrives; the rest of it."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        packet = peer.recv(max(0.01, deadline - time.monotonic()))
+        if packet.startswith(head):
+            return packet[len(head) :]
+    raise AssertionError(f"no {head!r} within 15 s")

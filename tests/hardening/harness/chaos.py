@@ -14,7 +14,9 @@ the faults a running tree meets, drawn from ``random.Random(seed)``:
 * ``pause``: SIGSTOP for up to 2.5 s, then SIGCONT;
 * ``flood``: a client publishes 1 KiB messages as fast as it can for a few
   seconds to a client of another bus that never reads;
-* ``slow_reader``: a client of ``s/`` that reads one packet per 5 ms.
+* ``slow_reader``: a client of ``s/`` that reads one packet per 5 ms;
+* ``compound``: a pause or a flood, and in the middle of it an upgrade, a
+  reload or a kill (of the same bus or another).
 
 Each fault's *window* runs from a little before it (``BEFORE``: packets in
 flight) until everything it disturbed has settled (``SETTLE`` after it ends).
@@ -60,7 +62,7 @@ SETTLE = 2.0
 GAP = (1.0, 4.0)
 #: How long a bus may take to hand itself over or start, seconds.
 START_WAIT = 30.0
-KINDS = ("upgrade", "reload", "bad_reload", "kill", "pause", "flood", "slow_reader")
+KINDS = ("upgrade", "reload", "bad_reload", "kill", "pause", "flood", "slow_reader", "compound")
 PAYLOAD = b"x" * 64
 FLOOD_PAYLOAD = b"f" * 1024
 
@@ -138,12 +140,20 @@ class TreeBus:
         for proc in self.procs:
             proc.poll()
 
-    def log(self) -> str:
+    def log(self, offset: int = 0) -> str:
+        """Its log (from byte ``offset``)."""
         try:
             with open(self.log_path, errors="replace") as src:
+                src.seek(offset)
                 return src.read()
         except FileNotFoundError:
             return ""
+
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except FileNotFoundError:
+            return 0
 
     def scrape(self) -> bool:
         """Read this incarnation's drop counters from /metrics; False if it did not answer."""
@@ -320,6 +330,7 @@ class Chaos:
         self.pubs = {n: Publisher(b, rate) for n, b in self.buses.items()}
         self.faults: list[Fault] = []
         self.variant = 0
+        self.gone: list[str] = []
 
     def total_drops(self) -> int:
         for bus in self.buses.values():
@@ -346,38 +357,79 @@ class Chaos:
     # --- the faults --------------------------------------------------------------
 
     def do(self, kind: str) -> Fault:
+        """One fault (a ``compound`` is a pause or a flood with an upgrade, a
+        reload or a kill in the middle of it); its window's figures recorded."""
         rng = self.rng
         name = rng.choice(sorted(TREE))
-        bus = self.buses[name]
         fault = Fault(kind, name, time.monotonic(), drops_before=self.total_drops())
         fault.start = time.monotonic()
-        if kind == "upgrade":
-            fault.detail["upgraded"] = bus.upgrade()
-        elif kind in ("reload", "bad_reload"):
-            self.variant += 1
-            bus.write_config(good=kind == "reload", variant=self.variant)
-            os.kill(bus.pid, signal.SIGHUP)
-            time.sleep(0.3)
-            bus.write_config(good=True, variant=self.variant)
-        elif kind == "kill":
-            fault.detail["killed_at"] = bus.kill_and_restart()
-        elif kind == "pause":
-            os.kill(bus.pid, signal.SIGSTOP)
-            time.sleep(rng.uniform(0.2, 2.5))
-            os.kill(bus.pid, signal.SIGCONT)
-        elif kind == "flood":
-            victim_bus = self.buses[rng.choice(sorted(TREE))]
-            fault.detail["victim"] = victim_bus.name
-            fault.detail.update(self._flood(bus, victim_bus, rng.uniform(0.5, 2.5)))
-            fault.own_drops = fault.detail["victim_drops"]
-        elif kind == "slow_reader":
-            fault.detail.update(self._slow_reader(bus, rng.uniform(1.0, 4.0)))
-            fault.own_drops = fault.detail["reader_drops"]
+        if kind == "compound":
+            back = rng.choice(("pause", "flood"))
+            front, front_bus = (
+                rng.choice(("upgrade", "reload", "bad_reload", "kill")),
+                rng.choice(sorted(TREE)),
+            )
+            fault.kind = f"{back}+{front}"
+            fault.bus = f"{name}+{front_bus}"
+            plan = self._plan(back)
+            behind = threading.Thread(target=self._act, args=(back, name, plan, fault))
+            behind.start()
+            time.sleep(rng.uniform(0.1, 0.8))
+            self._act(front, front_bus, self._plan(front), fault)
+            behind.join(120)
+        else:
+            self._act(kind, name, self._plan(kind), fault)
         fault.end = time.monotonic()
         time.sleep(SETTLE)
         fault.drops_after = self.total_drops()
         self.faults.append(fault)
         return fault
+
+    def _plan(self, kind: str) -> dict[str, Any]:
+        """A fault's random parameters, drawn here so that the seed decides them."""
+        rng = self.rng
+        if kind == "pause":
+            return {"seconds": rng.uniform(0.2, 2.5)}
+        if kind == "flood":
+            return {"seconds": rng.uniform(0.5, 2.5), "victim": rng.choice(sorted(TREE))}
+        if kind == "slow_reader":
+            return {"seconds": rng.uniform(1.0, 4.0)}
+        if kind in ("reload", "bad_reload"):
+            self.variant += 1
+            return {"variant": self.variant}
+        return {}
+
+    def _act(self, kind: str, name: str, plan: dict[str, Any], fault: Fault) -> None:
+        bus = self.buses[name]
+        if kind == "upgrade":
+            fault.detail.setdefault("upgraded", True)
+            fault.detail["upgraded"] &= bus.upgrade()
+        elif kind in ("reload", "bad_reload"):
+            bus.write_config(good=kind == "reload", variant=plan["variant"])
+            offset = bus.log_size()
+            os.kill(bus.pid, signal.SIGHUP)
+            deadline = time.monotonic() + START_WAIT  # a paused bus reloads once continued
+            while time.monotonic() < deadline and not any(
+                e in bus.log(offset) for e in ('"config.reloaded"', '"config.refused"')
+            ):
+                time.sleep(0.05)
+            bus.write_config(good=True, variant=plan["variant"])
+        elif kind == "kill":
+            fault.detail["killed"] = name
+            fault.detail["killed_at"] = bus.kill_and_restart()
+        elif kind == "pause":
+            pid = bus.pid
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(plan["seconds"])
+            with contextlib.suppress(ProcessLookupError):  # killed meanwhile
+                os.kill(pid, signal.SIGCONT)
+        elif kind == "flood":
+            fault.detail["victim"] = plan["victim"]
+            fault.detail.update(self._flood(bus, self.buses[plan["victim"]], plan["seconds"]))
+            fault.own_drops += fault.detail["victim_drops"]
+        elif kind == "slow_reader":
+            fault.detail.update(self._slow_reader(bus, plan["seconds"]))
+            fault.own_drops += fault.detail["reader_drops"]
 
     def _flood(self, at: TreeBus, victim_at: TreeBus, seconds: float) -> dict[str, Any]:
         victim = Conn(victim_at.address, timeout=30.0)
@@ -440,6 +492,10 @@ class Chaos:
         for sub in self.subs.values():
             sub.stopping.set()
             sub.join(10)
+        #: buses that no longer answer at their address (none may die by itself)
+        self.gone = [
+            n for n, b in self.buses.items() if listener_pid(parse_address(b.address)) != b.pid
+        ]
 
     def _drain(self, timeout: float = 60.0) -> None:
         """Wait until every subscriber has stopped receiving."""
@@ -508,8 +564,8 @@ def check(chaos: Chaos) -> dict[str, Any]:
                     quiet_lost += 1
                     if len(examples) < 10:
                         examples.append(f"{src}->{dst} #{seq} at {t - times[0]:.3f}s")
-                elif fault.kind == "kill" and fault.bus in route:
-                    where = "end" if fault.bus in (src, dst) else "between"
+                elif fault.detail.get("killed") in route:
+                    where = "end" if fault.detail["killed"] in (src, dst) else "between"
                     when = "before" if t < fault.detail["killed_at"] else "after"
                     lost_with_kill[f"{where}_{when}_kill"] += 1
                 else:
@@ -541,11 +597,13 @@ def check(chaos: Chaos) -> dict[str, Any]:
     if reordered:
         failures.append(f"{reordered} messages arrived out of order")
     for fault in faults:
-        if fault.kind == "upgrade" and not fault.detail.get("upgraded"):
+        if fault.detail.get("upgraded") is False:
             failures.append(f"the upgrade of {fault.bus} did not happen within {START_WAIT}s")
+    if chaos.gone:
+        failures.append(f"buses not serving at the end: {chaos.gone}")
     logs = {n: b.log() for n, b in chaos.buses.items()}
     refused = sum(log.count('"config.refused"') for log in logs.values())
-    bad = sum(f.kind == "bad_reload" for f in faults)
+    bad = sum(f.kind.endswith("bad_reload") for f in faults)
     if refused != bad:
         failures.append(f"{bad} bad reloads, {refused} refused")
     for name, log in logs.items():
