@@ -309,6 +309,15 @@ class Fault:
     drops_before: int = 0
     drops_after: int = 0
     own_drops: int = 0  # drops of the fault's own clients (flood, slow reader)
+    #: a client of the fault's own was cut off before it could say its drops:
+    #: then none of the window's drops count for the flows
+    own_unknown: bool = False
+
+    def own(self, drops: int | None) -> None:
+        if drops is None:
+            self.own_unknown = True
+        else:
+            self.own_drops += drops
 
     def window(self) -> tuple[float, float]:
         return self.start - BEFORE, self.end + SETTLE
@@ -426,39 +435,45 @@ class Chaos:
         elif kind == "flood":
             fault.detail["victim"] = plan["victim"]
             fault.detail.update(self._flood(bus, self.buses[plan["victim"]], plan["seconds"]))
-            fault.own_drops += fault.detail["victim_drops"]
+            fault.own(fault.detail["victim_drops"])
         elif kind == "slow_reader":
             fault.detail.update(self._slow_reader(bus, plan["seconds"]))
-            fault.own_drops += fault.detail["reader_drops"]
+            fault.own(fault.detail["reader_drops"])
 
     def _flood(self, at: TreeBus, victim_at: TreeBus, seconds: float) -> dict[str, Any]:
-        victim = Conn(victim_at.address, timeout=30.0)
-        victim.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
-        victim.sub(b"f/")
-        victim.sync()
-        time.sleep(0.2)  # its pattern reaches the other buses
+        """Flood a client that never reads; its drops (None: its bus was killed
+        meanwhile, so they are unknown)."""
         sent = 0
-        with Conn(at.address, timeout=30.0) as flooder:
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                for _ in range(100):
-                    flooder.pub(b"f/x", FLOOD_PAYLOAD)
-                sent += 100
-        time.sleep(0.5)
-        victim.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        drops: int | None = None
+        victim = connect_retry(victim_at.address, timeout=30.0)
         try:
+            victim.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            victim.sub(b"f/")
+            victim.sync()
+            time.sleep(0.2)  # its pattern reaches the other buses
+            end = time.monotonic() + seconds
+            with contextlib.suppress(Closed, OSError), connect_retry(at.address, 30.0) as flooder:
+                while time.monotonic() < end:  # (until its bus is killed, in a compound)
+                    for _ in range(100):
+                        flooder.pub(b"f/x", FLOOD_PAYLOAD)
+                    sent += 100
+            time.sleep(0.5)
+            victim.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             drops = _drops_of(victim, timeout=60.0)
+        except (Closed, OSError):
+            pass
         finally:
             victim.close()
         return {"flood_sent": sent, "victim_drops": drops}
 
     def _slow_reader(self, at: TreeBus, seconds: float) -> dict[str, Any]:
-        with Conn(at.address, timeout=30.0) as reader:
+        read = 0
+        drops: int | None = None
+        with contextlib.suppress(Closed, OSError), connect_retry(at.address, 30.0) as reader:
             reader.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
             reader.sub(b"s/")
             reader.sync()
             end = time.monotonic() + seconds
-            read = 0
             while time.monotonic() < end:
                 with contextlib.suppress(TimeoutError):
                     reader.recv(0.1)
@@ -575,6 +590,8 @@ def check(chaos: Chaos) -> dict[str, Any]:
     for fault in faults:
         fault.detail.pop("killed_at", None)
         counted = max(0, fault.drops_after - fault.drops_before - fault.own_drops)
+        if fault.own_unknown:
+            counted = 0
         lost = lost_in_window.get(id(fault), 0)
         if lost > counted:
             uncounted += lost - counted
