@@ -312,6 +312,8 @@ class Fault:
     #: a client of the fault's own was cut off before it could say its drops:
     #: then none of the window's drops count for the flows
     own_unknown: bool = False
+    #: messages lost with a killed bus, per flow and before or after the kill
+    lost_by_place: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def own(self, drops: int | None) -> None:
         if drops is None:
@@ -583,6 +585,7 @@ def check(chaos: Chaos) -> dict[str, Any]:
                     where = "end" if fault.detail["killed"] in (src, dst) else "between"
                     when = "before" if t < fault.detail["killed_at"] else "after"
                     lost_with_kill[f"{where}_{when}_kill"] += 1
+                    fault.lost_by_place[f"{src}->{dst} {when}"] += 1
                 else:
                     lost_in_window[id(fault)] += 1
     uncounted = 0
@@ -602,7 +605,8 @@ def check(chaos: Chaos) -> dict[str, Any]:
         windows.append(
             {"kind": fault.kind, "bus": fault.bus, "at": round(fault.start - faults[0].start, 2),
              "seconds": round(fault.end - fault.start, 2), "lost": lost,
-             "counted": counted, **fault.detail}
+             "counted": counted, **fault.detail,
+             **({"lost_with_kill": dict(fault.lost_by_place)} if fault.lost_by_place else {})}
         )  # fmt: skip
     if quiet_lost:
         failures.append(
