@@ -534,14 +534,22 @@ class Chaos:
             bus.stop()
 
 
-def _fault_at(faults: list[Fault], t: float) -> Fault | None:
-    best = None
-    for fault in faults:
-        lo, hi = fault.window()
-        # the latest that had begun
-        if lo <= t <= hi and (best is None or fault.start <= t):
-            best = fault
-    return best
+def _faults_at(faults: list[Fault], times: list[float]) -> list[Fault | None]:
+    """The fault whose window holds each time (None: none), for times in order.
+
+    Windows follow one another (a fault starts at least ``GAP[0]`` after the
+    window before it has closed), so one pass over both lists places them all.
+    """
+    out: list[Fault | None] = []
+    i = 0
+    for t in times:
+        while i < len(faults) and faults[i].window()[1] < t:
+            i += 1
+        if i < len(faults) and faults[i].window()[0] <= t:
+            out.append(faults[i])
+        else:
+            out.append(None)
+    return out
 
 
 def check(chaos: Chaos) -> dict[str, Any]:
@@ -557,6 +565,7 @@ def check(chaos: Chaos) -> dict[str, Any]:
     examples: list[str] = []
     for src, pub in chaos.pubs.items():
         times = pub.sent
+        placed = _faults_at(faults, times)
         for dst, sub in chaos.subs.items():
             got = sub.got.get(src, [])
             sent_total += len(times)
@@ -572,7 +581,7 @@ def check(chaos: Chaos) -> dict[str, Any]:
                 top = max(top, seq)
             route = path_between(src, dst)
             for seq, t in enumerate(times):
-                fault = _fault_at(faults, t)
+                fault = placed[seq]
                 if fault is None:
                     quiet_sent += 1
                 if seq in seen:
