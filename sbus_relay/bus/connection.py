@@ -63,7 +63,7 @@ from typing import Any, Protocol
 
 import gevent
 
-from sbus_relay.accel import load_compiled
+from sbus_relay.accel import compiled, load_compiled
 from sbus_relay.protocol import codec, episodes
 from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
@@ -93,9 +93,14 @@ from sbus_relay.protocol.stats import Stats
 
 from .batchio import borrowed, recv_many, send_all, send_one, send_packed
 
-try:
-    import cython
-except ImportError:  # Cython is needed only to build the compiled path
+if not compiled():
+    try:
+        import cython
+    except ImportError:  # Cython is needed only to build the compiled path
+        from sbus_relay.accel import NotCompiled as cython
+else:
+    # The compiled twin replaces this module at its end: until then only
+    # ``cython.compiled`` is read, so Cython's shadow module (1.5 MiB) stays out.
     from sbus_relay.accel import NotCompiled as cython
 if not cython.compiled:  # compiled, the base class is cimported (_c_connection.pxd)
     from sbus_relay.protocol.session import Session

@@ -103,6 +103,7 @@ def export_connection(conn: Connection) -> dict[str, Any]:
             "interest": conn.interest,
             "relay": conn.relay,
             "packs": conn.packs,
+            "follows": conn.follows,
             "batch": conn.batch,
             "open": conn.open,
             "holding": conn.holding,
@@ -140,6 +141,7 @@ def adopt_connection(conn: Connection, state: dict[str, Any]) -> None:
     conn.interest = flags["interest"]
     conn.relay = flags["relay"]
     conn.packs = flags["packs"]
+    conn.follows = flags.get("follows", False)  # (an older process's record has none)
     conn.batch = flags["batch"]
     conn.open = flags["open"]
     conn.holding = flags["holding"]

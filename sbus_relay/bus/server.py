@@ -505,16 +505,20 @@ class Server:
     def set_prefix(self, prefix: bytes) -> None:
         """The upstream told us who we are: ``<whoami reply>/``.
 
-        If that differs from before (our upstream restarted, so our identity
-        changed), the secret patterns our clients hold are rewritten to the new
-        prefix, and our own relays are disconnected so that they redo their
-        handshake and learn their new identity from us.
+        If that differs from before (we reconnected from another pid, or a
+        relay above us did), the secret patterns our clients hold are
+        rewritten to the new prefix.  Our own relays are told their new
+        identity in place (``CMSG identity/changed``) and rename their own
+        patterns, each one level down in turn: nobody is disconnected and
+        the traffic between buses below us never stops.  A relay that did not
+        say ``identity/follow`` (an older version) is disconnected instead,
+        so that it redoes its handshake and learns its identity from us.
         """
         old = self.prefix
         if old is not None and old != prefix:
             self.log.warning("relay.identity_changed", old=old.decode(), new=prefix.decode())
             for listener in list(self.interest.listeners):  # every listener is a relay
-                listener.close("upstream_identity_changed")
+                self._reidentify(listener, prefix)
             self._rewrite_secret_patterns(old, prefix)
         self.prefix = prefix
         waiting, self._awaiting_prefix = self._awaiting_prefix, []
@@ -522,9 +526,24 @@ class Server:
             if conn.alive:
                 conn.resume()
 
+    def _reidentify(self, relay: Connection, prefix: bytes) -> None:
+        """Tell a relay below its new identity, or disconnect it if its
+        session says it cannot take one in place (or the notice could not
+        even be queued)."""
+        notice = relay.renamed(prefix + relay.creds.identity())
+        if notice is None:
+            relay.close("upstream_identity_changed")
+            return
+        dropped = relay.dropped
+        relay.reply(notice)
+        if relay.dropped != dropped:
+            relay.close("upstream_identity_changed", "its queue could not take the notice")
+
     def _rewrite_secret_patterns(self, old: bytes, new: bytes) -> None:
         stale = old + CRED
         for conn in list(self.clients.values()):
+            if conn.follows:
+                continue  # it renames its own, with UNSUB and SUB (``_reidentify``)
             for pattern, count in self.index.patterns_of(conn).items():
                 if not pattern.startswith(stale):
                     continue

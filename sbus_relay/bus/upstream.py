@@ -15,7 +15,8 @@ its own bus only through ``UpstreamHost``.
   upstream is reached as soon as it binds again, not after the back-off; the
   connection's reading and writing are callbacks of the hub.
 * On connect it sends ``CMSG echo/off``, ``CMSG !/cred/whoami``,
-  ``CMSG interest/on``, ``CMSG batch/on`` and its name (``CMSG relay/name``);
+  ``CMSG interest/on``, ``CMSG batch/on``, ``CMSG identity/follow`` and its
+  name (``CMSG relay/name``);
   an upstream that answers ``batch/on`` is sent packed batches, and sends
   them (docs/protocol.md, "Packed batches"); once whoami is
   answered (our identity is known, and so are the right secret patterns) it
@@ -29,6 +30,10 @@ its own bus only through ``UpstreamHost``.
   the link is down, the link holds ``EVERYTHING``: every local publish goes
   up (or waits in the bounded queue, beyond which it is dropped and counted:
   the local bus never waits for its upstream).
+* Our identity can change on a link that stays up (``CMSG
+  identity/changed``: a relay above us reconnected from another pid): the
+  host renames its clients' secret patterns, which go up as UNSUB and SUB,
+  and tells its own relays in turn.  Nobody is disconnected for it.
 * An upstream that never answers whoami is warned about after
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
@@ -73,6 +78,7 @@ from sbus_relay.protocol.session import (
     Identity,
     InterestReady,
     LinkSession,
+    Renamed,
     UpstreamInterest,
 )
 
@@ -192,6 +198,7 @@ class UpstreamLink:
             "connected": link.connected,
             "ready": link.ready,
             "identity_known": link.identity,
+            "unsent": sorted(link.unsent),
             "interest_count": link.interest_count,
             "interest_complete": link.interest_complete,
             "connections": self._connections,
@@ -205,6 +212,7 @@ class UpstreamLink:
         link.connected = state["connected"] and fd is not None
         link.ready = state["ready"] and link.connected
         link.identity = state["identity_known"]
+        link.unsent = set(state.get("unsent", ()))  # (an older process's record has none)
         link.interest_count = state["interest_count"]
         link.interest_complete = state["interest_complete"]
         self._connections = state["connections"]
@@ -240,8 +248,8 @@ class UpstreamLink:
             self.conn.notify(pattern, True)
 
     def unsubscribe(self, pattern: bytes) -> None:
-        """A local pattern went 1 -> 0: UNSUB it upstream."""
-        if self.ready:
+        """A local pattern went 1 -> 0: UNSUB it upstream (if it ever went up)."""
+        if self.session.unsubscribes(pattern):
             self.conn.notify(pattern, False)
 
     # --- the connection's handler ------------------------------------------------
@@ -255,6 +263,12 @@ class UpstreamLink:
             self.host.upstream_interest(action.pattern, action.present)  # type: ignore[union-attr]
         elif kind is Identity:
             self._identity(action.reply)  # type: ignore[union-attr]
+        elif kind is Renamed:
+            # a relay above us reconnected from another pid: the host renames
+            # what changes, and that goes up as UNSUB and SUB
+            reply = action.reply  # type: ignore[union-attr]
+            self.log.info("upstream.identity_changed", identity=reply.decode("ascii", "replace"))
+            self.host.set_prefix(reply + b"/")
         elif kind is Cycle:
             # our own identity heads the chain: the upstream is one of our descendants
             self.log.error(
@@ -403,7 +417,7 @@ class UpstreamLink:
         connection): our prefix is ``<reply>/``; now send every pattern."""
         self._cancel_whoami()
         self.host.set_prefix(reply + b"/")
-        patterns = list(self.host.local_patterns())
+        patterns = self.session.to_sync(self.host.local_patterns())
         for pattern in patterns:
             self.conn.notify(pattern, True)
         self.session.synced()

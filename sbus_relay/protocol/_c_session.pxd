@@ -6,6 +6,7 @@ cdef class Session:
     cdef public str ended
     cdef public bint alive
     cdef public bint echo
+    cdef public bint follows
     cdef public bint interest
     cdef public bint packs
     cdef public bint relay

@@ -9,7 +9,9 @@ bytes, runs the timers and carries the actions out.  Two sides:
   below).  Its state: whether it is still open or closing and why (``alive``,
   ``ended``), whether it hears its own messages (``echo``: on, off), whether
   it declared itself a relay and listens for interest notices (``relay``,
-  ``interest``), whether it reads packed batches (``packs``).  Flood-control
+  ``interest``), whether it reads packed batches (``packs``), whether it
+  takes a new identity in place (``follows``: a relay below that said
+  ``identity/follow``, ``renamed`` says what it is told).  Flood-control
   modes live in its ``protocol.flood.OutboundQueue``; ``receive`` says which
   setting a packet asks for (``SetFlood``).  What each packet does
   (docs/protocol.md, "Packets" and the extensions):
@@ -25,6 +27,7 @@ bytes, runs the timers and carries the actions out.  Two sides:
     ``CMSG interest/on``            relay, interest     ``Listen``
     ``CMSG interest/off``           interest            ``UNLISTEN`` or None
     ``CMSG relay/name\\0<n>``        --                  ``NameRelay``
+    ``CMSG identity/follow``        follows             None
     ``CMSG batch/on``               packs               ``BATCH_ON``
     ``CMSG upgrade/take-over``      --                  ``TAKE_OVER``
     ``CMSG drops/count``            --                  ``DROPS_COUNT``
@@ -45,7 +48,10 @@ bytes, runs the timers and carries the actions out.  Two sides:
 * ``LinkSession`` is a relay's side of its link to the upstream bus: the
   handshake (``hello``), whether it waits on whoami (``connected`` and not
   ``ready``), its identity once known (and a reply that begins with it, a
-  relay cycle), the upstream's interest (``interest_count``,
+  relay cycle), a new identity told in place (``CMSG identity/changed``:
+  ``Renamed``), the secret patterns of an identity it no longer has that
+  the upstream was never sent (``unsent``: a relay below renames them
+  itself), the upstream's interest (``interest_count``,
   ``interest_complete``), and ``lost`` when the link goes.
 
 What it owns: the state named above and the rules of each packet.  What it
@@ -54,6 +60,7 @@ may touch: nothing but itself -- no socket, timer, log or server.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sbus_relay.accel import load_compiled
@@ -71,6 +78,10 @@ TAKE_OVER_KEY = b"upgrade/take-over"
 DROPS_COUNT_KEY = b"drops/count"
 #: What a relay names itself with (its instance).
 RELAY_NAME_KEY = b"relay/name"
+#: What a relay says in its hello: it takes a new identity in place (``Session.renamed``).
+FOLLOW_KEY = b"identity/follow"
+#: What such a relay is then told: its whole new identity, as whoami would answer.
+CHANGED_KEY = b"identity/changed"
 #: What the bus tells a client it closes, before closing (our extension):
 #: ``CMSG disconnect\\0<reason>[: <detail>]``.
 DISCONNECT_KEY = b"disconnect"
@@ -80,6 +91,7 @@ HELLO = (
     codec.encode_cmsg(WHOAMI),
     codec.encode_cmsg(b"interest/on"),
     codec.encode_cmsg(codec.BATCH_ON),
+    codec.encode_cmsg(FOLLOW_KEY),
 )
 
 
@@ -171,7 +183,7 @@ SessionAction = (
 class Session:
     """The bus's side of one connection: its state, and what each packet does to it."""
 
-    __slots__ = ("alive", "echo", "ended", "interest", "packs", "relay", "upward")
+    __slots__ = ("alive", "echo", "ended", "follows", "interest", "packs", "relay", "upward")
 
     def __init__(self, upward: bool = False) -> None:
         #: the link to the upstream bus (on a relay), not a client
@@ -185,6 +197,8 @@ class Session:
         self.interest = False  # listens for interest notices
         #: it reads packed batches (``CMSG batch/on``)
         self.packs = False
+        #: it takes a new identity in place (``CMSG identity/follow``)
+        self.follows = False
 
     def receive(self, packet: bytes) -> SessionAction | None:
         """What one packet from the peer asks of the bus (the table above), or
@@ -224,6 +238,9 @@ class Session:
         if key == codec.BATCH_ON:
             self.packs = True
             return BATCH_ON
+        if key == FOLLOW_KEY:
+            self.follows = True
+            return None
         if key == TAKE_OVER_KEY:
             return TAKE_OVER
         if key == DROPS_COUNT_KEY:
@@ -240,6 +257,16 @@ class Session:
         self.alive = False
         self.ended = reason
         return True
+
+    def renamed(self, identity: bytes) -> bytes | None:
+        """The bus's own identity changed, so this peer's is now ``identity``:
+        what it is told in place (``CMSG identity/changed\\0<identity>``), or
+        None when it cannot take one (it never said ``identity/follow``, an
+        older relay): then it is to be closed, ``upstream_identity_changed``,
+        and learns its identity from its next handshake."""
+        if not self.follows:
+            return None
+        return codec.encode_cmsg(CHANGED_KEY, identity)
 
     def notice(self, reason: str, detail: str = "") -> bytes | None:
         """What it is told as it is closed: ``CMSG disconnect\\0<reason>[: <detail>]``,
@@ -268,6 +295,16 @@ class Cycle:
 
 
 @dataclass(frozen=True, slots=True)
+class Renamed:
+    """``CMSG identity/changed``: our identity is now ``reply`` on the link we
+    have (a relay above us reconnected from another pid): our prefix is
+    ``reply + b"/"``, and nothing is resent (what is renamed goes up as
+    UNSUB and SUB)."""
+
+    reply: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamInterest:
     """The upstream wants ``pattern`` (``interest/add``), or one hold of it less."""
 
@@ -289,7 +326,7 @@ class Disconnected:
     reason: str
 
 
-LinkAction = Identity | Cycle | UpstreamInterest | InterestReady | BatchOn | Disconnected
+LinkAction = Identity | Cycle | Renamed | UpstreamInterest | InterestReady | BatchOn | Disconnected
 
 
 class LinkSession:
@@ -301,7 +338,14 @@ class LinkSession:
     takes it back to down, keeping only the identity it had (a later reply
     that begins with it is a relay cycle)."""
 
-    __slots__ = ("connected", "identity", "interest_complete", "interest_count", "ready")
+    __slots__ = (
+        "connected",
+        "identity",
+        "interest_complete",
+        "interest_count",
+        "ready",
+        "unsent",
+    )
 
     def __init__(self) -> None:
         self.connected = False  # socket up, hello sent
@@ -311,6 +355,9 @@ class LinkSession:
         #: patterns the upstream has said it wants (the interest extension)
         self.interest_count = 0
         self.interest_complete = False
+        #: secret patterns of an identity we no longer have, left out of the
+        #: last sync (a relay below renames them itself): never UNSUB'd up
+        self.unsent: set[bytes] = set()
 
     def hello(self, name: str) -> tuple[bytes, ...]:
         """Connected: the packets to send first (the last names this relay)."""
@@ -335,6 +382,13 @@ class LinkSession:
                 return Cycle(payload)
             self.identity = payload
             return Identity(payload)  # ready once our patterns are sent (``synced``)
+        if key == CHANGED_KEY:
+            if not self.ready or payload == self.identity:
+                return None  # not answered yet: the whoami answer will carry it
+            if self.identity is not None and payload.startswith(self.identity + b"/"):
+                return Cycle(payload)  # taken like a whoami answer
+            self.identity = payload
+            return Renamed(payload)
         if key == ADD:
             self.interest_count += 1
             return UpstreamInterest(payload, True)
@@ -350,6 +404,30 @@ class LinkSession:
         if key == DISCONNECT_KEY:
             return Disconnected(payload.decode("utf-8", "replace"))
         return None
+
+    def to_sync(self, patterns: Iterable[bytes]) -> list[bytes]:
+        """Of the local patterns, those to SUB up now that our identity is
+        known.  A relay below that keeps its old secret patterns until it
+        renames them (``identity/changed``) holds some of an identity we no
+        longer have: the upstream would refuse them, so they are left out and
+        kept in ``unsent`` (their UNSUB is not sent either: ``unsubscribes``)."""
+        ours = (self.identity or b"") + b"/"
+        self.unsent.clear()
+        sent = []
+        for pattern in patterns:
+            if pattern.startswith(b"!") and not pattern.startswith(ours):
+                self.unsent.add(pattern)
+            else:
+                sent.append(pattern)
+        return sent
+
+    def unsubscribes(self, pattern: bytes) -> bool:
+        """A local pattern went 1 -> 0: whether to UNSUB it up (only once
+        ready, and never one the upstream was not sent)."""
+        if pattern in self.unsent:
+            self.unsent.discard(pattern)
+            return False
+        return self.ready
 
     def synced(self) -> None:
         """Our identity is taken and our patterns are on their way: ready, and

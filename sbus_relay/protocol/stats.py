@@ -40,7 +40,7 @@ DISCONNECT_REASONS = (
     "io_error",  # send/recv failed (ECONNRESET, EPIPE ...)
     "internal_error",  # a bug of ours while serving this client (logged with traceback)
     "server_stopping",  # the server shut down
-    "upstream_identity_changed",  # a relay's relay: our identity changed, redo the handshake
+    "upstream_identity_changed",  # an older relay of ours (no identity/follow): redo the handshake
     "user_not_allowed",  # a reload took its user off the allowed users
 )
 

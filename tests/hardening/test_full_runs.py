@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .harness import faults, fuzz, load, soak
+from .harness import chaos, faults, fuzz, load, soak
 from .harness.__main__ import _failures
 from .harness.secret import run_secret
 
@@ -44,3 +44,8 @@ def test_full_load() -> None:
 @pytest.mark.timeout(600)
 def test_full_soak() -> None:
     _held({"soak": soak.run_soak(duration=120.0)})
+
+
+@pytest.mark.timeout(2400)
+def test_full_chaos() -> None:
+    _held({"chaos": chaos.run_chaos(duration=1800.0, seed=7)})

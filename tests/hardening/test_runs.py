@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import faults, fuzz, load, soak
+from .harness import chaos, faults, fuzz, load, soak
 
 
 @pytest.mark.timeout(90)
@@ -73,3 +73,16 @@ def test_soak_with_a_stalled_subscriber() -> None:
     assert result["failures"] == []
     assert result["stalled_dropped_hard_discard"] > 0
     assert result["reader_received"] == result["published"] > 0
+
+
+@pytest.mark.timeout(400)
+def test_chaos_in_a_tree_loses_nothing_silently() -> None:
+    """Two minutes of upgrades, reloads, kills, pauses, floods and slow readers
+    in a tree of four buses (``harness/chaos.py``)."""
+    result = chaos.run_chaos(duration=120.0, seed=7)
+    assert result["failures"] == [], result
+    kinds = set(result["faults"])
+    assert kinds >= set(chaos.KINDS) - {"compound"}, kinds
+    assert any("+" in kind for kind in kinds), kinds  # a compound fault
+    assert result["sent_outside_fault_windows"] > 0
+    assert result["lost_outside_fault_windows"] == result["lost_uncounted"] == 0

@@ -41,7 +41,7 @@ ACTIONS: list[tuple[bytes, Any]] = [
 def test_what_each_packet_asks(packet: bytes, action: Any) -> None:
     s = session.Session()
     assert s.receive(packet) == action
-    assert (s.echo, s.relay, s.interest, s.packs) == (True, False, False, False)
+    assert (s.echo, s.relay, s.interest, s.packs, s.follows) == (True, False, False, False, False)
 
 
 @pytest.mark.parametrize(
@@ -92,6 +92,16 @@ def test_batch_on_makes_it_read_packed_batches() -> None:
     assert s.packs
 
 
+def test_identity_follow_makes_it_take_a_new_identity_in_place() -> None:
+    s = session.Session()
+    s.receive(b"CMSG interest/on")
+    assert s.renamed(b"!/cred/1/2/3") is None  # an older relay: it is to be closed
+    assert s.receive(b"CMSG identity/follow") is None  # a state change, nothing to do
+    assert s.follows
+    assert s.renamed(b"!/cred/1/2/3") == b"CMSG identity/changed\0!/cred/1/2/3"
+    assert s.receive(b"CMSG identity/follow\0whatever") is None and s.follows
+
+
 @pytest.mark.parametrize("packet", [b"", b"PUB x", b"MSG k", b"sub x", b"CMSG batch\0\0"])
 def test_bad_bytes_are_the_peers_error(packet: bytes) -> None:
     with pytest.raises(PeerError) as info:
@@ -131,6 +141,7 @@ PACKETS = st.sampled_from(
         b"CMSG interest/off",
         b"CMSG batch/on",
         b"CMSG relay/name\0r1",
+        b"CMSG identity/follow",
     ]
 ) | st.binary(max_size=30)
 
@@ -143,7 +154,13 @@ class SessionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.s = session.Session()
-        self.model = {"echo": True, "relay": False, "interest": False, "packs": False}
+        self.model = {
+            "echo": True,
+            "relay": False,
+            "interest": False,
+            "packs": False,
+            "follows": False,
+        }
         self.open = True
 
     @precondition(lambda self: self.open)
@@ -168,6 +185,9 @@ class SessionMachine(RuleBasedStateMachine):
             m["interest"] = False
         elif head == b"CMSG batch/on":
             m["packs"] = True
+        elif head == b"CMSG identity/follow":
+            assert action is None
+            m["follows"] = True
         elif head == b"CMSG relay/name":
             assert isinstance(action, session.NameRelay)
             assert (action.name is not None) == (m["relay"] and payload in (b"r1", b"edge-1"))
@@ -188,9 +208,9 @@ class SessionMachine(RuleBasedStateMachine):
     @invariant()
     def state_is_the_models(self) -> None:
         s = self.s
-        assert {"echo": s.echo, "relay": s.relay, "interest": s.interest, "packs": s.packs} == (
-            self.model
-        )
+        state = {"echo": s.echo, "relay": s.relay, "interest": s.interest, "packs": s.packs}
+        assert {**state, "follows": s.follows} == self.model
+        assert (s.renamed(b"id") is not None) == s.follows
         assert s.alive == self.open
 
 
@@ -206,6 +226,7 @@ def test_the_handshake_waits_on_whoami_then_is_ready() -> None:
     assert link.receive(b"CMSG " + WHOAMI + b"\0!/cred/1/2/3") is None  # not connected
     hello = link.hello("edge")
     assert hello == (*session.HELLO, b"CMSG relay/name\0edge")
+    assert b"CMSG identity/follow" in hello  # it takes a new identity in place
     assert link.connected and not link.ready  # waiting on whoami
     assert link.receive(b"CMSG " + WHOAMI + b"\0!/cred/1/2/3") == session.Identity(b"!/cred/1/2/3")
     assert not link.ready and link.identity == b"!/cred/1/2/3"
@@ -227,6 +248,39 @@ def test_a_reply_that_begins_with_our_own_identity_is_a_cycle() -> None:
     assert not link.ready
     # a restarted upstream gives another identity: that is no cycle
     assert link.receive(b"CMSG " + WHOAMI + b"\0!/cred/1/2/4") == session.Identity(b"!/cred/1/2/4")
+
+
+def test_a_new_identity_told_in_place() -> None:
+    link = session.LinkSession()
+    link.hello("edge")
+    changed = b"CMSG identity/changed\0"
+    assert link.receive(changed + b"!/cred/1/2/9") is None  # whoami not answered: it will say
+    link.receive(b"CMSG " + WHOAMI + b"\0!/cred/1/2/3")
+    link.synced()
+    assert link.receive(changed + b"!/cred/1/2/3") is None  # the one we have: no news
+    assert link.receive(changed + b"!/cred/1/2/4") == session.Renamed(b"!/cred/1/2/4")
+    assert link.identity == b"!/cred/1/2/4" and link.ready  # on the link we have
+    chained = b"!/cred/1/2/4/!/cred/5/5/5"
+    assert link.receive(changed + chained) == session.Cycle(chained)
+    assert link.identity == b"!/cred/1/2/4"
+
+
+def test_secret_patterns_of_an_old_identity_are_neither_sent_nor_unsubscribed() -> None:
+    link = session.LinkSession()
+    link.hello("edge")
+    link.receive(b"CMSG " + WHOAMI + b"\0!/cred/1/2/3")
+    # a relay below still holds its patterns under our old identity (1/2/2)
+    stale = b"!/cred/1/2/2/!/cred/4/4/4/x"
+    local = [b"a/b", b"!/cred/1/2/3/!/cred/4/4/4/y", stale]
+    assert link.to_sync(local) == [b"a/b", b"!/cred/1/2/3/!/cred/4/4/4/y"]
+    assert link.unsent == {stale}
+    link.synced()
+    assert not link.unsubscribes(stale)  # renamed below: the upstream never had it
+    assert link.unsent == set()
+    assert link.unsubscribes(stale)  # (held again since, and sent: a plain UNSUB)
+    assert link.unsubscribes(b"a/b")
+    link.lost()
+    assert not link.unsubscribes(b"a/b")  # down: the next sync sends the whole set
 
 
 def test_the_upstreams_interest_and_its_other_notices() -> None:
@@ -254,6 +308,8 @@ LINK_PACKETS = st.sampled_from(
         b"CMSG interest/ready\0",
         b"CMSG " + WHOAMI + b"\0!/cred/1/2/3",
         b"CMSG " + WHOAMI + b"\0!/cred/1/2/3/!/cred/7/7/7",
+        b"CMSG identity/changed\0!/cred/1/2/4",
+        b"CMSG identity/changed\0!/cred/1/2/3/!/cred/7/7/7",
         b"CMSG batch/on\0",
         b"CMSG disconnect\0x",
         b"MSG k\0v",
@@ -290,5 +346,7 @@ def test_the_link_in_any_order(steps: list[Any]) -> None:
         elif isinstance(action, session.Identity):
             assert link.connected and not was_ready and link.identity == action.reply
             link.synced()
+        elif isinstance(action, session.Renamed):
+            assert was_ready and link.identity == action.reply  # only on a link that works
         assert link.interest_count == adds and link.interest_complete == complete
         assert not link.ready or link.connected

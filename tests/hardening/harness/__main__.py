@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNS = ("fuzz", "faults", "load", "soak", "all")
+RUNS = ("fuzz", "faults", "load", "soak", "chaos", "all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", choices=RUNS, help="what to run")
     parser.add_argument("--quick", action="store_true", help="the short versions (seconds)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
-    parser.add_argument("--seed", type=int, default=7, help="seed of the fuzz and secret runs")
+    parser.add_argument(
+        "--seed", type=int, default=7, help="seed of the fuzz, secret and chaos runs"
+    )
     parser.add_argument(
         "--soak-seconds", type=float, metavar="S", help="soak length (default 120, quick 10)"
+    )
+    parser.add_argument(
+        "--chaos-seconds",
+        type=float,
+        metavar="S",
+        help="chaos length (default 1800, quick 120)",
     )
 
 
@@ -62,6 +70,13 @@ def _soak(args: argparse.Namespace) -> dict[str, Any]:
     return {"soak": run_soak(duration=seconds)}
 
 
+def _chaos(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.hardening.harness.chaos import run_chaos
+
+    seconds = args.chaos_seconds or (120.0 if args.quick else 1800.0)
+    return {"chaos": run_chaos(duration=seconds, seed=args.seed)}
+
+
 def _failures(figures: dict[str, Any]) -> list[str]:
     out = []
     for name, part in figures.items():
@@ -78,7 +93,7 @@ def _failures(figures: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the chosen hardening runs; print figures; 1 if any promise was broken."""
     chosen = ("fuzz", "faults", "load", "soak") if args.run == "all" else (args.run,)
-    table = {"fuzz": _fuzz, "faults": _faults, "load": _load, "soak": _soak}
+    table = {"fuzz": _fuzz, "faults": _faults, "load": _load, "soak": _soak, "chaos": _chaos}
     figures: dict[str, Any] = {}
     started = time.monotonic()
     for name in chosen:
