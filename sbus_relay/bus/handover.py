@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sbus_relay import __version__
 from sbus_relay.ops import handover as wire
@@ -43,8 +43,10 @@ from sbus_relay.protocol.keys import Credentials
 
 from .batchio import borrowed
 from .connection import Connection
-from .natslink import NatsLink
 from .upstream import UpstreamLink
+
+if TYPE_CHECKING:
+    from .natslink import NatsLink
 
 
 class Bus(Protocol):

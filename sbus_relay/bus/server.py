@@ -32,7 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import structlog
@@ -53,13 +53,14 @@ from sbus_relay.protocol.limits import (
     LISTEN_BACKLOG,
     SEND_BUFFER,
 )
-from sbus_relay.protocol.natsinterest import host_identity
 from sbus_relay.protocol.stats import Gauges, Stats
 
 from . import handover, views
 from .connection import Connection, Router
-from .natslink import NatsLink
 from .upstream import UpstreamLink
+
+if TYPE_CHECKING:  # imported when a link is set up: nats-py and ssl are megabytes
+    from .natslink import NatsLink
 
 #: closed-connection totals kept beyond two per live client before the
 #: accounting forgets those of keys nobody uses (bounds its memory)
@@ -135,10 +136,15 @@ class Server:
             self.upstream = UpstreamLink(self, config, self.log)
             self.index.quiet = self.upstream.conn
         #: the link to NATS (docs/nats.md): the index's quiet holder on a master
-        self.nats = NatsLink(self, config, self.log) if config.nats is not None else None
-        if self.nats is not None:
+        self.nats: NatsLink | None = None
+        if config.nats is not None:
+            from .natslink import NatsLink
+
+            self.nats = NatsLink(self, config, self.log)
             self.index.quiet = self.nats.conn
-            if config.nats is not None and config.nats.identities:
+            if config.nats.identities:
+                from sbus_relay.protocol.natsinterest import host_identity
+
                 # our clients' identities cross, under this host's own (docs/nats.md)
                 self.prefix = host_identity(self.nats.name)
 

@@ -39,16 +39,15 @@ class Master:
 
     def kill(self) -> None:
         assert self.process is not None
-        self.process.proc.kill()
-        self.process.proc.wait()
+        self.process._kill()  # and its own directory (the bus's is ours)
 
     def restart(self) -> None:
         self.kill()
         self.start()
 
     def close(self) -> None:
-        if self.process is not None and self.process.proc.poll() is None:
-            self.process.stop()
+        if self.process is not None:
+            self.process.stop()  # (one that has ended already: its directory removed)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -151,9 +151,11 @@ def wheels() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix="wheels-", dir=CACHE))
     try:
-        _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
-              "--python-version", BASE_PYTHON, "--dest", str(partial), *wanted],
-             "pip download")  # fmt: skip
+        # pip wheel, not download: a requirement with no wheel on the index (nkeys
+        # is an sdist) is built here; this interpreter is the image's version
+        assert f"{sys.version_info[0]}.{sys.version_info[1]}" == BASE_PYTHON, BASE_PYTHON
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(partial),
+              *wanted], "pip wheel")  # fmt: skip
         partial.rename(target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

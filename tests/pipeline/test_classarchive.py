@@ -178,8 +178,10 @@ def test_ctrl_c_stops_analyze_in_one_line_and_writes_nothing(tmp_path: Path, del
     generate(captures, 3_000_000, seconds=3600.0)
     out = tmp_path / "out"
     tag = f"SBUS_TEST_RUN={uuid.uuid4().hex}"  # finds the run's processes by environment
+    # --raw: a long run over raw rows, and no line about rolling the captures up first
     proc = subprocess.Popen(
-        [os.path.join(VENV_BIN, "sbus-relay"), "analyze", str(captures), "--out", str(out)],
+        [os.path.join(VENV_BIN, "sbus-relay"), "analyze", str(captures), "--out", str(out),
+         "--raw"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
         # As from a terminal: SIGINT as Python expects it, to the whole group.
