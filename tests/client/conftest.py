@@ -41,14 +41,18 @@ class Master:
         assert self.process is not None
         self.process.proc.kill()
         self.process.proc.wait()
+        # The directory of its own (its stderr's name) that a stop would remove.
+        shutil.rmtree(self.process.dir, ignore_errors=True)
 
     def restart(self) -> None:
         self.kill()
         self.start()
 
     def close(self) -> None:
-        if self.process is not None and self.process.proc.poll() is None:
-            self.process.stop()
+        if self.process is not None:
+            if self.process.proc.poll() is None:
+                self.process.stop()
+            shutil.rmtree(self.process.dir, ignore_errors=True)  # gone already (upgraded)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
