@@ -82,7 +82,7 @@ HELP: dict[str, tuple[str, str]] = {
         "sbus-relay upgrade -a /run/sbus.socket",
     ),
     "top": (
-        "Watch buses live: their clients, rates, drops and queues, per client or per relay.",
+        "Watch buses live: their clients, rates, drops and queues, per client, relay or user.",
         "sbus-relay top configs/dev-hierarchy.yaml",
     ),
 }

@@ -11,6 +11,7 @@ message to KEY; ``--lines -`` reads lines as ``sub`` prints them, ``KEY``, a
 tab, ``PAYLOAD`` with ``sub``'s backslash escapes, so ``sub ... | pub --lines -``
 replays traffic.  Lines that are ready together go together, packed into
 batches when the bus knows them; at the end of input it confirms as above.
+A bad line exits 1 naming its number, the lines before it sent and confirmed.
 While the bus is away (restarted) lines wait in the client's bounded buffer.
 """
 
@@ -111,18 +112,25 @@ def _lines(address: Address, target: str) -> int:
     fixed = None if target == "-" else _checked_key(target)
     stdin = sys.stdin.buffer
     number = 0
+    bad: UsageError | None = None
     try:
         with Client(address, timeout=CONFIRM_TIMEOUT, batch=True) as client:
-            while True:
+            while bad is None:
                 lines = _ready_lines(stdin)
                 if not lines:
                     break
                 items = []
                 for line in lines:
                     number += 1
-                    items.append(_item(line, fixed, number))
+                    try:
+                        items.append(_item(line, fixed, number))
+                    except UsageError as exc:
+                        bad = exc  # the lines before it still go, confirmed
+                        break
                 client.publish_many(items)
             client.whoami()
+        if bad is not None:
+            raise bad
     except TimeoutError:
         print(
             f"sbus-relay pub: the bus did not confirm the messages within {CONFIRM_TIMEOUT:g} s",

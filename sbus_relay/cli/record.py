@@ -116,12 +116,13 @@ def _earlier_sessions(directory: str) -> str | None:
     latest = max(f.stat().st_mtime for f in files)
     when = datetime.fromtimestamp(latest, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     held = (
-        f"{sessions.sessions} earlier recording session(s)"
+        f"{sessions.sessions} earlier recording {_plural(sessions.sessions, 'session')}"
         if sessions.sessions
         else ("captures of an earlier recording")
     )
     return (
-        f"{directory} already holds {held} ({len(files)} files, the last written {when}); "
+        f"{directory} already holds {held} ({len(files)} {_plural(len(files), 'file')}, "
+        f"the last written {when}); "
         "this session is added beside them: analyze reads them together, and leaves the "
         "gaps between sessions out of its burst medians"
     )
@@ -159,14 +160,13 @@ def run(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"sbus-relay record: --out {args.out} is a file, not a directory", file=sys.stderr)
         return EXIT_USAGE
+    earlier = None  # said once the bus has answered, not before a failed connect
     try:
         if os.path.isdir(args.out):
             note = recover([args.out]).line()
             if note:
                 print(f"sbus-relay record: {note} (in {args.out})", file=sys.stderr)
             earlier = _earlier_sessions(args.out)
-            if earlier:
-                print(f"sbus-relay record: {earlier}", file=sys.stderr)
         writer = RotatingCaptureWriter(
             args.out,
             instance=instance,
@@ -190,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
     deadline = None if args.duration is None else time.monotonic() + args.duration
 
     def on_ready() -> None:
+        if earlier:
+            print(f"sbus-relay record: {earlier}", file=sys.stderr, flush=True)
         if not args.quiet:
             patterns = " ".join(
                 repr(p.decode("utf-8", "backslashreplace")) for p in recorder.patterns

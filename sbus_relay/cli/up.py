@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import shutil
 import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
@@ -234,5 +236,18 @@ def _try_the_fleet(hierarchy: Hierarchy) -> None:
         return next((b for b in hierarchy.buses if b.upstream == master.name), master)
 
     one, other = edge(masters[0]), edge(masters[-1])
-    print(f"try: sbus-relay sub -a {other.address} 'demo/'")
-    print(f" and: sbus-relay pub -a {one.address} demo/hello 'from {masters[0].name}'", flush=True)
+    program = _program()
+    print(f"try: {program} sub -a {other.address} 'demo/'")
+    print(f" and: {program} pub -a {one.address} demo/hello 'from {masters[0].name}'", flush=True)
+
+
+def _program() -> str:
+    """``sbus-relay`` as the user can run it again: the path it was started by
+    (``.venv/bin/sbus-relay`` from a checkout) unless the shell finds it by name."""
+    started = sys.argv[0]
+    if os.path.basename(started) != "sbus-relay":
+        return "sbus-relay"  # python -m sbus_relay, or a wrapper
+    found = shutil.which("sbus-relay")
+    if found is not None and os.path.realpath(found) == os.path.realpath(started):
+        return "sbus-relay"
+    return shlex.quote(started)

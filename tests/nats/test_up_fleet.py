@@ -58,11 +58,12 @@ def test_up_dev_fleet(tmp_path: Path) -> None:
         assert lines[0].startswith(b"NATS cluster: nats://127.0.0.1:")
         sub_cmd = shlex.split(lines[-2].decode().removeprefix("try: "))
         pub_cmd = shlex.split(lines[-1].decode().removeprefix(" and: "))
-        assert sub_cmd[:3] == ["sbus-relay", "sub", "-a"] and pub_cmd[:3] == [
-            "sbus-relay",
-            "pub",
-            "-a",
-        ]
+        # commands that run this very program: by its path unless $PATH finds it
+        program = os.path.realpath(os.path.join(VENV_BIN, "sbus-relay"))
+        for cmd, verb in ((sub_cmd, "sub"), (pub_cmd, "pub")):
+            found = shutil.which(cmd[0])
+            assert found and os.path.realpath(found) == program, cmd
+            assert cmd[1:3] == [verb, "-a"], cmd
         hosta = next(b for b in document["buses"] if b["name"] == "hosta")
         wait_until(
             lambda: b"nats: up" in _get(f"http://{hosta['metrics']}/healthz"), 20, "hosta joined"

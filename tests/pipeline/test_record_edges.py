@@ -93,7 +93,10 @@ def test_one_message_and_a_second_session_in_the_same_directory(
     again = record("-a", sbusd.address, "--out", str(out), "--duration", "0.3", "-q")
     assert again.returncode == 0, again.stderr
     said = [x for x in lines(again.stderr) if "already holds" in x]
-    assert len(said) == 1 and "1 earlier recording session" in said[0], again.stderr
+    assert len(said) == 1 and "1 earlier recording session (1 file," in said[0], again.stderr
+    # no bus there: the connect error alone, no word of the sessions it would join
+    away = record("-a", str(tmp_path / "none.sock"), "--out", str(out), "--duration", "0.3")
+    assert away.returncode != 0 and "already holds" not in away.stderr, away.stderr
 
 
 @pytest.mark.spark
