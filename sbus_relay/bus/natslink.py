@@ -22,7 +22,6 @@ waits for NATS.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Any
@@ -32,14 +31,12 @@ import gevent
 from sbus_relay.ops.config import ServerConfig
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.flood import OutboundQueue
-from sbus_relay.protocol.keys import Credentials
 from sbus_relay.protocol.limits import SEND_BUFFER
-from sbus_relay.protocol.quota import unlimited
 
 from .connection import Connection
 from .natsbridge import NatsBridge
 from .natstobus import SETTLED
-from .upstream import UpstreamHost
+from .upstream import UpstreamHost, link_connection
 
 #: Seconds between two looks at the bridge while waiting for it to join.
 JOIN_POLL = 0.005
@@ -65,17 +62,7 @@ class NatsLink:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             s.setblocking(False)
         queue = OutboundQueue(nats.queue_bytes, nats.queue_messages, upward=True)
-        self.conn = Connection(
-            host.router,
-            self,
-            -1,
-            0,
-            Credentials(os.getegid(), os.geteuid(), os.getpid()),
-            unlimited(),
-            queue=queue,
-            log=self.log,
-            upward=True,
-        )
+        self.conn = link_connection(host, self, queue, self.log)
         self.conn.label = "nats"
         self.conn.attach(ours.detach())
         self.conn.packs = True  # the bridge reads packed batches

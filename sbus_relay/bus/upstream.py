@@ -83,7 +83,7 @@ from sbus_relay.protocol.session import (
 )
 
 from .batchio import send_one
-from .connection import Connection, Router
+from .connection import Connection, Handler, Router
 
 #: What the link holds while the upstream's interest is unknown: every public
 #: key ("") and every secret one (the prefix pattern "!/cred/").
@@ -105,6 +105,25 @@ class UpstreamHost(Protocol):
         """The link comes to hold ``pattern`` (True), or lets one hold of it go."""
 
 
+def link_connection(
+    host: UpstreamHost, handler: Handler, queue: OutboundQueue, log: Any
+) -> Connection:
+    """The connection of a bus's link to what lies beyond it (its upstream, or
+    NATS): this process's own credentials, no quota, upward flood control
+    with ``queue``, its control packets to ``handler``."""
+    return Connection(
+        host.router,
+        handler,
+        -1,
+        0,
+        Credentials(os.getegid(), os.geteuid(), os.getpid()),
+        unlimited(),
+        queue=queue,
+        log=log,
+        upward=True,
+    )
+
+
 class UpstreamLink:
     """The client side of a relay: its handshake, its interest, its reconnects."""
 
@@ -121,17 +140,7 @@ class UpstreamLink:
         queue = OutboundQueue(
             config.upstream_queue_bytes, config.upstream_queue_messages, upward=True
         )
-        self.conn = Connection(
-            host.router,
-            self,
-            -1,
-            0,
-            Credentials(os.getegid(), os.geteuid(), os.getpid()),
-            unlimited(),
-            queue=queue,
-            log=self.log,
-            upward=True,
-        )
+        self.conn = link_connection(host, self, queue, self.log)
         #: the handshake, our identity and the upstream's interest (``protocol.session``)
         self.session = LinkSession()
         self._whoami_timer: Any = None
