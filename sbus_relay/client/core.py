@@ -160,20 +160,21 @@ class Client:
     def publish(self, key: Data, payload: Data = b"") -> None:
         """``MSG key\\0payload``.  While the bus is away it waits in the buffer
         (``BufferFull`` when that is full) and goes out, in order, once back."""
-        self._check_open()
-        state = self.session.state
-        if state is not State.READY:
-            if state is State.DISCONNECTED:
-                self._try_now()
-            self._advance_handshake()
-        if self.session.holding:
-            self._release(time.monotonic() >= self._release_at)
+        self._ready_to_publish()
         self.session.publish(key, payload)
         self._flush()
 
     def publish_many(self, items: Iterable[tuple[Data, Data]]) -> int:
         """Publish several ``(key, payload)`` at once: packed batches where the bus
         agreed to them, else one packet each; how many."""
+        self._ready_to_publish()
+        count = self.session.publish_many(items)
+        self._flush()
+        return count
+
+    def _ready_to_publish(self) -> None:
+        """Before a publish: connect or move the handshake on where it can, and
+        let out what the buffer holds once its wait after a reconnect is over."""
         self._check_open()
         state = self.session.state
         if state is not State.READY:
@@ -182,9 +183,6 @@ class Client:
             self._advance_handshake()
         if self.session.holding:
             self._release(time.monotonic() >= self._release_at)
-        count = self.session.publish_many(items)
-        self._flush()
-        return count
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait (within ``timeout``) until the bus is there and has been handed
