@@ -28,13 +28,6 @@ DISCONNECT = b"CMSG disconnect\0"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("nats"))
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
 def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Host]]:
     tmp = tmp_path_factory.mktemp("hosts")
     config = tmp / "identities.yaml"
