@@ -3,8 +3,8 @@
 Subscribes to the patterns (default ``""``: everything that is not secret; the
 server never delivers ``!/cred/`` keys through it, docs/protocol.md) and writes zstd
 Parquet files (receive time in ns, key, payload size, payload, instance),
-rotated by size and age.  Rows reach a journal at least once a second, so a
-crash loses at most that; the next run recovers what a killed one left.
+rotated by size and age.  Rows reach a journal at least twice a second, so a
+crash loses at most the last second; the next run recovers what a killed one left.
 SIGINT/SIGTERM finish the files cleanly.  Messages the bus dropped for the
 recorder are counted (the drop query), logged beside the files, shown in the
 summary, and make the exit status EXIT_LOST.

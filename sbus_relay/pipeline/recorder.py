@@ -6,7 +6,7 @@ READ_BATCH packets or until the socket is empty), keeps the columns in plain
 lists and hands each batch to the writer, which builds Arrow arrays once per
 batch: no per-message object beyond the key and payload bytes.  When the socket
 is empty it waits in ``poll`` for at most TICK_SECONDS, so that a stop request,
-a due journal flush (once a second) and a drop query are never late.
+a due journal flush (twice a second) and a drop query are never late.
 
 Losses: once a second the recorder asks the bus how many messages it dropped
 for this connection (``CMSG drops/count``, our protocol extension; see
