@@ -364,9 +364,11 @@ class Session:
         self.packing = False
         self._reask += sum(1 for asker in self._whoamis if asker == _CALLER)
         self._whoamis.clear()
-        unsent = [p for p in self._outbox if p.startswith(codec.MSG)]
+        unsent: list[bytes] = []
         for packet in self._outbox:
-            if packet.startswith(codec.BATCH_HEAD):
+            if packet.startswith(codec.MSG):
+                unsent.append(packet)
+            elif packet.startswith(codec.BATCH_HEAD):
                 unsent.extend(codec.unpack_batch(packet))
         self._outbox.clear()
         self._buffer.extendleft(reversed(unsent))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sbus_relay.client.session import (
@@ -235,6 +235,12 @@ operation = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(operation, max_size=40), st.booleans())
+# a packed run put back ahead of a lone publish: the lost connection kept the lone one first
+@example(
+    [("connect", True), ("many", [(b"", b""), (b"\x01", b"")]), ("sub", b""), ("pub", b"", b""),
+     ("lose", 0)],
+    True,
+)  # fmt: skip
 def test_what_goes_out_is_in_the_grammar_in_order_and_resubscribed(
     ops: list[tuple[object, ...]], batch: bool
 ) -> None:
