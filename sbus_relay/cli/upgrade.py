@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
             if ended or failed or time.monotonic() - looked >= LOOK_EVERY:
                 looked = time.monotonic()
                 now = listener_pid(parse_address(address)) or 0
-                if now not in (old, 0) or ended or failed:
+                # An old process ends only once it has handed over: its successor
+                # may still be too busy to answer on a loaded machine, so look again.
+                if now not in (old, 0) or failed or (ended and now == old):
                     break
             time.sleep(POLL)
         if now in (old, 0):
