@@ -583,7 +583,8 @@ def _serve(
         if server.nats is not None:  # on NATS before the old process leaves it
             server.nats.wait_joined(server.nats.join_wait)
 
-        confirm(adopted[2])
+        if not confirm(adopted[2]):
+            log.warning("upgrade.predecessor_gone", from_pid=adopted[0]["from_pid"])
         if os.environ.get(UPGRADE_STDERR_ENV):
             # its stderr was the pipe its predecessor read until now: nobody's hereafter
             with open(os.devnull, "wb") as devnull:

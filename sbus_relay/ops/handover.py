@@ -137,10 +137,17 @@ def take_over(address: str) -> tuple[dict[str, Any], list[int], socket.socket]:
         raise UpgradeError(f"the hand-over failed: {exc}") from None
 
 
-def confirm(sock: socket.socket) -> None:
-    """Tell the old process that this one serves the bus now (it then exits)."""
-    sock.sendall(_DONE)
-    sock.close()
+def confirm(sock: socket.socket) -> bool:
+    """Tell the old process that this one serves the bus now (it then exits);
+    False if it had already ended: everything is handed over, so this one
+    serves on all the same."""
+    try:
+        sock.sendall(_DONE)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
 
 
 def _refusal(head: bytes, address: str) -> str:
