@@ -202,6 +202,36 @@ def test_signal_removes_socket_and_exits_zero(tmp_path: Path, sig: int) -> None:
         bus.stop(signal.SIGKILL)
 
 
+#: How long after its start the next test's bus gets an alarm (the reference's
+#: test program arms one second before it execs the daemon it tests).
+INHERITED_ALARM = 1
+
+
+def test_an_alarm_armed_before_exec_does_not_end_a_foreground_bus(short_tmp: Path) -> None:
+    address = str(short_tmp / "bus")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "sbusd"), "-f", "-a", address],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.alarm(INHERITED_ALARM),
+    )
+    try:
+        wait_accepting(address, proc)
+        with RawClient(address) as client:
+            client.sync()
+            time.sleep(max(0.0, started + INHERITED_ALARM + 0.2 - time.monotonic()))
+            client.sync()  # the alarm was due: a bus that answers now ran through it
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # --- addresses ------------------------------------------------------------------
 
 ABSTRACT = "/dev/unix/abstract/"
