@@ -24,6 +24,7 @@ from sbus_relay.protocol.quota import ClientLimits, Quota
 
 from .addresses import DEFAULT_ADDRESS
 from .natsconfig import NatsConfig, parse_nats
+from .suggest import unknown
 
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
@@ -299,8 +300,8 @@ def _user_quotas(source: str, key: str, value: Any) -> tuple[tuple[int, Quota], 
         values: dict[str, int] = {}
         for name, raw in entry.items():
             if name not in _QUOTA_KEYS:
-                known = ", ".join(_QUOTA_KEYS)
-                raise ConfigError(source, f"{where}.{name}", f"unknown limit (known: {known})")
+                reason = unknown(name, _QUOTA_KEYS, "limit")
+                raise ConfigError(source, f"{where}.{name}", reason)
             check = _count(1) if name in ("connections", "patterns") else _size(1)
             values[_QUOTA_KEYS[name]] = check(source, f"{where}.{name}", raw)
         out.append((uid, Quota(**values)))
@@ -439,8 +440,7 @@ def config_from_mapping(
     values: dict[str, Any] = {}
     for key, value in document.items():
         if not isinstance(key, str) or key not in _VALIDATORS:
-            known = ", ".join(_VALIDATORS)
-            raise ConfigError(source, str(key), f"unknown key (known keys: {known})")
+            raise ConfigError(source, str(key), unknown(key, _VALIDATORS))
         values[key] = _VALIDATORS[key](source, key, value)
     result = replace(base, **values)
     _check_together(result, source)

@@ -28,6 +28,7 @@ from sbus_relay.protocol.errors import AddressError, ConfigError
 from . import natscluster
 from .addresses import parse_address
 from .config import config_from_mapping, read_yaml
+from .suggest import unknown
 
 #: Keys of the hierarchy file and of each bus entry.
 TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max", "nats_cluster")
@@ -91,7 +92,7 @@ def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
         raise ConfigError(source, "(file)", "expected a mapping with a 'buses' list")
     for key in document:
         if key not in TOP_KEYS:
-            raise ConfigError(source, str(key), f"unknown key (known keys: {', '.join(TOP_KEYS)})")
+            raise ConfigError(source, str(key), unknown(key, TOP_KEYS))
     raw_buses = document.get("buses")
     if not isinstance(raw_buses, list) or not raw_buses:
         raise ConfigError(source, "buses", "expected a non-empty list of buses")
@@ -122,8 +123,7 @@ def _bus(source: str, i: int, raw: Any) -> BusSpec:
         raise ConfigError(source, where, "expected a mapping with name and address")
     for key in raw:
         if key not in BUS_KEYS:
-            known = ", ".join(BUS_KEYS)
-            raise ConfigError(source, f"{where}.{key}", f"unknown key (known keys: {known})")
+            raise ConfigError(source, f"{where}.{key}", unknown(key, BUS_KEYS))
     name = raw.get("name")
     if not isinstance(name, str) or not name or "/" in name or name.startswith("-"):
         raise ConfigError(source, f"{where}.name", f"expected a short name, got {name!r}")

@@ -25,6 +25,7 @@ from typing import Any
 from sbus_relay.protocol.errors import ConfigError
 
 from . import children
+from .suggest import unknown
 
 #: Seconds one nats-server gets to accept connections after it starts.
 START_TIMEOUT = 15.0
@@ -57,9 +58,7 @@ def parse_cluster(source: str, value: Any) -> tuple[NatsNode, ...]:
             raise ConfigError(source, where, "expected a mapping: name, port, cluster_port")
         for key in raw:
             if key not in _KEYS:
-                raise ConfigError(
-                    source, f"{where}.{key}", f"unknown key (known: {', '.join(_KEYS)})"
-                )
+                raise ConfigError(source, f"{where}.{key}", unknown(key, _KEYS))
         name = raw.get("name")
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(source, f"{where}.name", f"expected a short name, got {name!r}")

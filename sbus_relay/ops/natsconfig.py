@@ -32,6 +32,8 @@ from sbus_relay.protocol.errors import ConfigError
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.natsmap import check_prefix
 
+from .suggest import unknown
+
 _URL = re.compile(r"^(nats|tls)://([^\s/@]+@)?(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+)(:\d{1,5})?/?$")
 _BARE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+)(:\d{1,5})?$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|)\s*$")
@@ -155,11 +157,9 @@ def parse_nats(source: str, key: str, value: Any) -> NatsConfig | None:
         return None
     if not isinstance(value, Mapping):
         return NatsConfig(servers=parse_servers(source, key, value))
-    unknown = [k for k in value if k not in _KEYS]
-    if unknown:
-        raise ConfigError(
-            source, f"{key}.{unknown[0]}", f"unknown key (known keys: {', '.join(_KEYS)})"
-        )
+    strange = [k for k in value if k not in _KEYS]
+    if strange:
+        raise ConfigError(source, f"{key}.{strange[0]}", unknown(strange[0], _KEYS))
     if "servers" not in value:
         raise ConfigError(source, f"{key}.servers", "missing: the NATS servers to join")
     name = f"{key}.%s".__mod__

@@ -303,7 +303,7 @@ def test_a_failed_start_reports_each_stopped_bus_once(tmp_path: Path) -> None:
         ({"buses": [{"name": "m", "address": "/x", "upstream": "m"}]}, "upstream", "own"),
         ({"buses": [{"name": "m", "address": "/x", "upstream": "q"}]}, "upstream", "no bus"),
         ({"buses": [{"name": "m", "address": "/x", "metrics": "nope"}]}, "metrics", "HOST:PORT"),
-        ({"buses": [{"name": "m", "adress": "/x"}]}, "adress", "unknown key"),
+        ({"buses": [{"name": "m", "adress": "/x"}]}, "adress", "did you mean 'address'?"),
         ({"buses": [{"name": "m"}]}, "address", "missing"),
         (
             {"buses": [{"name": "m", "address": "/x"}, {"name": "r", "address": "/x"}]},
@@ -312,7 +312,7 @@ def test_a_failed_start_reports_each_stopped_bus_once(tmp_path: Path) -> None:
         ),
         ({"buses": [{"name": "m", "address": "/x"}], "restart_min": -1}, "restart_min", "positive"),
         ({"buses": [{"name": "m", "address": "/x", "args": "-v"}]}, "args", "list"),
-        ({"busses": []}, "busses", "unknown key"),
+        ({"busses": []}, "busses", "unknown key; did you mean 'buses'?"),
         (
             {
                 "buses": [

@@ -330,6 +330,18 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, yaml_text: str, key: s
     assert not (tmp_path / "never").exists()
 
 
+def test_a_mistyped_config_key_is_one_line_suggesting_the_known_one(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("max_clent: 5\n")
+    done = run_cli("serve", "-f", "-C", str(config), "-a", str(tmp_path / "never"))
+    assert done.returncode == 2
+    (line,) = done.stderr.decode().splitlines()
+    assert line.startswith(
+        f"sbus-relay serve: {config}: max_clent: unknown key; did you mean 'max_clients'?"
+    ), line
+    assert not (tmp_path / "never").exists()
+
+
 def test_bad_flag_value_exits_2_naming_the_flag(tmp_path: Path) -> None:
     done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), "--hard-limit-bytes", "lots")
     assert done.returncode == 2

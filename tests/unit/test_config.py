@@ -127,8 +127,10 @@ def test_an_empty_file_means_defaults(tmp_path: Path, text: str) -> None:
 
 BAD_CONFIGS = [
     # (yaml, key named in the error, words of the reason)
-    ("bogus: 1\n", "bogus", "unknown key"),
-    ("hard_limit_byte: 1\n", "hard_limit_byte", "unknown key"),
+    ("bogus: 1\n", "bogus", "unknown key (known keys: address, "),
+    ("hard_limit_byte: 1\n", "hard_limit_byte", "unknown key; did you mean 'hard_limit_bytes'?"),
+    ("Max_Clients: 1\n", "Max_Clients", "did you mean 'max_clients'?"),
+    ("user_quotas: {0: {conections: 5}}\n", "user_quotas.0.conections", "did you mean 'conn"),
     ("max_clients: 5\nmax_clients: 6\n", "max_clients", "given twice"),
     ("foreground: 'true'\n", "foreground", "expected true or false"),
     ("foreground: 1\n", "foreground", "expected true or false"),
