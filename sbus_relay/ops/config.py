@@ -36,9 +36,11 @@ LOG_FORMATS = ("auto", "json", "console")
 #: "16MB" cannot be read two ways).
 SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
-_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
+_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d+)$")
 #: Largest TCP port.
 MAX_PORT = 65_535
+#: Digits of an out-of-range port an error repeats (a pasted run of them is cut).
+_PORT_SHOWN = 12
 
 
 def _hostname() -> str:
@@ -331,10 +333,15 @@ def parse_host_port(text: str, source: str = "metrics", key: str = "metrics") ->
     """Split ``HOST:PORT`` (``[v6]:PORT`` too) into a host without brackets and a port;
     raises ``ConfigError`` naming ``source`` and ``key``."""
     match = _HOST_PORT_RE.match(text)
-    if not match or int(match.group(2)) > MAX_PORT:
+    if not match:
         raise ConfigError(source, key, f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    digits = match.group(2)
+    # compared as text first: thousands of digits are no number worth converting
+    if len(digits) > len(str(MAX_PORT)) or int(digits) > MAX_PORT:
+        shown = digits if len(digits) <= _PORT_SHOWN else f"{digits[:_PORT_SHOWN]}..."
+        raise ConfigError(source, key, f"port {shown} is out of range (1 to {MAX_PORT})")
     host = match.group(1)
-    return host.removeprefix("[").removesuffix("]"), int(match.group(2))
+    return host.removeprefix("[").removesuffix("]"), int(digits)
 
 
 _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
