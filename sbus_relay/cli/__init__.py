@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -115,9 +116,20 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def _drop_inherited_alarm() -> None:
+    """Cancel an alarm pending from the process that exec'd a bus: not the bus's
+    own, its SIGALRM would end a foreground bus at a moment nobody chose (a
+    forked daemon drops it anyway).  The reference's test program arms one
+    second before each daemon it starts, then tests that daemon for longer.
+    First thing, before the imports that take a loaded machine a while."""
+    signal.alarm(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``sbus-relay COMMAND ...``; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["serve"]:
+        _drop_inherited_alarm()
     # Import only the command being run; build every parser for --help.
     only = args_list[0] if args_list and args_list[0] in COMMANDS else None
     parser = _build_parser(only)
@@ -156,6 +168,7 @@ def _run(prog: str, module: ModuleType, args: argparse.Namespace) -> int:
 
 def sbusd_main(argv: Sequence[str] | None = None) -> int:
     """``sbusd``: the drop-in daemon; returns the exit status."""
+    _drop_inherited_alarm()
     from . import sbusd
 
     args = sbusd.parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -245,11 +245,6 @@ def run_server(
     without one SIGHUP stops the server, as it does the reference sbusd.
     ``take_over``: take over the bus answering on the address, if one does.
     """
-    # An alarm pending in the process that exec'd us is not the bus's: left
-    # armed, its SIGALRM would end a foreground bus at a moment nobody chose
-    # (a forked daemon drops it anyway).  The reference's test program arms
-    # one second before exec'ing the daemon it then tests for a whole step.
-    signal.alarm(0)
     _log_to(config, None, source)
     start_dir = os.getcwd()  # where an upgrade runs this command line again
     # typed at a terminal (``make run``): an upgrade keeps the bus on it
