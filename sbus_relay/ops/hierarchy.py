@@ -19,6 +19,7 @@ anything runs.  The file format is in docs/relays.md.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -154,8 +155,12 @@ def _checked(
     try:
         return config_from_mapping(values, source)
     except ConfigError as exc:
-        key = (rename or {}).get(exc.key, exc.key)
-        raise ConfigError(source, f"{where}.{key}" if where else key, exc.reason) from None
+        names = rename or {}
+        key = names.get(exc.key, exc.key)
+        reason = exc.reason  # it may name another key of ours too ("below reconnect_min")
+        for theirs, ours in names.items():
+            reason = re.sub(rf"\b{theirs}\b", ours, reason)
+        raise ConfigError(source, f"{where}.{key}" if where else key, reason) from None
 
 
 def _check_tree(source: str, specs: list[BusSpec]) -> None:

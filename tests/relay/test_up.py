@@ -381,6 +381,11 @@ def test_a_failed_start_leaves_what_was_in_the_log_dir_before(tmp_path: Path) ->
             "listens there too",
         ),
         ({"buses": [{"name": "m", "address": "/x"}], "restart_min": -1}, "restart_min", "positive"),
+        (
+            {"buses": [{"name": "m", "address": "/x"}], "restart_min": 5, "restart_max": 1},
+            "restart_max",
+            "1.0 is below restart_min 5.0",
+        ),
         ({"buses": [{"name": "m", "address": "/x", "args": "-v"}]}, "args", "list"),
         ({"busses": []}, "busses", "unknown key; did you mean 'buses'?"),
         (
