@@ -37,8 +37,12 @@ LOG_FORMATS = ("auto", "json", "console")
 SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 _HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d+)$")
-#: Largest TCP port.
-MAX_PORT = 65_535
+#: Largest count or size a setting takes (4 EiB): the hot path holds them in
+#: C's signed 64-bit integers, with room left for sums; no real limit is near.
+LARGEST_SETTING = 1 << 62
+#: Digits beyond which a number is not read at all (Python refuses to convert
+#: more than 4300, and LARGEST_SETTING has 19).
+_DIGITS_READ = 40
 #: Digits of an out-of-range port an error repeats (a pasted run of them is cut).
 _PORT_SHOWN = 12
 
@@ -204,29 +208,41 @@ def _size(minimum: int) -> Callable[[str, str, Any], int]:
             match = _SIZE_RE.match(value)
             if not match or match.group(2) not in SIZE_UNITS:
                 units = "/".join(u for u in SIZE_UNITS if u)
+                shown = repr(value[:80])
                 raise ConfigError(
-                    source, key, f"{value!r} is not a size (an integer, or e.g. 64KiB; {units})"
+                    source, key, f"{shown} is not a size (an integer, or e.g. 64KiB; {units})"
                 )
+            _check_digits(source, key, match.group(1))
             number = int(match.group(1)) * SIZE_UNITS[match.group(2)]
         else:
             raise ConfigError(source, key, f"expected a size, got {_show(value)}")
         if number < minimum:
             raise ConfigError(source, key, f"must be at least {minimum}, got {number}")
+        if number > LARGEST_SETTING:
+            raise ConfigError(source, key, f"must be at most {LARGEST_SETTING}")
         return number
 
     return check
 
 
+def _check_digits(source: str, key: str, digits: str) -> None:
+    """Refuse a number written with more digits than any setting has."""
+    if len(digits) > _DIGITS_READ:
+        raise ConfigError(source, key, f"must be at most {LARGEST_SETTING}")
+
+
 def _count(minimum: int, maximum: int | None = None) -> Callable[[str, str, Any], int]:
     def check(source: str, key: str, value: Any) -> int:
         if isinstance(value, str) and value.strip().isdigit():
+            _check_digits(source, key, value.strip())
             value = int(value)  # flags arrive as strings
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"expected an integer, got {_show(value)}")
         if value < minimum:
             raise ConfigError(source, key, f"must be at least {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise ConfigError(source, key, f"must be at most {maximum}, got {value}")
+        largest = LARGEST_SETTING if maximum is None else maximum
+        if value > largest:
+            raise ConfigError(source, key, f"must be at most {largest}")
         return value
 
     return check
@@ -337,9 +353,9 @@ def parse_host_port(text: str, source: str = "metrics", key: str = "metrics") ->
         raise ConfigError(source, key, f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
     digits = match.group(2)
     # compared as text first: thousands of digits are no number worth converting
-    if len(digits) > len(str(MAX_PORT)) or int(digits) > MAX_PORT:
+    if len(digits) > len(str(limits.MAX_PORT)) or int(digits) > limits.MAX_PORT:
         shown = digits if len(digits) <= _PORT_SHOWN else f"{digits[:_PORT_SHOWN]}..."
-        raise ConfigError(source, key, f"port {shown} is out of range (1 to {MAX_PORT})")
+        raise ConfigError(source, key, f"port {shown} is out of range (1 to {limits.MAX_PORT})")
     host = match.group(1)
     return host.removeprefix("[").removesuffix("]"), int(digits)
 

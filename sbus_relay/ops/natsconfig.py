@@ -95,9 +95,15 @@ def parse_servers(source: str, key: str, value: Any) -> tuple[str, ...]:
             raise ConfigError(source, key, "an empty or non-text server URL")
         if _BARE.match(item):
             item = "nats://" + item
-        if not _URL.match(item):
+        match = _URL.match(item)
+        if not match:
             raise ConfigError(
                 source, key, f"{item!r} is not a NATS URL (nats://host:port or tls://host:port)"
+            )
+        port = (match.group(4) or ":1")[1:]
+        if not 0 < int(port) <= limits.MAX_PORT:
+            raise ConfigError(
+                source, key, f"port {port} is out of range (1 to {limits.MAX_PORT}) in {item!r}"
             )
         out.append(item)
     if not out:

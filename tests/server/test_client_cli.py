@@ -352,6 +352,15 @@ def test_a_metrics_port_out_of_range_says_so(tmp_path: Path, port: str) -> None:
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize("flag", ["--max-clients", "--hard-limit-bytes"])
+def test_a_number_past_any_limit_is_one_line(tmp_path: Path, flag: str) -> None:
+    done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), flag, "9" * 5000)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"sbus-relay serve: command line: {flag}: must be at most 4611686018427387904"
+    ]
+
+
 def test_bad_flag_value_exits_2_naming_the_flag(tmp_path: Path) -> None:
     done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), "--hard-limit-bytes", "lots")
     assert done.returncode == 2

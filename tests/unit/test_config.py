@@ -168,6 +168,18 @@ BAD_CONFIGS = [
     ("log_format: xml\n", "log_format", "expected one of"),
     ("instance: 7\n", "instance", "expected a string"),
     ("- address: /tmp/x\n", "(file)", "expected a mapping"),
+    # numbers past what the hot path holds, and YAML that parses but cannot be read
+    ("hard_limit_bytes: 99999999999999999999999GiB\n", "hard_limit_bytes", "at most 4611686018"),
+    ("max_clients: 9223372036854775807\n", "max_clients", "must be at most 4611686018427387904"),
+    (
+        "user_quotas: {0: {queued_bytes: 9223372036854775807}}\n",
+        "user_quotas.0.queued_bytes",
+        "must be at most",
+    ),
+    ("hard_limit_messages: " + "9" * 5000 + "\n", "(file)", "a value that cannot be read"),
+    ("instance: 2026-13-45\n", "(file)", "cannot be read (month must be in 1..12)"),
+    ("? [a, b]\n: 1\n", "(file)", "a key that is a list or a mapping at line 1"),
+    ("? {a: 1}\n: 1\n", "(file)", "a key that is a list or a mapping at line 1"),
     ("address: [unclosed\n", "(file)", "invalid YAML"),
     ("a: b: c\n", "(file)", "invalid YAML"),
 ]
