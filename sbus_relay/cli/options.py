@@ -67,7 +67,7 @@ def port_number(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
     if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (1 to 65535)")
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (1 to 65535)")
     return value
 
 

@@ -30,6 +30,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Literal
 
+#: Bytes read from the end of a child's log to quote its last line on failure.
+LOG_TAIL_BYTES = 4096
+#: Characters of that last line quoted.
+LOG_LINE_QUOTED = 300
 #: prctl(2) option: the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
 
@@ -140,3 +144,16 @@ def children_of(pid: int) -> set[int]:
             return {int(child) for child in stream.read().split()}
     except (OSError, ValueError):
         return set()
+
+
+def last_line(path: str) -> str:
+    """The last non-empty line of a child's log ("" if none), shortened: what a
+    start that failed says about why."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - LOG_TAIL_BYTES))
+            lines = [line for line in stream.read().splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].decode("utf-8", "replace")[:LOG_LINE_QUOTED] if lines else ""

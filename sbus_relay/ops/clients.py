@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from .suggest import nearest
+
 #: What ``sort=`` accepts (each a field of a row).
 SORT_KEYS = (
     "cid",
@@ -60,11 +62,12 @@ def parse(query: str) -> Query:
         raw = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=16)
     except ValueError as e:
         raise QueryError(str(e)) from None
-    unknown = sorted(set(raw) - _PARAMS)
-    if unknown:
-        raise QueryError(
-            "unknown parameter %r (known: %s)" % (unknown[0], ", ".join(sorted(_PARAMS)))
-        )
+    strange = sorted(set(raw) - _PARAMS)
+    if strange:
+        hint = nearest(strange[0], sorted(_PARAMS))
+        guess = f"; did you mean {hint!r}?" if hint is not None else ""
+        known = ", ".join(sorted(_PARAMS))
+        raise QueryError(f"unknown parameter {strange[0]!r}{guess} (known: {known})")
     one = {name: values[-1] for name, values in raw.items()}
     sort = one.get("sort", DEFAULT_SORT)
     if sort not in SORT_KEYS:

@@ -24,6 +24,7 @@ from sbus_relay.protocol.quota import ClientLimits, Quota
 
 from .addresses import DEFAULT_ADDRESS
 from .natsconfig import NatsConfig, parse_nats
+from .suggest import unknown
 
 #: Where flags come from, as named in a ConfigError.
 COMMAND_LINE = "command line"
@@ -35,9 +36,15 @@ LOG_FORMATS = ("auto", "json", "console")
 #: "16MB" cannot be read two ways).
 SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
-_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})$")
-#: Largest TCP port.
-MAX_PORT = 65_535
+_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d+)$")
+#: Largest count or size a setting takes (4 EiB): the hot path holds them in
+#: C's signed 64-bit integers, with room left for sums; no real limit is near.
+LARGEST_SETTING = 1 << 62
+#: Digits beyond which a number is not read at all (Python refuses to convert
+#: more than 4300, and LARGEST_SETTING has 19).
+_DIGITS_READ = 40
+#: Digits of an out-of-range port an error repeats (a pasted run of them is cut).
+_PORT_SHOWN = 12
 
 
 def _hostname() -> str:
@@ -201,29 +208,41 @@ def _size(minimum: int) -> Callable[[str, str, Any], int]:
             match = _SIZE_RE.match(value)
             if not match or match.group(2) not in SIZE_UNITS:
                 units = "/".join(u for u in SIZE_UNITS if u)
+                shown = repr(value[:80])
                 raise ConfigError(
-                    source, key, f"{value!r} is not a size (an integer, or e.g. 64KiB; {units})"
+                    source, key, f"{shown} is not a size (an integer, or e.g. 64KiB; {units})"
                 )
+            _check_digits(source, key, match.group(1))
             number = int(match.group(1)) * SIZE_UNITS[match.group(2)]
         else:
             raise ConfigError(source, key, f"expected a size, got {_show(value)}")
         if number < minimum:
             raise ConfigError(source, key, f"must be at least {minimum}, got {number}")
+        if number > LARGEST_SETTING:
+            raise ConfigError(source, key, f"must be at most {LARGEST_SETTING}")
         return number
 
     return check
 
 
+def _check_digits(source: str, key: str, digits: str) -> None:
+    """Refuse a number written with more digits than any setting has."""
+    if len(digits) > _DIGITS_READ:
+        raise ConfigError(source, key, f"must be at most {LARGEST_SETTING}")
+
+
 def _count(minimum: int, maximum: int | None = None) -> Callable[[str, str, Any], int]:
     def check(source: str, key: str, value: Any) -> int:
         if isinstance(value, str) and value.strip().isdigit():
+            _check_digits(source, key, value.strip())
             value = int(value)  # flags arrive as strings
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"expected an integer, got {_show(value)}")
         if value < minimum:
             raise ConfigError(source, key, f"must be at least {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise ConfigError(source, key, f"must be at most {maximum}, got {value}")
+        largest = LARGEST_SETTING if maximum is None else maximum
+        if value > largest:
+            raise ConfigError(source, key, f"must be at most {largest}")
         return value
 
     return check
@@ -299,8 +318,8 @@ def _user_quotas(source: str, key: str, value: Any) -> tuple[tuple[int, Quota], 
         values: dict[str, int] = {}
         for name, raw in entry.items():
             if name not in _QUOTA_KEYS:
-                known = ", ".join(_QUOTA_KEYS)
-                raise ConfigError(source, f"{where}.{name}", f"unknown limit (known: {known})")
+                reason = unknown(name, _QUOTA_KEYS, "limit")
+                raise ConfigError(source, f"{where}.{name}", reason)
             check = _count(1) if name in ("connections", "patterns") else _size(1)
             values[_QUOTA_KEYS[name]] = check(source, f"{where}.{name}", raw)
         out.append((uid, Quota(**values)))
@@ -330,10 +349,15 @@ def parse_host_port(text: str, source: str = "metrics", key: str = "metrics") ->
     """Split ``HOST:PORT`` (``[v6]:PORT`` too) into a host without brackets and a port;
     raises ``ConfigError`` naming ``source`` and ``key``."""
     match = _HOST_PORT_RE.match(text)
-    if not match or int(match.group(2)) > MAX_PORT:
+    if not match:
         raise ConfigError(source, key, f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9810)")
+    digits = match.group(2)
+    # compared as text first: thousands of digits are no number worth converting
+    if len(digits) > len(str(limits.MAX_PORT)) or int(digits) > limits.MAX_PORT:
+        shown = digits if len(digits) <= _PORT_SHOWN else f"{digits[:_PORT_SHOWN]}..."
+        raise ConfigError(source, key, f"port {shown} is out of range (1 to {limits.MAX_PORT})")
     host = match.group(1)
-    return host.removeprefix("[").removesuffix("]"), int(match.group(2))
+    return host.removeprefix("[").removesuffix("]"), int(digits)
 
 
 _VALIDATORS: dict[str, Callable[[str, str, Any], Any]] = {
@@ -439,8 +463,7 @@ def config_from_mapping(
     values: dict[str, Any] = {}
     for key, value in document.items():
         if not isinstance(key, str) or key not in _VALIDATORS:
-            known = ", ".join(_VALIDATORS)
-            raise ConfigError(source, str(key), f"unknown key (known keys: {known})")
+            raise ConfigError(source, str(key), unknown(key, _VALIDATORS))
         values[key] = _VALIDATORS[key](source, key, value)
     result = replace(base, **values)
     _check_together(result, source)

@@ -19,6 +19,7 @@ anything runs.  The file format is in docs/relays.md.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from sbus_relay.protocol.errors import AddressError, ConfigError
 from . import natscluster
 from .addresses import parse_address
 from .config import config_from_mapping, read_yaml
+from .suggest import unknown
 
 #: Keys of the hierarchy file and of each bus entry.
 TOP_KEYS = ("buses", "log_dir", "restart_min", "restart_max", "nats_cluster")
@@ -91,7 +93,7 @@ def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
         raise ConfigError(source, "(file)", "expected a mapping with a 'buses' list")
     for key in document:
         if key not in TOP_KEYS:
-            raise ConfigError(source, str(key), f"unknown key (known keys: {', '.join(TOP_KEYS)})")
+            raise ConfigError(source, str(key), unknown(key, TOP_KEYS))
     raw_buses = document.get("buses")
     if not isinstance(raw_buses, list) or not raw_buses:
         raise ConfigError(source, "buses", "expected a non-empty list of buses")
@@ -122,8 +124,7 @@ def _bus(source: str, i: int, raw: Any) -> BusSpec:
         raise ConfigError(source, where, "expected a mapping with name and address")
     for key in raw:
         if key not in BUS_KEYS:
-            known = ", ".join(BUS_KEYS)
-            raise ConfigError(source, f"{where}.{key}", f"unknown key (known keys: {known})")
+            raise ConfigError(source, f"{where}.{key}", unknown(key, BUS_KEYS))
     name = raw.get("name")
     if not isinstance(name, str) or not name or "/" in name or name.startswith("-"):
         raise ConfigError(source, f"{where}.name", f"expected a short name, got {name!r}")
@@ -154,8 +155,12 @@ def _checked(
     try:
         return config_from_mapping(values, source)
     except ConfigError as exc:
-        key = (rename or {}).get(exc.key, exc.key)
-        raise ConfigError(source, f"{where}.{key}" if where else key, exc.reason) from None
+        names = rename or {}
+        key = names.get(exc.key, exc.key)
+        reason = exc.reason  # it may name another key of ours too ("below reconnect_min")
+        for theirs, ours in names.items():
+            reason = re.sub(rf"\b{theirs}\b", ours, reason)
+        raise ConfigError(source, f"{where}.{key}" if where else key, reason) from None
 
 
 def _check_tree(source: str, specs: list[BusSpec]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from sbus_relay.protocol.errors import ConfigError
 
 from . import children
+from .suggest import unknown
 
 #: Seconds one nats-server gets to accept connections after it starts.
 START_TIMEOUT = 15.0
@@ -57,9 +58,7 @@ def parse_cluster(source: str, value: Any) -> tuple[NatsNode, ...]:
             raise ConfigError(source, where, "expected a mapping: name, port, cluster_port")
         for key in raw:
             if key not in _KEYS:
-                raise ConfigError(
-                    source, f"{where}.{key}", f"unknown key (known: {', '.join(_KEYS)})"
-                )
+                raise ConfigError(source, f"{where}.{key}", unknown(key, _KEYS))
         name = raw.get("name")
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(source, f"{where}.name", f"expected a short name, got {name!r}")
@@ -91,6 +90,11 @@ def argv(server: str, node: NatsNode, nodes: Sequence[NatsNode]) -> list[str]:
     return [*args, "--routes", routes] if routes else args
 
 
+def log_path(node: NatsNode, log_dir: str | None) -> str | None:
+    """Where ``node``'s nats-server logs: ``log_dir``/nats-NAME.log, or None (ours)."""
+    return os.path.join(log_dir, f"nats-{node.name}.log") if log_dir else None
+
+
 def start(nodes: Sequence[NatsNode], log_dir: str | None) -> list[subprocess.Popen[bytes]]:
     """Start every node and wait until each accepts; raises ``OSError`` naming the failure."""
     server = binary()
@@ -99,21 +103,23 @@ def start(nodes: Sequence[NatsNode], log_dir: str | None) -> list[subprocess.Pop
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for node in nodes:
-            log = os.path.join(log_dir, f"nats-{node.name}.log") if log_dir else None
+            log = log_path(node, log_dir)
             procs.append(children.spawn(argv(server, node, nodes), log=log, new_session=True))
         for node, proc in zip(nodes, procs, strict=True):
-            _wait_accepting(node, proc)
+            _wait_accepting(node, proc, log_path(node, log_dir))
     except BaseException:
         stop(procs)
         raise
     return procs
 
 
-def _wait_accepting(node: NatsNode, proc: subprocess.Popen[bytes]) -> None:
+def _wait_accepting(node: NatsNode, proc: subprocess.Popen[bytes], log: str | None) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         if proc.poll() is not None:
-            raise OSError(f"nats-server {node.name} exited with status {proc.returncode}")
+            last = children.last_line(log) if log else ""
+            why = f": {last} (log {log})" if last else ""
+            raise OSError(f"nats-server {node.name} exited with status {proc.returncode}{why}")
         try:
             socket.create_connection(("127.0.0.1", node.port), timeout=1).close()
             return

@@ -32,6 +32,8 @@ from sbus_relay.protocol.errors import ConfigError
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.natsmap import check_prefix
 
+from .suggest import unknown
+
 _URL = re.compile(r"^(nats|tls)://([^\s/@]+@)?(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+)(:\d{1,5})?/?$")
 _BARE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+)(:\d{1,5})?$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|)\s*$")
@@ -93,9 +95,15 @@ def parse_servers(source: str, key: str, value: Any) -> tuple[str, ...]:
             raise ConfigError(source, key, "an empty or non-text server URL")
         if _BARE.match(item):
             item = "nats://" + item
-        if not _URL.match(item):
+        match = _URL.match(item)
+        if not match:
             raise ConfigError(
                 source, key, f"{item!r} is not a NATS URL (nats://host:port or tls://host:port)"
+            )
+        port = (match.group(4) or ":1")[1:]
+        if not 0 < int(port) <= limits.MAX_PORT:
+            raise ConfigError(
+                source, key, f"port {port} is out of range (1 to {limits.MAX_PORT}) in {item!r}"
             )
         out.append(item)
     if not out:
@@ -155,11 +163,9 @@ def parse_nats(source: str, key: str, value: Any) -> NatsConfig | None:
         return None
     if not isinstance(value, Mapping):
         return NatsConfig(servers=parse_servers(source, key, value))
-    unknown = [k for k in value if k not in _KEYS]
-    if unknown:
-        raise ConfigError(
-            source, f"{key}.{unknown[0]}", f"unknown key (known keys: {', '.join(_KEYS)})"
-        )
+    strange = [k for k in value if k not in _KEYS]
+    if strange:
+        raise ConfigError(source, f"{key}.{strange[0]}", unknown(strange[0], _KEYS))
     if "servers" not in value:
         raise ConfigError(source, f"{key}.servers", "missing: the NATS servers to join")
     name = f"{key}.%s".__mod__

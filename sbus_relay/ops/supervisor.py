@@ -64,10 +64,8 @@ LISTEN_POLL = 0.05
 #: process that listens there but never accepts fills its backlog, and each
 #: look (one every LISTEN_POLL while a bus starts) would then wait for ever.
 LISTENER_PROBE_TIMEOUT = 1.0
-#: Bytes read from the end of a bus's log to quote its last line on failure.
-LOG_TAIL_BYTES = 4096
-#: Characters of that last line quoted.
-LOG_LINE_QUOTED = 300
+#: Bytes of a process's command line read to tell whose it is.
+CMDLINE_BYTES = 4096
 
 
 class SupervisorError(SbusError):
@@ -123,8 +121,34 @@ class Supervisor:
     def start(self) -> None:
         """Start every bus, parents first, each listening before the next starts.
 
-        Raises ``SupervisorError`` (after stopping what was started) if one fails.
+        Raises ``SupervisorError`` (after stopping what was started) if one fails;
+        then what this start created is removed again: the logs, but the one the
+        error names, and ``log_dir`` if it made it and nothing else is in it.
         """
+        log_dir = self.hierarchy.log_dir
+        made_dir = bool(log_dir) and not os.path.isdir(log_dir or "")
+        fresh = [path for path in self._log_paths() if not os.path.lexists(path)]
+        try:
+            self._start()
+        except SupervisorError as exc:
+            self.stop()
+            for path in fresh:
+                if path not in str(exc):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            if made_dir and log_dir:
+                with contextlib.suppress(OSError):  # not empty: someone else's files
+                    os.rmdir(log_dir)
+            raise
+
+    def _log_paths(self) -> list[str]:
+        """Every log file of this tree: its buses' and its NATS servers'."""
+        paths = [self.hierarchy.log_path(spec) for spec in self.hierarchy.buses]
+        log_dir = self.hierarchy.log_dir
+        paths += [natscluster.log_path(node, log_dir) for node in self.hierarchy.nats_cluster]
+        return [path for path in paths if path is not None]
+
+    def _start(self) -> None:
         if self.hierarchy.log_dir:
             try:
                 os.makedirs(self.hierarchy.log_dir, exist_ok=True)
@@ -142,11 +166,7 @@ class Supervisor:
             if self._stopping:
                 return
             child.delay = self.hierarchy.restart_min
-            try:
-                self._spawn(child)
-            except SupervisorError:
-                self.stop()
-                raise
+            self._spawn(child)
         buses = "1 bus" if len(self.children) == 1 else f"{len(self.children)} buses"
         self.out(
             f"sbus-relay up: {buses} running; Ctrl-C stops them all,"
@@ -395,7 +415,7 @@ class Supervisor:
             notes.append(f"another process (pid {other}) listens at {child.spec.address}")
         log_path = self.hierarchy.log_path(child.spec)
         if log_path:
-            last = _last_line(log_path)
+            last = children.last_line(log_path)
             notes.append(f"{last} (log {log_path})" if last else f"see {log_path}")
         return ": " + "; ".join(notes) if notes else ""
 
@@ -488,7 +508,7 @@ def supervisor_of(pid: int) -> int | None:
     parent = status[1]
     try:
         with open(f"/proc/{parent}/cmdline", "rb") as stream:
-            argv = stream.read(LOG_TAIL_BYTES).split(b"\0")
+            argv = stream.read(CMDLINE_BYTES).split(b"\0")
     except OSError:
         return None
     if any(b"sbus" in arg for arg in argv) and b"up" in argv:
@@ -501,7 +521,7 @@ def tree_of(up_pid: int) -> str | None:
     absolute path), from its command line and directory; None if unknown."""
     try:
         with open(f"/proc/{up_pid}/cmdline", "rb") as stream:
-            argv = [a.decode(errors="replace") for a in stream.read(LOG_TAIL_BYTES).split(b"\0")]
+            argv = [a.decode(errors="replace") for a in stream.read(CMDLINE_BYTES).split(b"\0")]
         cwd = os.readlink(f"/proc/{up_pid}/cwd")
     except OSError:
         return None
@@ -512,18 +532,6 @@ def tree_of(up_pid: int) -> str | None:
         return None
     path = os.path.join(cwd, given[0])
     return path if os.path.isfile(path) else None
-
-
-def _last_line(path: str) -> str:
-    """The last non-empty line of a text file ("" if none), shortened."""
-    try:
-        with open(path, "rb") as stream:
-            stream.seek(0, os.SEEK_END)
-            stream.seek(max(0, stream.tell() - LOG_TAIL_BYTES))
-            lines = [line for line in stream.read().splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1].decode("utf-8", "replace")[:LOG_LINE_QUOTED] if lines else ""
 
 
 def _printer(stream: IO[str]) -> Callable[[str], None]:

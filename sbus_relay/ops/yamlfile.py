@@ -12,6 +12,9 @@ import yaml
 
 from sbus_relay.protocol.errors import ConfigError
 
+#: Characters of a converter's own complaint quoted in an error.
+LONGEST_REASON = 80
+
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys instead of keeping the last one."""
@@ -28,6 +31,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     seen: set[Any] = set()
     for key_node, _value_node in node.value:
         key = loader.construct_object(key_node)
+        if isinstance(key, list | dict):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key that is a list or a mapping", key_node.start_mark
+            )
         if key in seen:
             raise _DuplicateKey(key, key_node.start_mark.line + 1)
         seen.add(key)
@@ -57,6 +64,13 @@ def read_strictly(path: str) -> Any:
     except RecursionError:
         # The YAML parser recurses once per level of nesting.
         raise ConfigError(path, "(file)", "nested too deeply to be a config file") from None
+    except ValueError as exc:
+        # A scalar the resolver took for a date or number that is none: 2026-13-45,
+        # or an integer of thousands of digits.
+        reason = str(exc).split(":")[0][:LONGEST_REASON]
+        raise ConfigError(
+            path, "(file)", f"invalid YAML: a value that cannot be read ({reason})"
+        ) from None
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:

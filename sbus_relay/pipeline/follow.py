@@ -47,7 +47,7 @@ from . import inputs as I
 from . import rollup as R
 from .capture import capture_files, recover
 from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS, ROLLUP_SUFFIX
-from .runner import Request, jvm_log_path, plural
+from .runner import Request, drop_log, jvm_log_path, keep_log, plural
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
 from .windows import state_window
@@ -412,9 +412,10 @@ def _follow(
             say(f"rolled up {made} capture {plural(made, 'file')} without a rollup, beside it")
     seen: set[str] = set()
     _new_files(directory, seen)
-    log = jvm_log_path()
+    log = jvm_log_path(root)  # beside the state: a crash leaves it with the checkpoint
     session: Session | None = None
     reported = -1
+    failed = False
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
@@ -463,14 +464,17 @@ def _follow(
                 if session is not None:
                     session.stop()
     except KeyboardInterrupt:
-        with contextlib.suppress(OSError):
-            os.unlink(log)
         upto = "nothing yet" if state.committed() < 0 else f"batch {state.committed()}"
         return f"stopped; {request.out} is current up to {upto}; a restart carries on from {root}"
     except Exception as exc:
         if not is_spark_error(exc):
             raise
-        raise SparkFailed(f"Spark failed: {first_line(exc)}; Spark's log: {log}") from None
+        failed = True
+        kept = keep_log(log, request.out)
+        raise SparkFailed(f"Spark failed: {first_line(exc)}; Spark's log: {kept}") from None
+    finally:
+        if not failed:
+            drop_log(log)  # stopped, or an error of ours: nothing in it says why
     return f"stopped after batch {reported}"
 
 

@@ -29,8 +29,14 @@ from .session import Interrupts, Session, SparkFailed, SparkSettings, first_line
 from .session import start as start_spark
 from .sources import Sources, plan
 
-#: Spark's own log of a run that starts a JVM: kept only when the run fails.
-JVM_LOG = "sbus-analyze-{pid}.log"
+#: Spark's own log of a run that starts a JVM, while it runs: in the run's
+#: staging directory beside --out.  Kept only when Spark fails, as
+#: ``<out>`` + ``FAILED_LOG_SUFFIX`` beside --out; else it goes with the run.
+JVM_LOG = "spark.log"
+#: The name of a failed run's Spark log, beside the --out it names.
+FAILED_LOG_SUFFIX = ".spark.log"
+#: Where the log goes when --out is a URL (no directory of ours beside it).
+TEMP_JVM_LOG = "sbus-analyze-{pid}.log"
 #: Words of a Spark failure that point at a capture file rather than at Spark.
 FILE_FAILURE_WORDS = ("parquet", "failed_read_file", "corrupt", "file")
 
@@ -100,8 +106,31 @@ def loss_phrase(loss: dict[str, Any]) -> str:
     return said
 
 
-def jvm_log_path() -> str:
-    return os.path.join(tempfile.gettempdir(), JVM_LOG.format(pid=os.getpid()))
+def jvm_log_path(directory: Path | None) -> str:
+    """Where the JVM logs while a run writes into ``directory`` (the temporary
+    directory when there is none)."""
+    if directory is None:
+        return os.path.join(tempfile.gettempdir(), TEMP_JVM_LOG.format(pid=os.getpid()))
+    return str(directory / JVM_LOG)
+
+
+def keep_log(log: str, out: str) -> str:
+    """Move a failed run's log beside ``out`` (a local path) and say where it is
+    now; where it cannot be moved, it stays where it was."""
+    if I.is_url(out) or not os.path.exists(log):
+        return log
+    kept = str(Path(out).resolve()) + FAILED_LOG_SUFFIX
+    try:
+        os.replace(log, kept)
+    except OSError:
+        return log
+    return kept
+
+
+def drop_log(log: str) -> None:
+    """Remove the log of a run that did not fail in Spark: nothing in it worth keeping."""
+    with contextlib.suppress(OSError):
+        os.unlink(log)
 
 
 def failure(exc: BaseException, session: Session | None, request: Request, log: str) -> str:
@@ -148,8 +177,9 @@ def analyze(
         raise
     if sources.line():
         say(str(sources.line()))
-    log = jvm_log_path()
+    log = jvm_log_path(staging)
     session: Session | None = None
+    failed = False
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
@@ -177,22 +207,20 @@ def analyze(
 
             write_report(result, staging or request.out)
         t_report = time.monotonic()
+        drop_log(log)  # a clean run: not part of its output
         if staging is not None:
             I.swap_into_place(staging, request.out)
             staging = None
-    except KeyboardInterrupt:
-        with contextlib.suppress(OSError):
-            os.unlink(log)  # nothing failed: nothing worth keeping
-        raise
     except Exception as exc:
         if not is_spark_error(exc):
             raise
-        raise SparkFailed(failure(exc, session, request, log)) from None
+        failed = True
+        raise SparkFailed(failure(exc, session, request, keep_log(log, request.out))) from None
     finally:
+        if not failed:
+            drop_log(log)  # interrupted, or an error of ours: nothing in it says why
         if staging is not None:
             I.discard(staging)
-    with contextlib.suppress(OSError):
-        os.unlink(log)  # a clean run: nothing in it worth keeping
     building = (
         session is not None
         and session.jvm is not None

@@ -168,3 +168,6 @@ CLIENT_RECONNECT_MAX = 0.1
 #: sent sooner, the buffered messages reach a bus where nobody listens yet
 #: (as a relay's ``RESUBSCRIBE_GRACE``).
 CLIENT_RESUBSCRIBE_GRACE = 0.15
+
+#: Largest TCP port: what a HOST:PORT (metrics, a NATS server) may name.
+MAX_PORT = 65_535

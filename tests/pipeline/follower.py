@@ -8,14 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
 
 from sbus_relay.bench.synth import generate
-from sbus_relay.pipeline.runner import JVM_LOG
 from tests.support import VENV_BIN
 
 #: Seconds a followed report may take to show a new file (a JVM start included).
@@ -94,8 +92,7 @@ class Follower:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        # what a crash leaves behind, and only a crash: the JVM's log
-        Path(tempfile.gettempdir(), JVM_LOG.format(pid=self.proc.pid)).unlink(missing_ok=True)
+        # what a crash leaves behind, and only a crash: the JVM's log, in the checkpoint
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,10 @@ def test_a_failed_run_leaves_the_previous_output_whole(tmp_path: Path) -> None:
     out = tmp_path / "report"
     first = analyze(str(tmp_path / "cap"), "--out", str(out), "--no-report")
     assert first.returncode == 0, first.stderr
+    # a clean run keeps no Spark log: not in its output, not beside it, not in $TMPDIR
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap", "report"]
+    assert not list(out.rglob("*.log"))
+    assert not list(Path(tempfile.gettempdir()).glob("sbus-analyze-*"))
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     # A file whose footer is fine but whose data is not: only Spark finds out.
@@ -98,10 +103,12 @@ def test_a_failed_run_leaves_the_previous_output_whole(tmp_path: Path) -> None:
     assert second.returncode == 1, second.stderr
     line = one_error_line(second)
     assert line.startswith("sbus-relay analyze: Spark failed:") and "--skip-bad-files" in line
-    # where to look: the JVM's log, kept for the user after a failure (removed here)
+    # where to look: the JVM's log, kept for the user beside --out (removed here)
     log = Path(line.rsplit("Spark's log: ", 1)[1])
-    assert log.is_file(), line
+    assert log == tmp_path / "report.spark.log" and log.is_file(), line
+    assert "FAILED_READ_FILE" in log.read_text()
     log.unlink()
+    assert not list(Path(tempfile.gettempdir()).glob("sbus-analyze-*"))
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -103,7 +103,7 @@ def test_the_first_start_serves_and_the_second_takes_over(node: Node) -> None:
         # one network namespace: the port is the old process's, and comes with the bus
         lingering = wait_event(first_err, "upgrade.lingering")
         assert lingering["healthz"] is False
-        assert healthy(node.port)
+        wait_until(lambda: healthy(node.port), "/healthz of the new process")
         other.pub(b"k/after", b"1")
         assert peer.recv() == b"MSG k/after\0" + b"1"
         assert first.poll() is None  # it stays until stopped

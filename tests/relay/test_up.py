@@ -297,13 +297,83 @@ def test_a_failed_start_reports_each_stopped_bus_once(tmp_path: Path) -> None:
         running.close()
 
 
+def test_a_failed_start_takes_back_the_log_dir_it_made_but_the_log_saying_why(
+    tmp_path: Path,
+) -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    logs: list[Path] = []
+
+    def busy_relay_port_and_a_new_log_dir(document: dict[str, Any]) -> None:
+        logs.append(Path(document["log_dir"]) / "logs")
+        document["log_dir"] = str(logs[0])
+        document["buses"][1]["metrics"] = f"127.0.0.1:{port}"
+
+    running = Up(tmp_path, busy_relay_port_and_a_new_log_dir)
+    try:
+        assert running.proc.wait(WAIT) == 1
+        err = running.err.read_text()
+        relay_log = logs[0] / "relay-a.log"
+        assert f"(log {relay_log})" in err, err
+        # the master's log went with it; the one the error names stays
+        assert sorted(logs[0].iterdir()) == [relay_log], err
+        assert "Address already in use" in relay_log.read_text()
+    finally:
+        blocker.close()
+        running.close()
+
+
+def test_a_failed_start_leaves_no_log_dir_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sbus_relay.ops import natscluster
+
+    log_dir = tmp_path / "fleet"
+    hierarchy = hierarchy_from_mapping(
+        {
+            "log_dir": str(log_dir),
+            "nats_cluster": [{"name": "n1", "port": free_port(), "cluster_port": free_port()}],
+            "buses": [{"name": "m", "address": str(tmp_path / "m.sock")}],
+        },
+        "fleet.yaml",
+    )
+    monkeypatch.setattr(natscluster, "binary", lambda: None)  # no nats-server installed
+    with pytest.raises(SupervisorError, match="no nats-server"):
+        Supervisor(hierarchy, out=lambda _line: None).start()
+    assert not log_dir.exists()
+
+
+def test_a_failed_start_leaves_what_was_in_the_log_dir_before(tmp_path: Path) -> None:
+    mine = tmp_path / "notes.txt"
+    mine.write_text("the user's own\n")
+    old_log = tmp_path / "m.log"
+    old_log.write_text("an earlier run\n")
+    hierarchy = hierarchy_from_mapping(
+        {
+            "log_dir": str(tmp_path),
+            "buses": [
+                {"name": "m", "address": str(tmp_path / "m.sock")},
+                {"name": "r", "address": str(tmp_path / "r.sock"), "upstream": "m",
+                 "args": ["--hard-limit-bytes", "lots"]},
+            ],
+        },
+        "tree.yaml",
+    )  # fmt: skip
+    with pytest.raises(SupervisorError, match="bus r exited with status 2"):
+        Supervisor(hierarchy, out=lambda _line: None).start()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.log", "notes.txt", "r.log"]
+    assert old_log.read_text().startswith("an earlier run\n")
+
+
 @pytest.mark.parametrize(
     ("document", "key", "reason"),
     [
         ({"buses": [{"name": "m", "address": "/x", "upstream": "m"}]}, "upstream", "own"),
         ({"buses": [{"name": "m", "address": "/x", "upstream": "q"}]}, "upstream", "no bus"),
         ({"buses": [{"name": "m", "address": "/x", "metrics": "nope"}]}, "metrics", "HOST:PORT"),
-        ({"buses": [{"name": "m", "adress": "/x"}]}, "adress", "unknown key"),
+        ({"buses": [{"name": "m", "adress": "/x"}]}, "adress", "did you mean 'address'?"),
         ({"buses": [{"name": "m"}]}, "address", "missing"),
         (
             {"buses": [{"name": "m", "address": "/x"}, {"name": "r", "address": "/x"}]},
@@ -311,8 +381,13 @@ def test_a_failed_start_reports_each_stopped_bus_once(tmp_path: Path) -> None:
             "listens there too",
         ),
         ({"buses": [{"name": "m", "address": "/x"}], "restart_min": -1}, "restart_min", "positive"),
+        (
+            {"buses": [{"name": "m", "address": "/x"}], "restart_min": 5, "restart_max": 1},
+            "restart_max",
+            "1.0 is below restart_min 5.0",
+        ),
         ({"buses": [{"name": "m", "address": "/x", "args": "-v"}]}, "args", "list"),
-        ({"busses": []}, "busses", "unknown key"),
+        ({"busses": []}, "busses", "unknown key; did you mean 'buses'?"),
         (
             {
                 "buses": [

@@ -330,6 +330,37 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, yaml_text: str, key: s
     assert not (tmp_path / "never").exists()
 
 
+def test_a_mistyped_config_key_is_one_line_suggesting_the_known_one(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("max_clent: 5\n")
+    done = run_cli("serve", "-f", "-C", str(config), "-a", str(tmp_path / "never"))
+    assert done.returncode == 2
+    (line,) = done.stderr.decode().splitlines()
+    assert line.startswith(
+        f"sbus-relay serve: {config}: max_clent: unknown key; did you mean 'max_clients'?"
+    ), line
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "1" + "0" * 40])
+def test_a_metrics_port_out_of_range_says_so(tmp_path: Path, port: str) -> None:
+    done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), "--metrics", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    (line,) = done.stderr.decode().splitlines()
+    assert line.startswith("sbus-relay serve: command line: --metrics: port "), line
+    assert line.endswith(" is out of range (1 to 65535)") and len(line) < 120, line
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("flag", ["--max-clients", "--hard-limit-bytes"])
+def test_a_number_past_any_limit_is_one_line(tmp_path: Path, flag: str) -> None:
+    done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), flag, "9" * 5000)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"sbus-relay serve: command line: {flag}: must be at most 4611686018427387904"
+    ]
+
+
 def test_bad_flag_value_exits_2_naming_the_flag(tmp_path: Path) -> None:
     done = run_cli("serve", "-f", "-a", str(tmp_path / "never"), "--hard-limit-bytes", "lots")
     assert done.returncode == 2

@@ -28,7 +28,8 @@ def test_every_parameter() -> None:
         ("limit=ten", "limit must be a whole number"),
         ("offset=-1", "offset must be a whole number"),
         ("uid=1e3", "uid must be a whole number"),
-        ("colour=red", "unknown parameter 'colour'"),
+        ("colour=red", r"unknown parameter 'colour' \(known: "),
+        ("limt=3", "unknown parameter 'limt'; did you mean 'limit'?"),
         ("x" * 2000, "longer than"),
     ],
 )

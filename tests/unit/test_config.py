@@ -127,8 +127,10 @@ def test_an_empty_file_means_defaults(tmp_path: Path, text: str) -> None:
 
 BAD_CONFIGS = [
     # (yaml, key named in the error, words of the reason)
-    ("bogus: 1\n", "bogus", "unknown key"),
-    ("hard_limit_byte: 1\n", "hard_limit_byte", "unknown key"),
+    ("bogus: 1\n", "bogus", "unknown key (known keys: address, "),
+    ("hard_limit_byte: 1\n", "hard_limit_byte", "unknown key; did you mean 'hard_limit_bytes'?"),
+    ("Max_Clients: 1\n", "Max_Clients", "did you mean 'max_clients'?"),
+    ("user_quotas: {0: {conections: 5}}\n", "user_quotas.0.conections", "did you mean 'conn"),
     ("max_clients: 5\nmax_clients: 6\n", "max_clients", "given twice"),
     ("foreground: 'true'\n", "foreground", "expected true or false"),
     ("foreground: 1\n", "foreground", "expected true or false"),
@@ -158,12 +160,26 @@ BAD_CONFIGS = [
     ("address: 5\n", "address", "expected a string"),
     ("upstream: [a]\n", "upstream", "expected a string"),
     ("metrics: localhost\n", "metrics", "not HOST:PORT"),
-    ("metrics: 'localhost:99999'\n", "metrics", "not HOST:PORT"),
+    ("metrics: 'localhost:99999'\n", "metrics", "port 99999 is out of range (1 to 65535)"),
+    ("metrics: 'localhost:0123456'\n", "metrics", "port 0123456 is out of range"),
+    ("metrics: 'localhost:port'\n", "metrics", "not HOST:PORT"),
     ("metrics: 9810\n", "metrics", "expected HOST:PORT"),
     ("log_level: loud\n", "log_level", "expected one of"),
     ("log_format: xml\n", "log_format", "expected one of"),
     ("instance: 7\n", "instance", "expected a string"),
     ("- address: /tmp/x\n", "(file)", "expected a mapping"),
+    # numbers past what the hot path holds, and YAML that parses but cannot be read
+    ("hard_limit_bytes: 99999999999999999999999GiB\n", "hard_limit_bytes", "at most 4611686018"),
+    ("max_clients: 9223372036854775807\n", "max_clients", "must be at most 4611686018427387904"),
+    (
+        "user_quotas: {0: {queued_bytes: 9223372036854775807}}\n",
+        "user_quotas.0.queued_bytes",
+        "must be at most",
+    ),
+    ("hard_limit_messages: " + "9" * 5000 + "\n", "(file)", "a value that cannot be read"),
+    ("instance: 2026-13-45\n", "(file)", "cannot be read (month must be in 1..12)"),
+    ("? [a, b]\n: 1\n", "(file)", "a key that is a list or a mapping at line 1"),
+    ("? {a: 1}\n: 1\n", "(file)", "a key that is a list or a mapping at line 1"),
     ("address: [unclosed\n", "(file)", "invalid YAML"),
     ("a: b: c\n", "(file)", "invalid YAML"),
 ]

@@ -32,7 +32,9 @@ def test_urls_as_text_or_list_and_defaults() -> None:
     ("value", "key", "words"),
     [
         ({"servers": "http://x:1"}, "nats.servers", "not a NATS URL"),
-        ({"server": "a:1"}, "nats.server", "unknown key"),
+        ({"servers": "nats://x:99999"}, "nats.servers", "port 99999 is out of range (1 to 65535)"),
+        ({"servers": "a:1, x:0"}, "nats.servers", "port 0 is out of range"),
+        ({"server": "a:1"}, "nats.server", "unknown key; did you mean 'servers'?"),
         ({"user": "u"}, "nats.servers", "missing"),
         ({"servers": "a:1", "user": "u"}, "nats.password", "go together"),
         ({"servers": "a:1", "user": "u", "password": "p", "token": "t"}, "nats.token", "one way"),
