@@ -15,9 +15,10 @@ windows fine enough to be summed into any later window
 ``<checkpoint>/state/batch=<id>``, overwriting: a batch that Spark runs again
 after a crash rewrites the same rows, never adds them twice.
 
-After each batch Spark has committed, the driver sums the committed state
-again with pyarrow (``read_state``, ``analyze.compute_local``) into the windows
-of the whole span and writes
+After each batch Spark has committed, the driver adds the batches committed
+since its last update to its sums of the state (``Summed``, with pyarrow),
+sums those into the windows of the whole span (``analyze.compute_local``) and
+writes
 the tables, summary and report as a batch run does (``analyze.finish``), into a
 fresh directory that then replaces ``--out``: a batch ``analyze`` of the same
 files gives the same tables.  Every COMPACT_BATCHES batches the state is summed
@@ -285,46 +286,58 @@ def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) ->
     return root
 
 
-#: The state files the driver has read, by path: (modification time, rows).  Only
-#: the files of the current state are kept: each update reads just the new ones.
-_READ: dict[str, tuple[int, Any]] = {}
+class Summed:
+    """The committed state summed on the driver (``analyze.sum_stored``), batch by
+    batch: a committed batch never changes, so each update reads only the
+    batches committed since the last one and adds them to the sums, which stay
+    the size of the aggregates (prefixes, windows, sizes, keys), not of the
+    batches read.  A fresh one (a restart) reads the compacted state first."""
 
+    def __init__(self) -> None:
+        #: The last batch in ``sums`` (-1: none yet).
+        self.upto = -1
+        self.sums: Any = None
 
-def read_state(state: State, upto: int) -> Any:
-    """The committed state up to batch ``upto``, read with pyarrow on the driver
-    (the checkpoint is local; its rows are aggregates, not messages); a file
-    read by an earlier update, unchanged since, is not read again."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def add(self, state: State, upto: int) -> Any:
+        """The sums of the committed state up to batch ``upto``."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-    files = [str(f) for p in state.paths(upto) for f in sorted(Path(p).glob("*.parquet"))]
-    parts = []
-    for f in files:
-        mtime = os.stat(f).st_mtime_ns
-        cached = _READ.get(f)
-        if cached is None or cached[0] != mtime:
-            table = pq.read_table(f)
-            table = pa.Table.from_arrays(
-                [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA], schema=R.ROLLUP_SCHEMA
-            )
-            cached = (mtime, table)
-        parts.append((f, cached))
-    _READ.clear()
-    _READ.update(parts)
-    if not parts:
-        return R.ROLLUP_SCHEMA.empty_table()
-    return pa.concat_tables([table for _, (_, table) in parts])
+        if self.sums is None or self.upto < state.compacted():
+            self.upto, self.sums = -1, None
+            paths = state.paths(upto)
+        else:
+            paths = [str(state.sets / f"batch={b}") for b in range(self.upto + 1, upto + 1)]
+        parts = [] if self.sums is None else [self.sums]
+        for path in paths:
+            for f in sorted(Path(path).glob("*.parquet")):
+                table = pq.read_table(f)
+                parts.append(
+                    pa.Table.from_arrays(
+                        [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA],
+                        schema=R.ROLLUP_SCHEMA,
+                    )
+                )
+        if len(parts) > 1 or self.upto < 0:
+            self.sums = A.sum_stored(parts)
+        self.upto = upto
+        return self.sums
 
 
 def update(
-    spark: SparkSession, state: State, upto: int, request: Request, staging: Path
+    spark: SparkSession,
+    state: State,
+    upto: int,
+    request: Request,
+    staging: Path,
+    summed: Summed,
 ) -> dict[str, Any]:
     """The tables, summary and report of the state up to batch ``upto``, into
-    ``staging``: the state summed with pyarrow on the driver
-    (``analyze.compute_local``), the tables derived as a batch run derives them."""
+    ``staging``: the state summed with pyarrow on the driver (``summed``, then
+    ``analyze.compute_local``), the tables derived as a batch run derives them."""
     import pyarrow.compute as pc
 
-    stored = read_state(state, upto)
+    stored = summed.add(state, upto)
     named = stored.filter(pc.equal(stored["_set"], FILES_SET))
     files = pc.count_distinct(named["key"]).as_py()
     first = pc.min(named["first_ns"]).as_py()
@@ -495,6 +508,7 @@ def _watch(
     """The driver's loop: each committed batch becomes a new report (until Ctrl-C)."""
     reported = -1
     last_recovery = 0.0
+    summed = Summed()
     while True:
         if not query.isActive:
             error = query.exception()
@@ -517,7 +531,7 @@ def _watch(
             t0 = time.monotonic()
             staging = I.staging_dir(request.out)
             try:
-                summary = update(spark, state, committed, request, staging)
+                summary = update(spark, state, committed, request, staging, summed)
                 I.swap_into_place(staging, request.out)
             finally:
                 I.discard(staging)
