@@ -48,6 +48,7 @@ from . import inputs as I
 from . import rollup as R
 from .capture import capture_files, recover
 from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS, ROLLUP_SUFFIX
+from .render import Renderer
 from .runner import Request, jvm_log_path, plural
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
@@ -331,10 +332,12 @@ def update(
     request: Request,
     staging: Path,
     summed: Summed,
+    renderer: Renderer | None = None,
 ) -> dict[str, Any]:
     """The tables, summary and report of the state up to batch ``upto``, into
     ``staging``: the state summed with pyarrow on the driver (``summed``, then
-    ``analyze.compute_local``), the tables derived as a batch run derives them."""
+    ``analyze.compute_local``), the tables derived as a batch run derives them,
+    the charts and page drawn by ``renderer``'s warm processes at the same time."""
     import pyarrow.compute as pc
 
     stored = summed.add(state, upto)
@@ -350,7 +353,7 @@ def update(
     if request.report:
         from .report import write_report
 
-        write_report(result, staging)
+        write_report(result, staging, drawer=renderer)
     return result.summary
 
 
@@ -428,6 +431,8 @@ def _follow(
     log = jvm_log_path()
     session: Session | None = None
     reported = -1
+    # Started first: its processes import matplotlib and plotly while Spark starts.
+    renderer = Renderer() if request.report else None
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
@@ -468,7 +473,9 @@ def _follow(
                     f"following {directory}: the report in {request.out} is rewritten after "
                     f"each new capture file; Ctrl-C stops (a restart carries on from {root})"
                 )
-                reported = _watch(spark, query, state, request, directory, seen, rollups, say, show)
+                reported = _watch(
+                    spark, query, state, request, directory, seen, rollups, say, show, renderer
+                )
             except BaseException as exc:
                 ending, session = session, None
                 interrupts.end(exc, ending)
@@ -484,6 +491,9 @@ def _follow(
         if not is_spark_error(exc):
             raise
         raise SparkFailed(f"Spark failed: {first_line(exc)}; Spark's log: {log}") from None
+    finally:
+        if renderer is not None:
+            renderer.close()
     return f"stopped after batch {reported}"
 
 
@@ -504,6 +514,7 @@ def _watch(
     rollups: bool,
     say: Callable[[str], None],
     show: Callable[[str], None],
+    renderer: Renderer | None,
 ) -> int:
     """The driver's loop: each committed batch becomes a new report (until Ctrl-C)."""
     reported = -1
@@ -531,7 +542,7 @@ def _watch(
             t0 = time.monotonic()
             staging = I.staging_dir(request.out)
             try:
-                summary = update(spark, state, committed, request, staging, summed)
+                summary = update(spark, state, committed, request, staging, summed, renderer)
                 I.swap_into_place(staging, request.out)
             finally:
                 I.discard(staging)
