@@ -760,7 +760,9 @@ def chart_series(pw: Any, summary: dict[str, Any], opts: AnalyzeOptions) -> list
     cells: dict[str, list[list[int]]] = {}
     for p, t, m, b in zip(prefixes, starts, msgs, nbytes, strict=True):
         name = p if p in top else OTHER
-        grid = cells.setdefault(name, [[0, 0] for _ in range(n)])
+        grid = cells.get(name)
+        if grid is None:  # a series' windows made once, not for every row it has
+            grid = cells[name] = [[0, 0] for _ in range(n)]
         cell = grid[(t // width * width - t0) // width]
         cell[0] += m
         cell[1] += b or 0
