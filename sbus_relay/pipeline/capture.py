@@ -13,16 +13,15 @@ Every capture file carries the key-value metadata ``sbus_relay.capture = 1``
 
 Crash safety: rows first go to a journal, ``<name>.arrow.partial``, an Arrow IPC
 stream to which a batch is appended (and handed to the kernel) at least once per
-``flush_seconds`` (0.5 s).  A ``kill -9`` therefore loses at most the rows of the
-last second, even when a tick comes late, and whatever reached the journal is
-readable even without its end.
-On rotation the journal is converted into ``<name>.parquet`` in a background
-thread: written as ``<name>.parquet.tmp``, fsync'ed, renamed, the directory
-fsync'ed, and only then is the journal removed.  Its rollup (``rollup``) is
-written the same way just before, so a capture file always has one beside it.
-The writer holds an exclusive ``flock`` on its journal for its whole life, so
-``recover`` (run by the next ``record`` and by ``analyze``) converts only the
-journals of dead writers.
+``flush_seconds`` (0.5 s).  A ``kill -9`` therefore loses at most the rows of
+the last second, even when a tick comes late, and whatever reached the journal
+is readable even without its end.  On rotation the journal is converted into
+``<name>.parquet`` in a background thread: written as ``<name>.parquet.tmp``,
+fsync'ed, renamed, the directory fsync'ed, and only then is the journal removed.
+Its rollup (``rollup``) is written the same way just before, so a capture file
+always has one beside it.  The writer holds an exclusive ``flock`` on its
+journal for its whole life, so ``recover`` (run by the next ``record`` and by
+``analyze``) converts only the journals of dead writers.
 
 Losses: the recorder appends one JSON line per event to ``<session>.loss.jsonl``
 (LOSS_SUFFIX) beside the files; see ``LossLog``.

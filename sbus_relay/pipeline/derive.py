@@ -96,8 +96,47 @@ def weighted_percentiles(
     return out
 
 
+class _Ints(Sequence[int]):
+    """An Arrow integer array read as a Python sequence, one element at a time:
+    bisection looks at a few of its elements, never converts all of them."""
+
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.array[i].as_py()
+
+
+def _run_percentiles(
+    values: Sequence[int], cum: Sequence[int], start: int, end: int, qs: Sequence[float]
+) -> list[float | None]:
+    """``weighted_percentiles`` of the rows ``start:end`` of ascending ``values``
+    whose counts' running total (over all rows) is ``cum``: the same steps, on
+    the run's ranks, without copying it out."""
+    base = cum[start - 1] if start else 0
+    out: list[float | None] = []
+    for q in qs:
+        position = (cum[end - 1] - base - 1) * q
+        lower, higher = math.floor(position), math.ceil(position)
+        low = values[bisect_left(cum, base + lower + 1, start, end)]
+        if higher == lower:
+            out.append(float(low))
+            continue
+        high = values[bisect_left(cum, base + higher + 1, start, end)]
+        if high == low:
+            out.append(float(low))
+        else:
+            out.append((higher - position) * float(low) + (position - lower) * float(high))
+    return out
+
+
 def size_percentiles(sizes: pa.Table, qs: Sequence[float], names: Sequence[str]) -> pa.Table:
-    """Per prefix: messages, bytes, mean size, the ``qs`` percentiles and the largest size."""
+    """Per prefix: messages, bytes, mean size, the ``qs`` percentiles and the largest size.
+    The sizes sorted by prefix and size once, each prefix's percentiles are
+    found by bisection in its run of them (``_run_percentiles``)."""
     weighted = sizes.append_column("_bytes", pc.multiply(sizes["size"], sizes["n"]))
     g = weighted.group_by("prefix", use_threads=False).aggregate(
         [("n", "sum"), ("_bytes", "sum"), ("size", "max")]
@@ -105,15 +144,17 @@ def size_percentiles(sizes: pa.Table, qs: Sequence[float], names: Sequence[str])
     known = sizes.filter(pc.is_valid(sizes["size"])).sort_by(
         [("prefix", "ascending"), ("size", "ascending")]
     )
-    per_prefix: dict[Any, tuple[list[int], list[int]]] = {}
-    for p, s, n in zip(
-        known["prefix"].to_pylist(), known["size"].to_pylist(), known["n"].to_pylist(), strict=True
-    ):
-        vs, ns = per_prefix.setdefault(p, ([], []))
-        vs.append(s)
-        ns.append(n)
+    per_prefix: dict[Any, list[float | None]] = {}
+    if known.num_rows:
+        values = _Ints(known["size"].combine_chunks())
+        cum = _Ints(pc.cumulative_sum(known["n"]).combine_chunks())
+        runs = pc.run_end_encode(known["prefix"].combine_chunks())
+        start = 0
+        for prefix, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            per_prefix[prefix] = _run_percentiles(values, cum, start, end, qs)
+            start = end
     prefixes = g["prefix"].to_pylist()
-    ps = [weighted_percentiles(*per_prefix.get(p, ([], [])), qs) for p in prefixes]
+    ps = [per_prefix.get(p) or [None for _ in qs] for p in prefixes]
     messages, nbytes = g["n_sum"], g["_bytes_sum"]
     columns: dict[str, Any] = {
         "prefix": g["prefix"],

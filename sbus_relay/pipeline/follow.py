@@ -15,9 +15,10 @@ windows fine enough to be summed into any later window
 ``<checkpoint>/state/batch=<id>``, overwriting: a batch that Spark runs again
 after a crash rewrites the same rows, never adds them twice.
 
-After each batch Spark has committed, the driver sums the committed state
-again with pyarrow (``read_state``, ``analyze.compute_local``) into the windows
-of the whole span and writes
+After each batch Spark has committed, the driver adds the batches committed
+since its last update to its sums of the state (``Summed``, with pyarrow),
+sums those into the windows of the whole span (``analyze.compute_local``) and
+writes
 the tables, summary and report as a batch run does (``analyze.finish``), into a
 fresh directory that then replaces ``--out``: a batch ``analyze`` of the same
 files gives the same tables.  Every COMPACT_BATCHES batches the state is summed
@@ -47,6 +48,7 @@ from . import inputs as I
 from . import rollup as R
 from .capture import capture_files, recover
 from .defaults import CAPTURE_SUFFIX, FOLLOW_TRIGGER_SECONDS, ROLLUP_SUFFIX
+from .render import Renderer
 from .runner import Request, drop_log, jvm_log_path, keep_log, plural
 from .session import Interrupts, Session, SparkFailed, first_line, is_spark_error
 from .session import start as start_spark
@@ -285,46 +287,60 @@ def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) ->
     return root
 
 
-#: The state files the driver has read, by path: (modification time, rows).  Only
-#: the files of the current state are kept: each update reads just the new ones.
-_READ: dict[str, tuple[int, Any]] = {}
+class Summed:
+    """The committed state summed on the driver (``analyze.sum_stored``), batch by
+    batch: a committed batch never changes, so each update reads only the
+    batches committed since the last one and adds them to the sums, which stay
+    the size of the aggregates (prefixes, windows, sizes, keys), not of the
+    batches read.  A fresh one (a restart) reads the compacted state first."""
 
+    def __init__(self) -> None:
+        #: The last batch in ``sums`` (-1: none yet).
+        self.upto = -1
+        self.sums: Any = None
 
-def read_state(state: State, upto: int) -> Any:
-    """The committed state up to batch ``upto``, read with pyarrow on the driver
-    (the checkpoint is local; its rows are aggregates, not messages); a file
-    read by an earlier update, unchanged since, is not read again."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def add(self, state: State, upto: int) -> Any:
+        """The sums of the committed state up to batch ``upto``."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-    files = [str(f) for p in state.paths(upto) for f in sorted(Path(p).glob("*.parquet"))]
-    parts = []
-    for f in files:
-        mtime = os.stat(f).st_mtime_ns
-        cached = _READ.get(f)
-        if cached is None or cached[0] != mtime:
-            table = pq.read_table(f)
-            table = pa.Table.from_arrays(
-                [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA], schema=R.ROLLUP_SCHEMA
-            )
-            cached = (mtime, table)
-        parts.append((f, cached))
-    _READ.clear()
-    _READ.update(parts)
-    if not parts:
-        return R.ROLLUP_SCHEMA.empty_table()
-    return pa.concat_tables([table for _, (_, table) in parts])
+        if self.sums is None or self.upto < state.compacted():
+            self.upto, self.sums = -1, None
+            paths = state.paths(upto)
+        else:
+            paths = [str(state.sets / f"batch={b}") for b in range(self.upto + 1, upto + 1)]
+        parts = [] if self.sums is None else [self.sums]
+        for path in paths:
+            for f in sorted(Path(path).glob("*.parquet")):
+                table = pq.read_table(f)
+                parts.append(
+                    pa.Table.from_arrays(
+                        [table[c.name].cast(c.type) for c in R.ROLLUP_SCHEMA],
+                        schema=R.ROLLUP_SCHEMA,
+                    )
+                )
+        if len(parts) > 1 or self.upto < 0:
+            self.sums = A.sum_stored(parts)
+        self.upto = upto
+        return self.sums
 
 
 def update(
-    spark: SparkSession, state: State, upto: int, request: Request, staging: Path
+    spark: SparkSession,
+    state: State,
+    upto: int,
+    request: Request,
+    staging: Path,
+    summed: Summed,
+    renderer: Renderer | None = None,
 ) -> dict[str, Any]:
     """The tables, summary and report of the state up to batch ``upto``, into
-    ``staging``: the state summed with pyarrow on the driver
-    (``analyze.compute_local``), the tables derived as a batch run derives them."""
+    ``staging``: the state summed with pyarrow on the driver (``summed``, then
+    ``analyze.compute_local``), the tables derived as a batch run derives them,
+    the charts and page drawn by ``renderer``'s warm processes at the same time."""
     import pyarrow.compute as pc
 
-    stored = read_state(state, upto)
+    stored = summed.add(state, upto)
     named = stored.filter(pc.equal(stored["_set"], FILES_SET))
     files = pc.count_distinct(named["key"]).as_py()
     first = pc.min(named["first_ns"]).as_py()
@@ -337,7 +353,7 @@ def update(
     if request.report:
         from .report import write_report
 
-        write_report(result, staging)
+        write_report(result, staging, drawer=renderer)
     return result.summary
 
 
@@ -416,6 +432,8 @@ def _follow(
     session: Session | None = None
     reported = -1
     failed = False
+    # Started first: its processes import matplotlib and plotly while Spark starts.
+    renderer = Renderer() if request.report else None
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
@@ -456,7 +474,9 @@ def _follow(
                     f"following {directory}: the report in {request.out} is rewritten after "
                     f"each new capture file; Ctrl-C stops (a restart carries on from {root})"
                 )
-                reported = _watch(spark, query, state, request, directory, seen, rollups, say, show)
+                reported = _watch(
+                    spark, query, state, request, directory, seen, rollups, say, show, renderer
+                )
             except BaseException as exc:
                 ending, session = session, None
                 interrupts.end(exc, ending)
@@ -473,6 +493,8 @@ def _follow(
         kept = keep_log(log, request.out)
         raise SparkFailed(f"Spark failed: {first_line(exc)}; Spark's log: {kept}") from None
     finally:
+        if renderer is not None:
+            renderer.close()
         if not failed:
             drop_log(log)  # stopped, or an error of ours: nothing in it says why
     return f"stopped after batch {reported}"
@@ -495,10 +517,12 @@ def _watch(
     rollups: bool,
     say: Callable[[str], None],
     show: Callable[[str], None],
+    renderer: Renderer | None,
 ) -> int:
     """The driver's loop: each committed batch becomes a new report (until Ctrl-C)."""
     reported = -1
     last_recovery = 0.0
+    summed = Summed()
     while True:
         if not query.isActive:
             error = query.exception()
@@ -521,7 +545,7 @@ def _watch(
             t0 = time.monotonic()
             staging = I.staging_dir(request.out)
             try:
-                summary = update(spark, state, committed, request, staging)
+                summary = update(spark, state, committed, request, staging, summed, renderer)
                 I.swap_into_place(staging, request.out)
             finally:
                 I.discard(staging)

@@ -19,7 +19,7 @@ import csv
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .analyze import OTHER, AnalysisResult, percentile_name
 
@@ -120,109 +120,177 @@ def _loss_events(result: AnalysisResult) -> list[tuple[datetime, int]]:
     ]
 
 
-def _charts(result: AnalysisResult, out: Path) -> list[tuple[str, str]]:
-    """Draw the PNGs; return (title, file name) pairs in report order."""
+#: The time-series charts: (field of ``_series``, file name).
+TIME_CHARTS = (("m", "messages_per_window.png"), ("b", "bytes_per_window.png"))
+#: The bar charts of ranked tables: (table, field, file name, title).
+BAR_CHARTS = (
+    ("top_keys_by_messages", "messages", "top_keys_messages.png", "top keys by messages"),
+    ("top_keys_by_bytes", "bytes", "top_keys_bytes.png", "top keys by payload bytes"),
+    ("instances", "messages", "instances.png", "messages per bus instance"),
+)
+#: The report's interactive page, drawn as one of its parts.
+HTML_FILE = "report.html"
+
+
+def warm_up() -> None:
+    """Import and exercise matplotlib and plotly once (fonts found, figure
+    classes built), so that a long-lived process draws its first report as
+    fast as its later ones (``render``)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates
+    import matplotlib.pyplot as plt
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig, ax = plt.subplots(figsize=CHART_SIZE)
+    ax.plot([0, 1], [0, 1], label="warm")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), dpi=CHART_DPI)
+    plt.close(fig)
+    page = make_subplots(rows=2, cols=1)
+    page.add_trace(go.Scatter(x=[0, 1], y=[0, 1]), row=1, col=1)
+    page.to_html(full_html=False, include_plotlyjs=False)
+
+
+def chart_list(result: AnalysisResult) -> list[tuple[str, str]]:
+    """(title, file name) of the report's PNG charts, in report order, without
+    drawing them: those the result has data for."""
+    charts: list[tuple[str, str]] = []
+    series, _, names = _series(result)
+    if names:
+        largest_b = max((max(series[n]["b"], default=0) for n in names), default=0)
+        unit, _ = byte_unit(largest_b)
+        charts += [("msgs/s per window", TIME_CHARTS[0][1]),
+                   (f"{unit}/s per window", TIME_CHARTS[1][1])]  # fmt: skip
+    if result.tables.get("size_histogram"):
+        charts.append(("Payload sizes", "size_histogram.png"))
+    for table, _, fname, title in BAR_CHARTS:
+        if result.tables.get(table):
+            charts.append((title.capitalize(), fname))
+    return charts
+
+
+def draw_part(result: AnalysisResult, out: Path, part: str) -> None:
+    """Draw one part of the report into ``out``: a chart of ``chart_list`` by
+    its file name, or HTML_FILE.  The parts are independent of each other, so
+    they can be drawn in any order, or at the same time (``render``)."""
+    if part == HTML_FILE:
+        write_html(result, out / HTML_FILE)
+        return
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and in CI
+    import matplotlib.pyplot as plt
+
+    for field, fname in TIME_CHARTS:
+        if part == fname:
+            fig = _time_chart(result, field)
+            break
+    else:
+        if part == "size_histogram.png":
+            fig = _histogram_chart(result)
+        else:
+            (bar,) = [c for c in BAR_CHARTS if c[2] == part]
+            fig = _bar_chart(result, bar[0], bar[1], bar[3])
+    fig.savefig(out / part, dpi=CHART_DPI)
+    plt.close(fig)
+
+
+def _time_chart(result: AnalysisResult, field: str) -> Any:
+    """Rates per window by key prefix (``field`` ``m``: msgs/s, ``b``: bytes/s),
+    with bursts and losses marked."""
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    charts: list[tuple[str, str]] = []
     series, width_s, names = _series(result)
     bursts = _burst_spans(result)
     losses = _loss_events(result)
     largest_b = max((max(series[n]["b"], default=0) for n in names), default=0)
     unit, unit_size = byte_unit(largest_b)
-    for field, what, fname in (
-        ("m", "msgs/s", "messages_per_window.png"),
-        ("b", f"{unit}/s", "bytes_per_window.png"),
-    ):
-        if not names:
-            break
-        fig, ax = plt.subplots(figsize=CHART_SIZE)
-        scale = 1 if field == "m" else unit_size
-        for name in names:
-            points = series[name]["t"]
-            values = [v / scale for v in series[name][field]]
-            marker = "." if len(points) <= MAX_MARKED_POINTS else None
-            # steps-post: a window's rate holds over the whole window; empty ones are 0.
-            ax.plot(points, values, drawstyle="steps-post", marker=marker, lw=1, label=_label(name))
-        burst_label = "burst (all traffic)"
-        for start, end, scope, _prefix in bursts:
-            if scope == "total":
-                ax.axvspan(
-                    float(mdates.date2num(start)),
-                    float(mdates.date2num(end)),
-                    color="red",
-                    alpha=0.15,
-                    lw=0,
-                    label=burst_label,
-                )
-                burst_label = "_"
-        prefix_bursts = [b for b in bursts if b[2] == "prefix"]
-        if prefix_bursts:
-            ax.plot(
-                mdates.date2num([b[0] for b in prefix_bursts]), [0] * len(prefix_bursts), "r^",
-                ms=7, clip_on=False, label="burst of a prefix",
-            )  # fmt: skip
-        if losses:
-            ax.plot(
-                mdates.date2num([t for t, _ in losses]), [0] * len(losses), "kx",
-                ms=9, mew=2, clip_on=False, label="messages lost",
-            )  # fmt: skip
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{what} per {width_s:g} s window, by key prefix")
-        ax.set_ylabel(what)
-        ax.set_xlabel("time (UTC)")
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M:%S", tz=UTC))
-        fig.autofmt_xdate()
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=CHART_DPI)
-        plt.close(fig)
-        charts.append((f"{what} per window", fname))
+    what = "msgs/s" if field == "m" else f"{unit}/s"
+    fig, ax = plt.subplots(figsize=CHART_SIZE)
+    scale = 1 if field == "m" else unit_size
+    for name in names:
+        points = series[name]["t"]
+        values = [v / scale for v in series[name][field]]
+        marker = "." if len(points) <= MAX_MARKED_POINTS else None
+        # steps-post: a window's rate holds over the whole window; empty ones are 0.
+        ax.plot(points, values, drawstyle="steps-post", marker=marker, lw=1, label=_label(name))
+    burst_label = "burst (all traffic)"
+    for start, end, scope, _prefix in bursts:
+        if scope == "total":
+            ax.axvspan(
+                float(mdates.date2num(start)),
+                float(mdates.date2num(end)),
+                color="red",
+                alpha=0.15,
+                lw=0,
+                label=burst_label,
+            )
+            burst_label = "_"
+    prefix_bursts = [b for b in bursts if b[2] == "prefix"]
+    if prefix_bursts:
+        ax.plot(
+            mdates.date2num([b[0] for b in prefix_bursts]), [0] * len(prefix_bursts), "r^",
+            ms=7, clip_on=False, label="burst of a prefix",
+        )  # fmt: skip
+    if losses:
+        ax.plot(
+            mdates.date2num([t for t, _ in losses]), [0] * len(losses), "kx",
+            ms=9, mew=2, clip_on=False, label="messages lost",
+        )  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{what} per {width_s:g} s window, by key prefix")
+    ax.set_ylabel(what)
+    ax.set_xlabel("time (UTC)")
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M:%S", tz=UTC))
+    fig.autofmt_xdate()
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def _histogram_chart(result: AnalysisResult) -> Any:
+    """Messages per power-of-two payload size bucket."""
+    import matplotlib.pyplot as plt
 
     hist = result.tables.get("size_histogram", [])
-    if hist:
-        fig, ax = plt.subplots(figsize=CHART_SIZE)
-        labels = [f"≥{_human_bytes(r['min_size'])}" if r["bucket"] else "0 B" for r in hist]
-        ax.bar(range(len(hist)), [r["messages"] for r in hist])
-        ax.set_xticks(range(len(hist)), labels, rotation=45, ha="right", fontsize="small")
-        ax.set_title("payload size distribution (power-of-two buckets)")
-        ax.set_ylabel("messages")
-        ax.set_ylim(bottom=0)
-        fig.tight_layout()
-        fig.savefig(out / "size_histogram.png", dpi=CHART_DPI)
-        plt.close(fig)
-        charts.append(("Payload sizes", "size_histogram.png"))
+    fig, ax = plt.subplots(figsize=CHART_SIZE)
+    labels = [f"≥{_human_bytes(r['min_size'])}" if r["bucket"] else "0 B" for r in hist]
+    ax.bar(range(len(hist)), [r["messages"] for r in hist])
+    ax.set_xticks(range(len(hist)), labels, rotation=45, ha="right", fontsize="small")
+    ax.set_title("payload size distribution (power-of-two buckets)")
+    ax.set_ylabel("messages")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    return fig
 
-    for table, field, fname, title in (
-        ("top_keys_by_messages", "messages", "top_keys_messages.png", "top keys by messages"),
-        ("top_keys_by_bytes", "bytes", "top_keys_bytes.png", "top keys by payload bytes"),
-        ("instances", "messages", "instances.png", "messages per bus instance"),
-    ):
-        rows = result.tables.get(table, [])[:MAX_CHART_KEYS]
-        if not rows:
-            continue
-        label_field = "instance" if table == "instances" else "key"
-        fig, ax = plt.subplots(figsize=(CHART_SIZE[0], 1.0 + 0.35 * len(rows)))
-        if field == "bytes":
-            bunit, bsize = byte_unit(max(r[field] or 0 for r in rows))
-            values = [(r[field] or 0) / bsize for r in rows]
-            xlabel = f"payload {bunit}"
-        else:
-            values = [r[field] for r in rows]
-            xlabel = field
-        ax.barh([_label(r[label_field]) or "(empty)" for r in rows][::-1], values[::-1])
-        ax.set_xlim(left=0)
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=CHART_DPI)
-        plt.close(fig)
-        charts.append((title.capitalize(), fname))
-    return charts
+
+def _bar_chart(result: AnalysisResult, table: str, field: str, title: str) -> Any:
+    """The first MAX_CHART_KEYS rows of a ranked table as horizontal bars."""
+    import matplotlib.pyplot as plt
+
+    rows = result.tables.get(table, [])[:MAX_CHART_KEYS]
+    label_field = "instance" if table == "instances" else "key"
+    fig, ax = plt.subplots(figsize=(CHART_SIZE[0], 1.0 + 0.35 * len(rows)))
+    if field == "bytes":
+        bunit, bsize = byte_unit(max(r[field] or 0 for r in rows))
+        values = [(r[field] or 0) / bsize for r in rows]
+        xlabel = f"payload {bunit}"
+    else:
+        values = [r[field] for r in rows]
+        xlabel = field
+    ax.barh([_label(r[label_field]) or "(empty)" for r in rows][::-1], values[::-1])
+    ax.set_xlim(left=0)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    fig.tight_layout()
+    return fig
 
 
 def _cut(rows: list[dict[str, Any]], what: str, csv_name: str) -> tuple[list[dict[str, Any]], str]:
@@ -268,15 +336,29 @@ def _loss_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(result: AnalysisResult, out_dir: str | Path, *, html: bool = True) -> Path:
+class PartDrawer(Protocol):
+    """Draws parts of a report (``draw_part``) into ``out``, all of them before it
+    returns: ``render.Renderer`` draws them in parallel."""
+
+    def draw(self, result: AnalysisResult, out: Path, parts: list[str]) -> None: ...
+
+
+def write_report(
+    result: AnalysisResult,
+    out_dir: str | Path,
+    *,
+    html: bool = True,
+    drawer: PartDrawer | None = None,
+) -> Path:
     """Write ``report.md``, its charts and CSVs, and ``report.html`` (unless ``html`` is
-    false) into ``out_dir``; return the Markdown report's path."""
+    false) into ``out_dir``; return the Markdown report's path.  The charts and the
+    page are drawn by ``drawer`` when given, else here, one after the other."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     s = result.summary
     opts = s["options"]
     pcols = [percentile_name(q) for q in opts["percentiles"]]
-    charts = _charts(result, out)
+    charts = chart_list(result)
     span_s = (s["last_ns"] - s["first_ns"]) / 1e9 if s["messages"] else 0.0
 
     lines = [
@@ -377,8 +459,14 @@ def write_report(result: AnalysisResult, out_dir: str | Path, *, html: bool = Tr
         lines += ["No bursts.", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
+    parts = [fname for _, fname in charts]
     if html:
-        write_html(result, out / "report.html")
+        parts.insert(0, HTML_FILE)  # the largest part first: the others fill in around it
+    if drawer is not None:
+        drawer.draw(result, out, parts)
+    else:
+        for part in parts:
+            draw_part(result, out, part)
     return path
 
 

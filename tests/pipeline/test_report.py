@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,49 @@ def test_an_unfinished_session_is_said_even_when_the_bus_dropped_nothing() -> No
                                   "unfinished_sessions": 1}})  # fmt: skip
     assert "**none**" in lines[0]
     assert "did not finish" in lines[1]
+
+
+def small_result(out: Path) -> A.AnalysisResult:
+    """The bursty capture's result, from its rollup on the driver (no Spark)."""
+    from sbus_relay.pipeline import rollup as R
+    from sbus_relay.pipeline.inputs import Inputs
+
+    rows = bursty_rows()
+    rollup = R.roll_up(pa.Table.from_pylist(rows, schema=CAPTURE_SCHEMA), "c.parquet")
+    asked = A.AnalyzeOptions(burst_min_messages=10)
+    opts = A.span_options(asked, rows[0]["time_ns"], rows[-1]["time_ns"])
+    job = A.compute_local(A.sum_stored([rollup]), opts)
+    return A.finish(None, job, asked, opts, Inputs(paths=["c.parquet"], checked=True), 1, out)  # type: ignore[arg-type]
+
+
+def report_files(out: Path) -> dict[str, bytes]:
+    """The report's files; the page's one random element id made alike."""
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    files["report.html"] = re.sub(rb"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", b"ID",
+                                  files["report.html"])  # fmt: skip
+    return files
+
+
+@pytest.mark.timeout(240)
+def test_warm_workers_draw_the_report_a_process_draws(tmp_path: Path) -> None:
+    """--follow's renderer draws each part in its own warm process: the same
+    files as drawing them in-process; a worker that dies has its part drawn by
+    the driver and is replaced; closing it leaves no process."""
+    from sbus_relay.pipeline.render import Renderer
+
+    result = small_result(tmp_path / "tables")
+    here, there, again = tmp_path / "here", tmp_path / "there", tmp_path / "again"
+    write_report(result, here)
+    with Renderer(workers=2) as renderer:
+        write_report(result, there, drawer=renderer)
+        assert report_files(there) == report_files(here)
+        assert len(report_files(here)) == 10  # md, html, 2 CSVs, 6 charts
+        procs = [w[0] for w in renderer._workers if w is not None]
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+        procs[0].kill()
+        procs[0].wait()
+        write_report(result, again, drawer=renderer)
+        assert report_files(again) == report_files(here)
+        fresh = [w[0] for w in renderer._workers if w is not None]
+        assert procs[0] not in fresh
+    assert all(p.poll() is not None for p in [*procs, *fresh])

@@ -16,6 +16,7 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+pc = pytest.importorskip("pyarrow.compute")
 
 from sbus_relay.pipeline import analyze as A  # noqa: E402
 from sbus_relay.pipeline import rollup as R  # noqa: E402
@@ -109,6 +110,31 @@ def test_a_rollup_holds_cells_sizes_and_keys_exactly() -> None:
         first,
         last,
     )
+
+
+def test_stored_sets_summed_in_steps_give_the_tables_of_all_of_them() -> None:
+    """--follow adds each batch to the sums of the earlier ones (sum_stored): the
+    tables derived from those sums equal those derived from every row at once,
+    at the rollup's depth and a coarser one, in the span's window."""
+    rollups = [
+        R.roll_up(pa.Table.from_pylist(rows_of(seed, 2000, f"h{seed % 2}"), schema=CAPTURE_SCHEMA),
+                  f"capture-{seed}.parquet")
+        for seed in range(5)
+    ]  # fmt: skip
+    every = pa.concat_tables(rollups)
+    summed = None
+    for rollup in rollups:
+        summed = A.sum_stored([rollup] if summed is None else [summed, rollup])
+    assert summed is not None
+    assert summed.num_rows < every.num_rows  # summed, not only gathered
+    for depth in (1, 2):
+        opts = A.span_options(A.AnalyzeOptions(depth=depth, top=5), T0, T0 + 900 * 10**9)
+        whole, steps = A.compute_local(every, opts), A.compute_local(summed, opts)
+        for name in ("cells", "sizes", "top_by_messages", "top_by_bytes"):
+            assert getattr(steps, name).equals(getattr(whole, name)), (depth, name)
+        assert steps.distinct_keys == whole.distinct_keys == len(KEYS)
+    files = summed.filter(pc.equal(summed["_set"], R.FILE_SET))
+    assert sorted(files["key"].to_pylist()) == [f"capture-{i}.parquet" for i in range(5)]
 
 
 def test_record_publishes_a_rollup_with_each_capture_file(tmp_path: Path) -> None:
