@@ -558,6 +558,8 @@ class Connection(Session):
                     msgs += self._publish_batch(packet)
                 else:
                     router.flush(self)  # what was routed before it goes first
+                    if self.fd < 0:
+                        break  # a send of that (to itself: echo, a relay caught up) closed it
                     self.handler.handle(self, packet)
                 if self.pauses:
                     rare = self._more()
