@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,22 @@ class Host:
                 self.relay.stop()
         finally:
             self.master.stop()
+
+
+@contextmanager
+def three_hosts(cluster: Cluster, tmp: Path, *args: str) -> Iterator[list[Host]]:
+    """Hosts ``hosta``..``hostc`` (``serve`` with ``args`` too), each on a
+    different member of the cluster, once each has heard the other two."""
+    made: list[Host] = []
+    try:
+        for i, name in enumerate(("hosta", "hostb", "hostc")):
+            made.append(Host(tmp, name, cluster.urls(i), *args))
+        wait_until(
+            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 2 for h in made),
+            20,
+            "every host joined and heard the others",
+        )
+        yield made
+    finally:
+        for h in made:
+            h.stop()

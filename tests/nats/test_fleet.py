@@ -11,28 +11,15 @@ from collections.abc import Iterator
 import pytest
 
 from sbus_relay.client import Client
-from tests.nats.cluster import Cluster, Host, wait_until
+from tests.nats.cluster import Cluster, Host, three_hosts, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Host]]:
-    tmp = tmp_path_factory.mktemp("hosts")
-    made: list[Host] = []
-    try:
-        # each host on a different member of the cluster
-        for i, name in enumerate(("hosta", "hostb", "hostc")):
-            made.append(Host(tmp, name, cluster.urls(i)))
-        wait_until(
-            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 2 for h in made),
-            20,
-            "every host joined and heard the others",
-        )
+    with three_hosts(cluster, tmp_path_factory.mktemp("hosts")) as made:
         yield made
-    finally:
-        for h in made:
-            h.stop()
 
 
 def drain(client: Client, quiet: float = 0.5) -> list[tuple[bytes, bytes]]:

@@ -18,7 +18,7 @@ import pytest
 
 from sbus_relay.client import Client
 from sbus_relay.protocol import natsinterest as ni
-from tests.nats.cluster import Cluster, Host, NatsServer, free_port, wait_until
+from tests.nats.cluster import Cluster, Host, NatsServer, free_port, three_hosts, wait_until
 from tests.nats.test_fleet import drain
 from tests.support import run_cli
 
@@ -33,19 +33,8 @@ def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     config = tmp / "identities.yaml"
     # the servers named here give way to each host's --nats
     config.write_text("nats:\n  servers: [127.0.0.1:1]\n  identities: true\n")
-    made: list[Host] = []
-    try:
-        for i, name in enumerate(("hosta", "hostb", "hostc")):
-            made.append(Host(tmp, name, cluster.urls(i), "-C", str(config)))
-        wait_until(
-            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 2 for h in made),
-            20,
-            "every host joined and heard the others",
-        )
+    with three_hosts(cluster, tmp, "-C", str(config)) as made:
         yield made
-    finally:
-        for h in made:
-            h.stop()
 
 
 def test_whoami_is_headed_by_the_host_on_the_master_and_through_relays(
