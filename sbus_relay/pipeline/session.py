@@ -56,6 +56,11 @@ PROBE_SECONDS = 3.0
 MAX_ERROR_CHARS = 300
 #: Spark's error classes, as its messages begin: ``[FAILED_READ_FILE.NO_HINT]``.
 ERROR_CLASS = re.compile(r"\[[A-Z][A-Z_]+(?:\.[A-Z_]+)*\]")
+#: Error classes that only gather others (several stages failed at once): the
+#: error worth showing is the one they gather, on a later line.
+GATHERING_CLASSES = frozenset({"[STAGE_MATERIALIZATION_MULTIPLE_FAILURES]"})
+#: How such a class numbers the failures it gathers: ``  1. SparkException: ...``.
+ENUMERATED = re.compile(r"^\d+\.\s+")
 #: Settings for every run: the console progress bar garbles our output;
 #: adaptive query execution sizes the shuffles from the data (local or cluster);
 #: and no task waits for a "local" executor (the default 3 s per stage is most of
@@ -513,10 +518,12 @@ def first_line(exc: BaseException) -> str:
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
         lines = lines[1:]
     # Spark wraps its errors ("Exception thrown in awaitResult:"): the line with
-    # an error class ([FAILED_READ_FILE.NO_HINT] ...) is the one that says what.
-    classed = [x for x in lines if ERROR_CLASS.search(x)]
-    chosen = (classed or lines or [type(exc).__name__])[0]
-    chosen = chosen.removeprefix("Caused by: ")
+    # an error class ([FAILED_READ_FILE.NO_HINT] ...) is the one that says what,
+    # unless that class only gathers the failures of several stages.
+    classed = [(x, m.group()) for x in lines if (m := ERROR_CLASS.search(x))]
+    telling = [x for x, c in classed if c not in GATHERING_CLASSES] or [x for x, _ in classed]
+    chosen = (telling or lines or [type(exc).__name__])[0]
+    chosen = ENUMERATED.sub("", chosen.removeprefix("Caused by: "))
     return chosen[:MAX_ERROR_CHARS]
 
 
