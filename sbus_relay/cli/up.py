@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, NoReturn
 from sbus_relay.ops.config import COMMAND_LINE
 from sbus_relay.protocol.errors import ConfigError, UsageError
 
+from .options import CommandParser
+
 if TYPE_CHECKING:
     from sbus_relay.ops.hierarchy import BusSpec, Hierarchy
 
@@ -68,7 +70,7 @@ class _Refused(Exception):
     """argparse's complaint, raised instead of exiting."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(CommandParser):
     def error(self, message: str) -> NoReturn:
         raise _Refused(message)
 

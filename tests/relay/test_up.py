@@ -181,6 +181,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
     [
         ('["--upstream-queue-messages", "lots"]', "--upstream-queue-messages: expected an integer"),
         ('["--no-such-flag"]', "unrecognized arguments: --no-such-flag"),
+        ('["--max-clinets", "3"]', "--max-clinets 3 (did you mean --max-clients?)"),
         ('["-C", "/nonexistent/sbus.yaml"]', "/nonexistent/sbus.yaml"),
         ('["-a", "/tmp/x/b"]', "-a/--address is not for args: its 'address' key sets it"),
         ('["--upstream", "/tmp/x/a"]', "--upstream is not for args: its 'upstream' key sets it"),
@@ -192,6 +193,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
     ids=[
         "bad value",
         "unknown flag",
+        "misspelled flag",
         "missing config",
         "address",
         "upstream",
