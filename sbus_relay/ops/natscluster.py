@@ -119,7 +119,8 @@ def _wait_accepting(node: NatsNode, proc: subprocess.Popen[bytes], log: str | No
         if proc.poll() is not None:
             last = children.last_line(log) if log else ""
             why = f": {last} (log {log})" if last else ""
-            raise OSError(f"nats-server {node.name} exited with status {proc.returncode}{why}")
+            ended = children.how_it_ended(proc.returncode)
+            raise OSError(f"nats-server {node.name} {ended}{why}")
         try:
             socket.create_connection(("127.0.0.1", node.port), timeout=1).close()
             return

@@ -251,8 +251,8 @@ class Supervisor:
             if status is not None:
                 why = self._why(child, None)
                 self.err(
-                    f"sbus-relay up: {spec.name} not upgraded: the new process exited with"
-                    f" status {status}{why}; pid {old.pid} serves on"
+                    f"sbus-relay up: {spec.name} not upgraded: the new process"
+                    f" {children.how_it_ended(status)}{why}; pid {old.pid} serves on"
                 )
                 return False
             if old.poll() is not None and listener_pid(address) == new.pid:
@@ -393,7 +393,7 @@ class Supervisor:
             status = child.proc.poll()
             if status is not None:
                 raise SupervisorError(
-                    f"bus {child.spec.name} exited with status {status} before listening"
+                    f"bus {child.spec.name} {children.how_it_ended(status)} before listening"
                     + self._why(child, other)
                 )
             listener = listener_pid(address)
@@ -438,7 +438,7 @@ class Supervisor:
         self._schedule(
             child,
             now,
-            f"exited with status {proc.returncode}",
+            children.how_it_ended(proc.returncode),
             failed=now - child.started_at < STABLE_AFTER,
         )
 
