@@ -191,8 +191,13 @@ def run(args: argparse.Namespace) -> int:
         hierarchy, load=lambda: load_checked(args.hierarchy), source=args.hierarchy
     )
     if args.check:
-        for spec in hierarchy.buses:
-            print(" ".join(supervisor.argv(spec)))
+        from sbus_relay.ops import natscluster
+
+        for command in supervisor.start_order():
+            print(" ".join(command))
+        if hierarchy.nats_cluster and natscluster.binary() is None:
+            why = natscluster.NO_SERVER
+            print(f"sbus-relay up: the NATS cluster would not start: {why}", file=sys.stderr)
         return 0
     running = supervisor.already_running()
     if running:

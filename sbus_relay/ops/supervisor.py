@@ -351,6 +351,16 @@ class Supervisor:
         """The command line that runs ``spec``: our ``serve`` command and its flags."""
         return [*self.command, *self.hierarchy.serve_flags(spec)]
 
+    def start_order(self) -> list[list[str]]:
+        """Every command ``start`` runs, in its order: the NATS cluster's servers
+        (a found nats-server, else its bare name), then the buses."""
+        nodes = self.hierarchy.nats_cluster
+        server = natscluster.binary() or natscluster.SERVER_NAME
+        return [
+            *(natscluster.argv(server, node, nodes) for node in nodes),
+            *(self.argv(spec) for spec in self.hierarchy.buses),
+        ]
+
     def _spawn(self, child: Child) -> None:
         spec = child.spec
         log_path = self.hierarchy.log_path(spec)

@@ -738,3 +738,21 @@ def test_plan_of_a_tree_reload() -> None:
             tree(m, {**a, "address": "/tmp/x/a2"}, {"name": "c", "address": "/tmp/x/a"}),
             source="h.yaml",
         )
+
+
+def test_up_check_shows_the_nats_cluster_a_fleet_file_starts_first() -> None:
+    """Each nats-server of the file's cluster, its name and ports, before the buses."""
+    fleet = yaml.safe_load((CONFIGS / "dev-fleet.yaml").read_text())
+    result = run_cli("up", str(CONFIGS / "dev-fleet.yaml"), "--check")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    nodes = fleet["nats_cluster"]
+    assert len(lines) == len(nodes) + len(fleet["buses"])
+    for line, node in zip(lines, nodes, strict=False):
+        words = line.split()
+        assert os.path.basename(words[0]) == "nats-server", line
+        assert words[words.index("-n") + 1] == node["name"]
+        assert words[words.index("-p") + 1] == str(node["port"])
+        assert words[words.index("--cluster") + 1].endswith(f":{node['cluster_port']}")
+    for line in lines[len(nodes) :]:
+        assert " serve " in line and "nats-server" not in line, line
