@@ -12,7 +12,8 @@ tab, ``PAYLOAD`` with ``sub``'s backslash escapes, so ``sub ... | pub --lines -`
 replays traffic.  Lines that are ready together go together, packed into
 batches when the bus knows them; at the end of input it confirms as above.
 A bad line exits 1 naming its number, the lines before it sent and confirmed.
-While the bus is away (restarted) lines wait in the client's bounded buffer.
+While the bus is away (restarted) lines wait in the client's bounded buffer;
+it says so on stderr, and when the bus is back.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from sbus_relay.protocol.limits import MAX_PACKET
 
+from .notices import BusNotices
 from .options import add_address_argument, bus_address
 
 if TYPE_CHECKING:
@@ -113,8 +115,15 @@ def _lines(address: Address, target: str) -> int:
     stdin = sys.stdin.buffer
     number = 0
     bad: UsageError | None = None
+    notices = BusNotices("sbus-relay pub", address, "lines wait until it answers")
     try:
-        with Client(address, timeout=CONFIRM_TIMEOUT, batch=True) as client:
+        with Client(
+            address,
+            timeout=CONFIRM_TIMEOUT,
+            batch=True,
+            on_disconnected=notices.away,
+            on_reconnected=notices.back,
+        ) as client:
             while bad is None:
                 lines = _ready_lines(stdin)
                 if not lines:
