@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sbus_relay.client import Client
 from tests.support import VENV_BIN, BusProcess, run_cli, short_dir, start_bus, wait_for_text
 
 pytestmark = pytest.mark.timeout(90)
@@ -159,3 +160,45 @@ def test_sub_without_reconnect_says_it_gives_up_and_exits_1(bus: Bus, tmp_path: 
             proc.wait()
     lines = person_lines(err.read_text(errors="replace"), "sbus-relay sub")
     assert len(lines) == 2 and lines[1].endswith("; giving up (--no-reconnect)"), lines
+
+
+def test_pub_lines_says_its_bus_went_away_and_came_back(bus: Bus, tmp_path: Path) -> None:
+    """Lines written while the bus is away wait, and go once it is back."""
+    err = tmp_path / "pub.err"
+    receiver = Client(bus.address, timeout=WAIT, reconnect=False)
+    receiver.subscribe("p/")
+    receiver.whoami()
+    with open(err, "wb") as stream:
+        pub = subprocess.Popen(
+            [os.path.join(VENV_BIN, "sbus-relay"), "pub", "-a", bus.address, "--lines", "p/k"],
+            stdin=subprocess.PIPE,
+            stderr=stream,
+        )
+    assert pub.stdin is not None
+    try:
+        pub.stdin.write(b"before\n")
+        pub.stdin.flush()
+        assert receiver.receive().payload == b"before"
+        receiver.close()
+        bus.stop()
+        pub.stdin.write(b"while away\n")  # the send that meets the closed bus
+        pub.stdin.flush()
+        wait_for_text(str(err), "went away", WAIT, pub)
+        bus.start()
+        receiver = Client(bus.address, timeout=WAIT, reconnect=False)
+        receiver.subscribe("p/")
+        receiver.whoami()
+        pub.stdin.write(b"after\n")
+        pub.stdin.close()
+        assert pub.wait(WAIT) == 0
+        assert [receiver.receive().payload for _ in range(2)] == [b"while away", b"after"]
+    finally:
+        receiver.close()
+        if pub.poll() is None:
+            pub.kill()
+            pub.wait()
+    lines = person_lines(err.read_text(errors="replace"), "sbus-relay pub")
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"sbus-relay pub: the bus at {bus.address} went away")
+    assert "lines wait until it answers" in lines[0]
+    assert lines[1].startswith(f"sbus-relay pub: the bus at {bus.address} is back, after ")
