@@ -22,7 +22,7 @@ import argparse
 import os
 import select
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from sbus_relay.protocol.limits import MAX_PACKET
 
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     if args.payload == "-":
+        _check_stdin("a payload of -")
         # Read one byte more than fits in a packet, so that too much input is
         # an error rather than a silently truncated message (docs/protocol.md, Packets).
         payload = sys.stdin.buffer.read(MAX_PACKET + 1)
@@ -114,7 +115,7 @@ def _lines(address: Address, target: str) -> int:
     from sbus_relay.protocol.errors import AddressError, BufferFull, BusClosed, UsageError
 
     fixed = None if target == "-" else _checked_key(target)
-    stdin = _StdinLines(sys.stdin.fileno())
+    stdin = _StdinLines(_check_stdin("--lines").fileno())
     number = 0
     bad: UsageError | None = None
     notices = BusNotices("sbus-relay pub", address, "lines wait until it answers")
@@ -200,6 +201,15 @@ class _StdinLines:
         if readable:
             self._fill()  # readable: one read does not wait
         return self._whole()
+
+
+def _check_stdin(what: str) -> TextIO:
+    """stdin, for ``what`` to read; a UsageError when it is closed (``<&-``)."""
+    from sbus_relay.protocol.errors import UsageError
+
+    if sys.stdin is None:
+        raise UsageError(f"{what} reads stdin, which is closed")
+    return sys.stdin
 
 
 def _ready_lines(stdin: _StdinLines) -> list[bytes]:

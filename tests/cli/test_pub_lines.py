@@ -58,3 +58,20 @@ def test_a_line_goes_before_the_next_one_is_written(bus: BusProcess, target: str
                 pub.wait()
             assert pub.stderr is not None
             pub.stderr.close()
+
+
+@pytest.mark.parametrize("args", [("--lines", "p/k"), ("p/k", "-")], ids=str)
+def test_a_closed_stdin_is_one_line_not_a_traceback(tmp_path: Path, args: tuple[str, ...]) -> None:
+    address = str(tmp_path / "no-bus")  # never reached: stdin is checked first
+    pub = [os.path.join(VENV_BIN, "sbus-relay"), "pub", "-a", address, *args]
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *pub],
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"sbus-relay pub: {'--lines' if args[0] == '--lines' else 'a payload of -'}"
+        " reads stdin, which is closed"
+    ]
