@@ -79,7 +79,7 @@ def _wait_for(log: Path, needle: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while needle not in log.read_text(errors="replace"):
         if proc.poll() is not None:
-            raise ClusterError(f"{log.stem} exited with {proc.returncode}; see {log}")
+            raise ClusterError(f"{log.stem} {children.how_it_ended(proc.returncode)}; see {log}")
         if time.monotonic() > deadline:
             raise ClusterError(f"{log.stem} not ready after {START_TIMEOUT:g} s; see {log}")
         time.sleep(0.2)

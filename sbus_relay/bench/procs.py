@@ -67,7 +67,7 @@ class Child:
     def _fail(self, what: str) -> BenchProcessError:
         tail = self.stderr_tail()
         rc = self.popen.poll()
-        status = "running" if rc is None else f"exit status {rc}"
+        status = "running" if rc is None else children.how_it_ended(rc)
         return BenchProcessError(f"{self.name}: {what} ({status})" + (f"\n{tail}" if tail else ""))
 
     def _await_line(self, wanted: Callable[[str], bool], what: str, timeout: float) -> str:

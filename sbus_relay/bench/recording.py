@@ -100,8 +100,8 @@ def recorder_benchmark(messages: int) -> int:
             summary = [x for x in err.splitlines() if x.startswith("recorded")]
             total = each * publishers
             print(f"flood: {total:,} messages from {publishers} publisher(s) routed in "
-                  f"{routed_s:.1f} s ({total / routed_s:,.0f} msgs/s); record exit status "
-                  f"{rec.returncode}")  # fmt: skip
+                  f"{routed_s:.1f} s ({total / routed_s:,.0f} msgs/s); record "
+                  f"{children.how_it_ended(rec.returncode)}")  # fmt: skip
             print("  " + (summary[0] if summary else err.strip()))
 
         rec = children.spawn([*record, "--out", str(tmp / "killed")], log=os.devnull)

@@ -20,6 +20,8 @@ from typing import NoReturn
 from sbus_relay import __version__
 from sbus_relay.protocol.errors import AddressError, ConfigError, UpgradeError, UsageError
 
+from .options import CommandParser
+
 #: name -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 #: One entry per line: other commands are added here by their authors.
 COMMANDS: dict[str, str] = {
@@ -102,7 +104,9 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
         " of the sbus_relay source tree.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=CommandParser
+    )
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             continue

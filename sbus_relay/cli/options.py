@@ -11,7 +11,9 @@
   (and ``submit.py`` under spark-submit) and ``spark-server``; ``spark_settings``
   turns them into the pipeline's ``SparkSettings``;
 * ``positive_number``, ``count``, ``port_number``: argument types for seconds,
-  counts and ports.
+  counts and ports;
+* ``CommandParser``: a command's own parser, which reports the arguments it
+  does not know itself.
 
 Each command module has ``add_arguments(parser)`` and ``run(args) -> int``
 (registered in ``cli.COMMANDS``) and imports nothing heavy at module level,
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sbus_relay.ops.addresses import ADDRESS_ENV, DEFAULT_ADDRESS, named_address
 from sbus_relay.ops.config import LOG_FORMATS, LOG_LEVELS
+from sbus_relay.ops.suggest import nearest
 from sbus_relay.protocol.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +39,34 @@ if TYPE_CHECKING:
 ADDRESS_FORMS = "a socket path, /dev/unix/abstract[/HEX] or /dev/fd/N"
 #: A JVM memory size as Spark takes it: a number and a unit (512m, 4g).
 MEMORY = re.compile(r"^[1-9][0-9]*[kmgt]$")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser that refuses the arguments it does not know with its
+    own usage, naming them, and the option nearest to a misspelled one.
+
+    argparse leaves a subcommand's unknown arguments to the top-level parser,
+    which then shows the top-level usage instead of the command's."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(self.unrecognized(extra))
+        return parsed, extra
+
+    def unrecognized(self, extra: Sequence[str]) -> str:
+        """argparse's complaint about ``extra``, with the nearest known option."""
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        flag = next((arg for arg in extra if arg.startswith("-") and arg != "-"), None)
+        if flag is not None:
+            # Alike without their dashes: every option shares those.
+            known = {option.lstrip("-"): option for option in self._option_string_actions}
+            hint = nearest(flag.partition("=")[0].lstrip("-"), known)
+            if hint is not None:
+                message += f" (did you mean {known[hint]}?)"
+        return message
 
 
 def positive_number(text: str) -> float:

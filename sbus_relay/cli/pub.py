@@ -12,7 +12,8 @@ tab, ``PAYLOAD`` with ``sub``'s backslash escapes, so ``sub ... | pub --lines -`
 replays traffic.  Lines that are ready together go together, packed into
 batches when the bus knows them; at the end of input it confirms as above.
 A bad line exits 1 naming its number, the lines before it sent and confirmed.
-While the bus is away (restarted) lines wait in the client's bounded buffer.
+While the bus is away (restarted) lines wait in the client's bounded buffer;
+it says so on stderr, and when the bus is back.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import argparse
 import os
 import select
 import sys
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, TextIO
 
 from sbus_relay.protocol.limits import MAX_PACKET
 
+from .notices import BusNotices
 from .options import add_address_argument, bus_address
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ LINES_AT_ONCE = 256
 #: Bytes of one line read at most: a longer one cannot be a message (it is
 #: refused, naming its number), and is never held whole.
 LINE_LIMIT = MAX_PACKET + 2
+#: Bytes of stdin read at once for --lines.
+READ_CHUNK = 1 << 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     if args.payload == "-":
+        _check_stdin("a payload of -")
         # Read one byte more than fits in a packet, so that too much input is
         # an error rather than a silently truncated message (docs/protocol.md, Packets).
         payload = sys.stdin.buffer.read(MAX_PACKET + 1)
@@ -110,11 +115,18 @@ def _lines(address: Address, target: str) -> int:
     from sbus_relay.protocol.errors import AddressError, BufferFull, BusClosed, UsageError
 
     fixed = None if target == "-" else _checked_key(target)
-    stdin = sys.stdin.buffer
+    stdin = _StdinLines(_check_stdin("--lines").fileno())
     number = 0
     bad: UsageError | None = None
+    notices = BusNotices("sbus-relay pub", address, "lines wait until it answers")
     try:
-        with Client(address, timeout=CONFIRM_TIMEOUT, batch=True) as client:
+        with Client(
+            address,
+            timeout=CONFIRM_TIMEOUT,
+            batch=True,
+            on_disconnected=notices.away,
+            on_reconnected=notices.back,
+        ) as client:
             while bad is None:
                 lines = _ready_lines(stdin)
                 if not lines:
@@ -144,31 +156,75 @@ def _lines(address: Address, target: str) -> int:
     return 0
 
 
-def _ready_lines(stdin: BinaryIO) -> list[bytes]:
+class _StdinLines:
+    """stdin's lines, read with ``os.read`` into a buffer of our own: whether a
+    whole line can be had without waiting is then known.  (A ``BufferedReader``
+    cannot say so: its ``peek`` waits for input when its buffer is empty, and
+    so held each line typed until the next one came.)"""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()  # under LINE_LIMIT + READ_CHUNK bytes
+        self._ended = False
+
+    def _whole(self) -> bool:
+        """A line (or LINE_LIMIT bytes of one, or the end) is buffered."""
+        return (
+            self._ended
+            or len(self._buffer) >= LINE_LIMIT
+            or self._buffer.find(b"\n", 0, LINE_LIMIT) >= 0
+        )
+
+    def _fill(self) -> None:
+        chunk = os.read(self._fd, READ_CHUNK)
+        self._buffer += chunk
+        self._ended = not chunk
+
+    def readline(self) -> bytes:
+        """The next line with its newline (at most LINE_LIMIT bytes); b"" at the end."""
+        while not self._whole():
+            self._fill()
+        newline = self._buffer.find(b"\n", 0, LINE_LIMIT)
+        size = newline + 1 if newline >= 0 else min(len(self._buffer), LINE_LIMIT)
+        line = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return line
+
+    def ready(self) -> bool:
+        """A whole line can be read without waiting."""
+        if self._whole():
+            return True
+        try:
+            readable, _, _ = select.select([self._fd], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        if readable:
+            self._fill()  # readable: one read does not wait
+        return self._whole()
+
+
+def _check_stdin(what: str) -> TextIO:
+    """stdin, for ``what`` to read; a UsageError when it is closed (``<&-``)."""
+    from sbus_relay.protocol.errors import UsageError
+
+    if sys.stdin is None:
+        raise UsageError(f"{what} reads stdin, which is closed")
+    return sys.stdin
+
+
+def _ready_lines(stdin: _StdinLines) -> list[bytes]:
     """The next line, and those already waiting behind it (up to LINES_AT_ONCE);
     empty at the end of input."""
-    first = stdin.readline(LINE_LIMIT)
+    first = stdin.readline()
     if not first:
         return []
     lines = [first]
-    while len(lines) < LINES_AT_ONCE and _more_waiting(stdin):
-        line = stdin.readline(LINE_LIMIT)
+    while len(lines) < LINES_AT_ONCE and stdin.ready():
+        line = stdin.readline()
         if not line:
             break
         lines.append(line)
     return lines
-
-
-def _more_waiting(stdin: BinaryIO) -> bool:
-    """Input is ready without waiting (buffered already, or on the descriptor)."""
-    peek = getattr(stdin, "peek", None)
-    if peek is not None and len(peek(0)) > 0:
-        return True
-    try:
-        ready, _, _ = select.select([stdin], [], [], 0)
-    except (OSError, ValueError):
-        return False
-    return bool(ready)
 
 
 def _item(line: bytes, key: bytes | None, number: int) -> tuple[bytes, bytes]:

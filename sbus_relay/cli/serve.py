@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any, cast
 
-from sbus_relay.ops import foreground, logsetup
+from sbus_relay.ops import children, foreground, logsetup
 from sbus_relay.ops.addresses import (
     answers,
     listen,
@@ -684,7 +684,7 @@ def _watch_successor(server: Any, child: Any, log: Any) -> None:
                 why = f": {lines[-1]}" if lines else " (its own log says why)"
                 log.warning(
                     "upgrade.failed",
-                    reason=f"the new process (pid {child.pid}) exited with status {status} "
+                    reason=f"the new process (pid {child.pid}) {children.how_it_ended(status)} "
                     f"before taking the bus over; this one serves on{why}",
                 )
                 return

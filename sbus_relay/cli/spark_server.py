@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"{PROG}: {missing}", file=sys.stderr)
         return EXIT_USAGE
+    from sbus_relay.ops import children
     from sbus_relay.pipeline import connect
     from sbus_relay.pipeline.inputs import InputError
     from sbus_relay.pipeline.session import SparkFailed
@@ -90,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-    print(f"{PROG}: the server exited with status {status}", file=sys.stderr)
+    print(f"{PROG}: the server {children.how_it_ended(status)}", file=sys.stderr)
     return EXIT_FAILED

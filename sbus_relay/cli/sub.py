@@ -7,8 +7,9 @@ line is always one message.  ``--json`` prints one object per line instead:
 
 It asks the bus for packed batches (one packet carries many messages; a bus
 that does not know them is detected and sends one by one), and follows the
-bus across restarts: when it goes away, ``sub`` says so on stderr, connects
-again and subscribes again (``--no-reconnect``: exit 1 instead).
+bus across restarts: when it goes away, ``sub`` says so in one plain line on
+stderr, connects again and subscribes again, and says when it is back
+(``--no-reconnect``: it says it gives up and exits 1 instead).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import os
 import sys
 from typing import BinaryIO
 
-from .options import add_address_argument, bus_address, configure_logging, count
+from .notices import BusNotices
+from .options import add_address_argument, bus_address, count
+
+#: The command, at the start of each line it says on stderr.
+PROG = "sbus-relay sub"
 
 #: Seconds to wait for the whoami reply that confirms our subscriptions are in
 #: place; a relay whose upstream is away answers late, and we still print.
@@ -35,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("-n", "--count", type=count, metavar="N", help="exit after N messages")
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log (to stderr) when subscribed"
+        "-v", "--verbose", action="store_true", help="say (on stderr) when subscribed"
     )
     parser.add_argument(
         "--no-reconnect",
@@ -111,31 +116,21 @@ def _is_hex(text: str, width: int) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Subscribe, then print messages until --count is reached or the bus closes."""
-    import structlog
-
-    from sbus_relay.client import Client, Outage
+    from sbus_relay.client import Client
     from sbus_relay.ops.addresses import parse_address
     from sbus_relay.protocol.errors import AddressError, BusClosed
 
-    configure_logging("info" if args.verbose else "warning")
-    log = structlog.get_logger("sbus_relay.sub")
     address = parse_address(bus_address(args))
+    notices = BusNotices(PROG, address, "connecting again until it answers, then subscribing again")
     out: BinaryIO = sys.stdout.buffer
     seen = 0
     try:
-
-        def away(reason: str) -> None:
-            log.warning("bus_away", reason=reason, address=str(address))
-
-        def back(outage: Outage) -> None:
-            log.warning("bus_back", away_ms=round(outage.seconds * 1000, 1))
-
         with Client(
             address,
             batch=True,
             reconnect=not args.no_reconnect,
-            on_disconnected=away,
-            on_reconnected=back,
+            on_disconnected=notices.away,
+            on_reconnected=notices.back,
         ) as client:
             for pattern in args.patterns:
                 client.subscribe(os.fsencode(pattern))
@@ -143,9 +138,13 @@ def run(args: argparse.Namespace) -> int:
                 # The server handles a client's packets in order, so the reply
                 # means every SUB above is in place.
                 client.whoami(timeout=READY_TIMEOUT)
-                log.info("subscribed", patterns=args.patterns, address=str(address))
+                if args.verbose:
+                    notices.say(f"subscribed to {' '.join(args.patterns)} at {address}")
             except TimeoutError:
-                log.warning("subscribe_unconfirmed", patterns=args.patterns)
+                notices.say(
+                    f"the bus has not confirmed the subscriptions within {READY_TIMEOUT:g} s"
+                    " (a relay confirms once it reaches its upstream); printing what comes"
+                )
             while True:
                 message = client.receive()
                 if message.control:
@@ -159,9 +158,12 @@ def run(args: argparse.Namespace) -> int:
                 seen += 1
                 if args.count is not None and seen >= args.count:
                     return 0
-    except (AddressError, BusClosed) as exc:
-        # No bus there, or it cut us off: BusClosed says why when the bus told us.
-        print(f"sbus-relay sub: {exc}", file=sys.stderr)
+    except AddressError as exc:
+        notices.say(str(exc))  # no bus there
+        return 1
+    except BusClosed as exc:
+        # It cut us off (and said why), or went away under --no-reconnect.
+        notices.say(f"{exc}; giving up" + (" (--no-reconnect)" if args.no_reconnect else ""))
         return 1
     except BrokenPipeError:
         # The reader went away (| head): a normal end; keep Python's exit flush quiet.

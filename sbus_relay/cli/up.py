@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, NoReturn
 from sbus_relay.ops.config import COMMAND_LINE
 from sbus_relay.protocol.errors import ConfigError, UsageError
 
+from .options import CommandParser
+
 if TYPE_CHECKING:
     from sbus_relay.ops.hierarchy import BusSpec, Hierarchy
 
@@ -68,7 +70,7 @@ class _Refused(Exception):
     """argparse's complaint, raised instead of exiting."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(CommandParser):
     def error(self, message: str) -> NoReturn:
         raise _Refused(message)
 
@@ -189,8 +191,13 @@ def run(args: argparse.Namespace) -> int:
         hierarchy, load=lambda: load_checked(args.hierarchy), source=args.hierarchy
     )
     if args.check:
-        for spec in hierarchy.buses:
-            print(" ".join(supervisor.argv(spec)))
+        from sbus_relay.ops import natscluster
+
+        for command in supervisor.start_order():
+            print(" ".join(command))
+        if hierarchy.nats_cluster and natscluster.binary() is None:
+            why = natscluster.NO_SERVER
+            print(f"sbus-relay up: the NATS cluster would not start: {why}", file=sys.stderr)
         return 0
     running = supervisor.already_running()
     if running:

@@ -157,3 +157,15 @@ def last_line(path: str) -> str:
     except OSError:
         return ""
     return lines[-1].decode("utf-8", "replace")[:LOG_LINE_QUOTED] if lines else ""
+
+
+def how_it_ended(returncode: int) -> str:
+    """A child's end as a person reads it, from ``Popen.returncode``:
+    "exited with status 2", or "killed by SIGKILL" (a negative code)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:  # a real-time signal has no name of its own
+        name = f"signal {-returncode}"
+    return f"killed by {name}"

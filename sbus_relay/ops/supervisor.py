@@ -251,8 +251,8 @@ class Supervisor:
             if status is not None:
                 why = self._why(child, None)
                 self.err(
-                    f"sbus-relay up: {spec.name} not upgraded: the new process exited with"
-                    f" status {status}{why}; pid {old.pid} serves on"
+                    f"sbus-relay up: {spec.name} not upgraded: the new process"
+                    f" {children.how_it_ended(status)}{why}; pid {old.pid} serves on"
                 )
                 return False
             if old.poll() is not None and listener_pid(address) == new.pid:
@@ -351,6 +351,16 @@ class Supervisor:
         """The command line that runs ``spec``: our ``serve`` command and its flags."""
         return [*self.command, *self.hierarchy.serve_flags(spec)]
 
+    def start_order(self) -> list[list[str]]:
+        """Every command ``start`` runs, in its order: the NATS cluster's servers
+        (a found nats-server, else its bare name), then the buses."""
+        nodes = self.hierarchy.nats_cluster
+        server = natscluster.binary() or natscluster.SERVER_NAME
+        return [
+            *(natscluster.argv(server, node, nodes) for node in nodes),
+            *(self.argv(spec) for spec in self.hierarchy.buses),
+        ]
+
     def _spawn(self, child: Child) -> None:
         spec = child.spec
         log_path = self.hierarchy.log_path(spec)
@@ -393,7 +403,7 @@ class Supervisor:
             status = child.proc.poll()
             if status is not None:
                 raise SupervisorError(
-                    f"bus {child.spec.name} exited with status {status} before listening"
+                    f"bus {child.spec.name} {children.how_it_ended(status)} before listening"
                     + self._why(child, other)
                 )
             listener = listener_pid(address)
@@ -438,7 +448,7 @@ class Supervisor:
         self._schedule(
             child,
             now,
-            f"exited with status {proc.returncode}",
+            children.how_it_ended(proc.returncode),
             failed=now - child.started_at < STABLE_AFTER,
         )
 

@@ -300,7 +300,7 @@ def build() -> int:
                 print("class archive: the analysis run timed out")
                 return 1
             if status != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
-                print(f"class archive: the analysis run failed (status {status})")
+                print(f"class archive: the analysis run failed ({children.how_it_ended(status)})")
                 return 1
         _remove_stale(path)
         size = tmp.stat().st_size

@@ -181,7 +181,8 @@ def wait_ready(proc: subprocess.Popen[bytes], opts: ServerOptions, where: str) -
     deadline = time.monotonic() + START_TIMEOUT
     while probe(opts.reach, opts.port) is not None:
         if proc.poll() is not None:
-            raise SparkFailed(f"the Spark Connect server exited with {proc.returncode}; {where}")
+            ended = children.how_it_ended(proc.returncode)
+            raise SparkFailed(f"the Spark Connect server {ended}; {where}")
         if time.monotonic() > deadline:
             stop(proc)
             raise SparkFailed(f"the Spark Connect server did not start in {START_TIMEOUT:g} s")

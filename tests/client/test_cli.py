@@ -24,7 +24,7 @@ def sub_process(address: str, err: Path, *args: str) -> subprocess.Popen[bytes]:
             stdout=subprocess.PIPE,
             stderr=stream,
         )
-    wait_for_text(str(err), '"subscribed"', WAIT, proc)
+    wait_for_text(str(err), "subscribed to ", WAIT, proc)
     return proc
 
 
@@ -88,13 +88,13 @@ def test_sub_follows_its_bus_across_a_restart(master: Master, tmp_path: Path) ->
     try:
         assert run_cli("pub", "-a", master.address, "s/1", "one").returncode == 0
         master.restart()
-        wait_for_text(str(err), '"bus_back"', WAIT, proc)
+        wait_for_text(str(err), "is back, after", WAIT, proc)
         assert run_cli("pub", "-a", master.address, "s/2", "two").returncode == 0
         out, _ = proc.communicate(timeout=WAIT)
         assert proc.returncode == 0
         assert out == b"s/1\tone\ns/2\ttwo\n"
         text = err.read_text()
-        assert '"bus_away"' in text and "Traceback" not in text
+        assert "went away" in text and "Traceback" not in text
     finally:
         if proc.poll() is None:
             proc.kill()

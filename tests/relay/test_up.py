@@ -143,7 +143,7 @@ def test_up_runs_the_hierarchy_restarts_the_dead_and_stops_all_on_sigint(up: Up)
     receiver.close()
     up.read_until(b"relay-b (relay of master) listening")
     assert up.pids["relay-b"] != old
-    assert "relay-b exited with status -9; restarting" in up.err.read_text()
+    assert "relay-b killed by SIGKILL; restarting" in up.err.read_text()
     receiver = Peer(up.addresses["relay-b"])
     receiver.sub(b"demo/")
     sideways(sender, receiver, b"demo/again")
@@ -181,6 +181,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
     [
         ('["--upstream-queue-messages", "lots"]', "--upstream-queue-messages: expected an integer"),
         ('["--no-such-flag"]', "unrecognized arguments: --no-such-flag"),
+        ('["--max-clinets", "3"]', "--max-clinets 3 (did you mean --max-clients?)"),
         ('["-C", "/nonexistent/sbus.yaml"]', "/nonexistent/sbus.yaml"),
         ('["-a", "/tmp/x/b"]', "-a/--address is not for args: its 'address' key sets it"),
         ('["--upstream", "/tmp/x/a"]', "--upstream is not for args: its 'upstream' key sets it"),
@@ -192,6 +193,7 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
     ids=[
         "bad value",
         "unknown flag",
+        "misspelled flag",
         "missing config",
         "address",
         "upstream",
@@ -736,3 +738,21 @@ def test_plan_of_a_tree_reload() -> None:
             tree(m, {**a, "address": "/tmp/x/a2"}, {"name": "c", "address": "/tmp/x/a"}),
             source="h.yaml",
         )
+
+
+def test_up_check_shows_the_nats_cluster_a_fleet_file_starts_first() -> None:
+    """Each nats-server of the file's cluster, its name and ports, before the buses."""
+    fleet = yaml.safe_load((CONFIGS / "dev-fleet.yaml").read_text())
+    result = run_cli("up", str(CONFIGS / "dev-fleet.yaml"), "--check")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    nodes = fleet["nats_cluster"]
+    assert len(lines) == len(nodes) + len(fleet["buses"])
+    for line, node in zip(lines, nodes, strict=False):
+        words = line.split()
+        assert os.path.basename(words[0]) == "nats-server", line
+        assert words[words.index("-n") + 1] == node["name"]
+        assert words[words.index("-p") + 1] == str(node["port"])
+        assert words[words.index("--cluster") + 1].endswith(f":{node['cluster_port']}")
+    for line in lines[len(nodes) :]:
+        assert " serve " in line and "nats-server" not in line, line

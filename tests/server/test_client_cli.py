@@ -45,7 +45,7 @@ class Subscriber:
                 stdout=subprocess.PIPE,
                 stderr=err,
             )
-        wait_for_text(self.err, '"subscribed"', WAIT, self.proc)
+        wait_for_text(self.err, "subscribed to ", WAIT, self.proc)
 
     def finish(self) -> tuple[int, bytes]:
         try:

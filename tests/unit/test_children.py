@@ -63,3 +63,16 @@ def test_a_background_job_outlives_its_parent(tmp_path: Path) -> None:
         assert alive(pid)
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_how_a_child_ended_is_said_in_words() -> None:
+    from sbus_relay.ops.children import how_it_ended
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    assert how_it_ended(killed.wait()) == "killed by SIGKILL"
+    exited = subprocess.run([sys.executable, "-c", "raise SystemExit(3)"], check=False)
+    assert how_it_ended(exited.returncode) == "exited with status 3"
+    assert how_it_ended(-signal.SIGTERM) == "killed by SIGTERM"
+    realtime = int(signal.SIGRTMIN) + 1  # no name of its own
+    assert how_it_ended(-realtime) == f"killed by signal {realtime}"
