@@ -32,7 +32,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import derive as D
+from . import partial as P
 from . import rollup as R
 from .defaults import (
     CAPTURE_SUFFIX,
@@ -166,7 +167,8 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
     """Spark settings sized from the input: scan splits that give every core about
     SCANS_PER_CORE tasks, and shuffle partitions of about SHUFFLE_PARTITION_BYTES
     of input each (never fewer than the cores, never more than MAX_SHUFFLE_PARTITIONS).
-    Adaptive query execution then coalesces the small shuffles further."""
+    Adaptive query execution then coalesces the small shuffles further.  Raw rows
+    reach the partial sums in Arrow batches of ``partial.BATCH_ROWS``."""
     cores = max(1, parallelism)
     split = input_bytes // (cores * SCANS_PER_CORE) + 1
     split = min(max(split, MIN_SPLIT_BYTES), MAX_SPLIT_BYTES)
@@ -176,6 +178,7 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
     return {
         "spark.sql.files.maxPartitionBytes": str(split),
         "spark.sql.shuffle.partitions": str(shuffles),
+        P.BATCH_ROWS_CONF: str(P.BATCH_ROWS),
     }
 
 
@@ -220,10 +223,26 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
     )
 
 
-def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
+def aggregate(df: DataFrame, opts: AnalyzeOptions, in_workers: bool = True) -> DataFrame:
     """The capture rows ``df`` aggregated once into the three sets every table
     derives from, each row tagged with its set (``_set``, ``rollup.grouping_id``),
     in the rollup's columns (``rollup.ROLLUP_DDL``).  Lazy.
+
+    ``in_workers``: one scan of the rows (never the payload) whose tasks sum
+    their Arrow batches in Spark's Python workers (``partial.partial_sums``,
+    pyarrow's hash group-by, as a rollup is made), then Spark sums those
+    partial rows per set, as it sums rollups.  Otherwise (``sql_aggregate``)
+    Spark SQL's own hash aggregates of every row, for workers that cannot run
+    Python (``partial.worker_failure``)."""
+    if not in_workers:
+        return sql_aggregate(df, opts)
+    scanned = df.select(*SCANNED)
+    partials = scanned.mapInArrow(P.summer(opts.window_ns, opts.depth), R.ROLLUP_DDL)
+    return partials.groupBy("_set", *GROUPING_COLUMNS).agg(*_resums())
+
+
+def sql_aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
+    """``aggregate`` with Spark SQL functions only: no Python on the executors.
 
     One hash aggregate at the finest grain the cells and keys need, (key,
     window, instance), from which the (prefix, window, instance) cells and the
@@ -567,6 +586,7 @@ def run(
     out_dir: str | os.PathLike[str],
     opts: AnalyzeOptions,
     sources: Sources | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
     """Analyse the captures (paths, or already resolved ``Inputs``); write the Parquet
     tables and summary.json into out_dir.  ``sources`` says which files are read
@@ -574,7 +594,8 @@ def run(
     rollup serves, rolling up those without one beside them where it may).
 
     The report (``report.write_report``) is written separately so that this
-    function stays usable from notebooks without matplotlib.
+    function stays usable from notebooks without matplotlib.  ``say`` gets the
+    note of a run whose raw rows Spark SQL summed (``raw_job``).
     """
     from pyspark.sql import functions as F
 
@@ -591,20 +612,55 @@ def run(
             if inputs.checked
             else Sources(raw=list(inputs.paths))
         )
-    job = compute(job_sets(spark, inputs, sources, base), base)
+    job = raw_job(spark, inputs, sources, base, say)
     files = len(inputs.paths) if inputs.checked else None
     return finish(spark, job, opts, base, inputs, files, out_dir)
 
 
-def job_sets(spark: SparkSession, inputs: Inputs, sources: Sources, opts: AnalyzeOptions) -> Any:
+def raw_job(
+    spark: SparkSession,
+    inputs: Inputs,
+    sources: Sources,
+    opts: AnalyzeOptions,
+    say: Callable[[str], None] | None = None,
+) -> Computed:
+    """``compute`` of ``job_sets``; when raw rows are read and Spark's Python
+    workers cannot run at all (``partial.worker_failure``: a cluster without
+    the driver's Python or without pyarrow), the same with Spark SQL's own
+    aggregates (slower), and a note to ``say``."""
+    from .session import is_spark_error
+
+    try:
+        return compute(job_sets(spark, inputs, sources, opts), opts)
+    except Exception as exc:
+        if not sources.raw or not is_spark_error(exc) or not P.worker_failure(str(exc)):
+            raise
+    if say is not None:
+        say(
+            "note: Spark's Python workers could not run (no Python of the driver's "
+            "version with pyarrow on the executors?): the raw rows were summed by "
+            "Spark SQL instead, which is slower"
+        )
+    return compute(job_sets(spark, inputs, sources, opts, in_workers=False), opts)
+
+
+def job_sets(
+    spark: SparkSession,
+    inputs: Inputs,
+    sources: Sources,
+    opts: AnalyzeOptions,
+    in_workers: bool = True,
+) -> Any:
     """The three sets of the report: the rollups re-binned and cut to the report's
-    window and depth, the raw captures aggregated (``aggregate``), summed together."""
+    window and depth, the raw captures aggregated (``aggregate``, partial sums
+    ``in_workers`` or not), summed together."""
     parts = []
     if sources.rollups:
         stored = spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups)
         parts.append(rolled_up(stored))
     if sources.raw:
-        parts.append(aggregate(load_captures(spark, replace(inputs, paths=sources.raw)), opts))
+        raw = load_captures(spark, replace(inputs, paths=sources.raw))
+        parts.append(aggregate(raw, opts, in_workers))
     if not sources.rollups:
         return parts[0]
     union = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
