@@ -1,12 +1,14 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
-The captures are read by Spark with built-in Spark SQL functions, never Python
-UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
-only the driver runs this code.  Every table derives from three sets, (prefix,
-window, instance), (prefix, size) and key: read from the captures' rollups
-(``rollup``, re-binned and cut by ``reaggregate``) or aggregated from raw rows
-(``aggregate``), whichever ``sources`` chose per file; ``compute`` collects the
-small sets, from which the driver derives the tables (``derive``).  Definitions
+Every table derives from three sets, (prefix, window, instance), (prefix,
+size) and key: read from the captures' rollups (``rollup``, re-binned and cut
+by ``reaggregate``) or aggregated from raw rows, whichever ``sources`` chose
+per file; ``compute`` collects the small sets, from which the driver derives
+the tables (``derive``).  Rollups, and raw rows of URLs, are read with
+built-in Spark SQL functions only (``aggregate``); raw rows of local capture
+files are summed by Spark's Python workers with pyarrow (``file_sums``,
+``partial``), which need pyarrow and the driver's Python, not sbus_relay;
+where they cannot run, Spark SQL does it (``raw_job``).  Definitions
 (the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
@@ -167,8 +169,7 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
     """Spark settings sized from the input: scan splits that give every core about
     SCANS_PER_CORE tasks, and shuffle partitions of about SHUFFLE_PARTITION_BYTES
     of input each (never fewer than the cores, never more than MAX_SHUFFLE_PARTITIONS).
-    Adaptive query execution then coalesces the small shuffles further.  Raw rows
-    reach the partial sums in Arrow batches of ``partial.BATCH_ROWS``."""
+    Adaptive query execution then coalesces the small shuffles further."""
     cores = max(1, parallelism)
     split = input_bytes // (cores * SCANS_PER_CORE) + 1
     split = min(max(split, MIN_SPLIT_BYTES), MAX_SPLIT_BYTES)
@@ -178,7 +179,6 @@ def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
     return {
         "spark.sql.files.maxPartitionBytes": str(split),
         "spark.sql.shuffle.partitions": str(shuffles),
-        P.BATCH_ROWS_CONF: str(P.BATCH_ROWS),
     }
 
 
@@ -223,26 +223,10 @@ def _with_derived(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
     )
 
 
-def aggregate(df: DataFrame, opts: AnalyzeOptions, in_workers: bool = True) -> DataFrame:
+def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
     """The capture rows ``df`` aggregated once into the three sets every table
     derives from, each row tagged with its set (``_set``, ``rollup.grouping_id``),
     in the rollup's columns (``rollup.ROLLUP_DDL``).  Lazy.
-
-    ``in_workers``: one scan of the rows (never the payload) whose tasks sum
-    their Arrow batches in Spark's Python workers (``partial.partial_sums``,
-    pyarrow's hash group-by, as a rollup is made), then Spark sums those
-    partial rows per set, as it sums rollups.  Otherwise (``sql_aggregate``)
-    Spark SQL's own hash aggregates of every row, for workers that cannot run
-    Python (``partial.worker_failure``)."""
-    if not in_workers:
-        return sql_aggregate(df, opts)
-    scanned = df.select(*SCANNED)
-    partials = scanned.mapInArrow(P.summer(opts.window_ns, opts.depth), R.ROLLUP_DDL)
-    return partials.groupBy("_set", *GROUPING_COLUMNS).agg(*_resums())
-
-
-def sql_aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
-    """``aggregate`` with Spark SQL functions only: no Python on the executors.
 
     One hash aggregate at the finest grain the cells and keys need, (key,
     window, instance), from which the (prefix, window, instance) cells and the
@@ -265,6 +249,22 @@ def sql_aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
         .unionByName(_as_sets(sizes, R.SIZE_SET))
         .unionByName(_as_sets(keys, R.KEY_SET))
     )
+
+
+def file_sums(spark: SparkSession, paths: list[str], opts: AnalyzeOptions) -> DataFrame:
+    """``aggregate`` of the rows of local capture files ``paths``, summed by
+    Spark's Python workers (``partial``): each task reads its share of the row
+    groups with pyarrow and hands over their partial sums, which Spark sums per
+    set, as it sums rollups.  As many tasks as Spark would scan splits of the
+    files (``spark.sql.files.maxPartitionBytes``, set by ``partitioning``).  Lazy."""
+    groups = P.row_groups(paths)
+    size = sum(os.path.getsize(p) for p in paths)
+    split = spark.conf.get("spark.sql.files.maxPartitionBytes", None) or ""
+    tasks = math.ceil(size / int(split)) if split.isdigit() and int(split) > 0 else len(groups)
+    plan = P.plan(groups, tasks)
+    summer = P.summer(opts.window_ns, opts.depth, plan)
+    partials = spark.range(0, len(plan), 1, len(plan)).mapInArrow(summer, R.ROLLUP_DDL)
+    return partials.groupBy("_set", *GROUPING_COLUMNS).agg(*_resums())
 
 
 def _as_sets(df: DataFrame, set_id: int) -> DataFrame:
@@ -595,7 +595,7 @@ def run(
 
     The report (``report.write_report``) is written separately so that this
     function stays usable from notebooks without matplotlib.  ``say`` gets the
-    note of a run whose raw rows Spark SQL summed (``raw_job``).
+    note of a run whose raw rows Spark SQL summed for its workers (``raw_job``).
     """
     from pyspark.sql import functions as F
 
@@ -624,23 +624,31 @@ def raw_job(
     opts: AnalyzeOptions,
     say: Callable[[str], None] | None = None,
 ) -> Computed:
-    """``compute`` of ``job_sets``; when raw rows are read and Spark's Python
-    workers cannot run at all (``partial.worker_failure``: a cluster without
-    the driver's Python or without pyarrow), the same with Spark SQL's own
-    aggregates (slower), and a note to ``say``."""
+    """``compute`` of ``job_sets``.  When Spark's Python workers summed raw rows
+    and failed to run at all (``partial.worker_failure``: executors without the
+    driver's Python or without pyarrow) or to read a file (``partial.READ_FAILURE``),
+    the same with Spark SQL's own scan and aggregates (slower): its scan fails
+    on a bad file, or skips it (``--skip-bad-files``), in Spark's own words.  The
+    note of a run that fell back for its workers goes to ``say``."""
     from .session import is_spark_error
 
+    if not (sources.raw and inputs.checked):
+        return compute(job_sets(spark, inputs, sources, opts, in_workers=False), opts)
     try:
         return compute(job_sets(spark, inputs, sources, opts), opts)
     except Exception as exc:
-        if not sources.raw or not is_spark_error(exc) or not P.worker_failure(str(exc)):
+        text = str(exc)
+        if not is_spark_error(exc):
             raise
-    if say is not None:
-        say(
-            "note: Spark's Python workers could not run (no Python of the driver's "
-            "version with pyarrow on the executors?): the raw rows were summed by "
-            "Spark SQL instead, which is slower"
-        )
+        if P.worker_failure(text):
+            if say is not None:
+                say(
+                    "note: Spark's Python workers could not run (no Python of the driver's "
+                    "version with pyarrow on the executors?): the raw rows were summed by "
+                    "Spark SQL instead, which is slower"
+                )
+        elif P.READ_FAILURE not in text:
+            raise
     return compute(job_sets(spark, inputs, sources, opts, in_workers=False), opts)
 
 
@@ -652,15 +660,18 @@ def job_sets(
     in_workers: bool = True,
 ) -> Any:
     """The three sets of the report: the rollups re-binned and cut to the report's
-    window and depth, the raw captures aggregated (``aggregate``, partial sums
-    ``in_workers`` or not), summed together."""
+    window and depth, the raw captures aggregated, summed together.  Local
+    capture files are summed ``in_workers`` (``file_sums``), others by Spark SQL
+    (``aggregate``)."""
     parts = []
     if sources.rollups:
         stored = spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups)
         parts.append(rolled_up(stored))
-    if sources.raw:
+    if sources.raw and in_workers and inputs.checked:
+        parts.append(file_sums(spark, sources.raw, opts))
+    elif sources.raw:
         raw = load_captures(spark, replace(inputs, paths=sources.raw))
-        parts.append(aggregate(raw, opts, in_workers))
+        parts.append(aggregate(raw, opts))
     if not sources.rollups:
         return parts[0]
     union = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

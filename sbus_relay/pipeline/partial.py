@@ -1,22 +1,30 @@
-"""Partial sums of raw capture rows, in Spark's Python workers (``mapInArrow``).
+"""Partial sums of raw capture rows, in Spark's Python workers.
 
 ``analyze`` reads raw rows (``--raw``, a deeper ``--depth``, a ``--window``
-the rollups do not divide, captures without rollups) in one scan of the
-columns ``time_ns, key, size, instance``: each task hands its Arrow record
-batches to ``partial_sums``, which sums each batch with pyarrow's own hash
+the rollups do not divide, captures without rollups).  Of local capture files
+(checked by the driver: ``inputs.resolve``), Spark's Python workers read the
+columns ``time_ns, key, size, instance`` of their row groups themselves, with
+pyarrow (``file_sums``), and sum each row group with pyarrow's own hash
 group-by on integer codes (``rollup.sets``, what a rollup is made of) at the
-report's window and depth, and sums the partial rows of its task once more
-before handing them back.  Spark then only sums those partial rows per set
-(``analyze.aggregate``): the sums add up exactly (counts, byte sums, minima and
-maxima, exact size histograms), so every table is the one Spark's own hash
-aggregates of every raw row gave, at a few partial rows per thousand raw ones
-instead of two hash aggregates of every row.
+report's window and depth; each task sums its partial rows once more before
+handing them to Spark, which only sums those per set (``analyze.file_sums``).
+The sums add up exactly (counts, byte sums, minima and maxima, exact size
+histograms), so every table is the one Spark's own hash aggregates of every
+raw row give (``analyze.aggregate``), at about one partial row per hundred
+raw ones.  The row groups are spread over the tasks by rows (``plan``).
 
-The function and the few of ``rollup`` it calls are shipped to the workers by
-value (``ship_by_value``): a worker needs Python (the driver's minor version,
-as every Python worker of Spark does) and pyarrow, not sbus_relay.  Where the
-workers cannot run it at all (no such Python, no pyarrow), ``analyze`` sums
-the raw rows with Spark SQL instead (``worker_failure``).
+Why the workers read the files: handing Spark's own scan to a Python worker
+(``mapInArrow``) turns every column into rows and back into Arrow in the JVM,
+which costs as much as Spark's own aggregates of those rows.
+
+The functions and the few of ``rollup`` they call are shipped to the workers
+by value (``ship_by_value``): a worker needs Python (the driver's minor
+version, as every Python worker of Spark does) and pyarrow, not sbus_relay.
+Where the workers cannot run them (``worker_failure``: no such Python, no
+pyarrow) or cannot read a file (``READ_FAILURE``: a corrupt data page, a path
+the server does not have), ``analyze`` sums the raw rows with Spark SQL
+instead, whose scan then fails or skips the file (``--skip-bad-files``) as
+it always did.
 """
 
 from __future__ import annotations
@@ -38,14 +46,12 @@ BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 #: Partial rows a task keeps before summing them together: bounds its memory
 #: (about 100 bytes a row) whatever the number of keys and distinct sizes.
 MERGE_ROWS = 1_000_000
-#: Raw rows per Arrow batch handed to a task's function
-#: (``spark.sql.execution.arrow.maxRecordsPerBatch``, Spark's default 10,000):
-#: a batch's partial sums cost about as much for 10,000 rows as for 100,000
-#: (most are per distinct key, prefix and size), and a batch of the four
-#: scanned columns is a few MiB.
-BATCH_ROWS = 1_000_000
-#: The Spark setting that sizes those batches.
-BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: The capture columns read (never the payload).
+SCANNED = ["time_ns", "key", "size", "instance"]
+#: What a failure to read a capture file in a worker says (``file_sums``).
+READ_FAILURE = "sbus_relay: a Python worker could not read the capture file"
+#: A row group of a capture file: (path, index).
+Unit = tuple[str, int]
 #: The columns a partial row is grouped on: its set and the set's columns.
 GROUPED = ["_set", *GROUPING_COLUMNS]
 #: How each summed column of partial rows is summed again.
@@ -70,32 +76,63 @@ def merge(parts: Iterable[pa.Table]) -> pa.Table:
     return pa.table([columns[f.name] for f in ROLLUP_SCHEMA], schema=ROLLUP_SCHEMA)
 
 
-def partial_sums(
-    window_ns: int, depth: int, batches: Iterator[pa.RecordBatch]
+def file_sums(
+    window_ns: int, depth: int, plan: list[list[Unit]], tasks: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """One task's raw rows (``time_ns, key, size, instance``) as the partial
-    rows of the three sets at ``window_ns`` and ``depth``; at most MERGE_ROWS
-    partial rows kept at once."""
+    """The partial rows of the three sets at ``window_ns`` and ``depth`` of the
+    row groups of the tasks numbered in ``tasks`` (``plan``); at most MERGE_ROWS
+    partial rows kept at once.  A file that cannot be read raises READ_FAILURE."""
+    import pyarrow.parquet as pq
+
     kept: list[pa.Table] = []
     rows = 0
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        part = sets(pa.Table.from_batches([batch]), window_ns, depth)
-        kept.append(part)
-        rows += part.num_rows
-        if rows > MERGE_ROWS and len(kept) > 1:
-            kept = [merge(kept)]
-            rows = kept[0].num_rows
+    for batch in tasks:
+        for task in batch.column(0).to_pylist():
+            for path, group in plan[task]:
+                try:
+                    table = pq.ParquetFile(path).read_row_group(group, columns=SCANNED)
+                except Exception as exc:  # any failure to read: Spark SQL reads it instead
+                    raise RuntimeError(f"{READ_FAILURE} {path}: {exc}") from None
+                part = sets(table, window_ns, depth)
+                kept.append(part)
+                rows += part.num_rows
+                if rows > MERGE_ROWS and len(kept) > 1:
+                    kept = [merge(kept)]
+                    rows = kept[0].num_rows
     if kept:
         yield from merge(kept).to_batches()
 
 
-def summer(window_ns: int, depth: int) -> BatchFunction:
-    """The function ``mapInArrow`` runs on each task: ``partial_sums`` at a
-    report's window and depth."""
+def plan(groups: list[tuple[str, int, int]], tasks: int) -> list[list[Unit]]:
+    """Row groups ``(path, row group, rows)`` spread over at most ``tasks``
+    tasks, each of about as many rows (the largest groups first, each to the
+    task with the fewest rows so far); no empty task."""
+    tasks = max(1, min(tasks, len(groups)))
+    load = [0] * tasks
+    out: list[list[Unit]] = [[] for _ in range(tasks)]
+    for path, group, rows in sorted(groups, key=lambda g: (-g[2], g[0], g[1])):
+        i = load.index(min(load))
+        out[i].append((path, group))
+        load[i] += rows
+    return [t for t in out if t]
+
+
+def row_groups(paths: list[str]) -> list[tuple[str, int, int]]:
+    """``(path, row group, rows)`` of each row group of the capture files."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for path in paths:
+        meta = pq.read_metadata(path)
+        out += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+    return out
+
+
+def summer(window_ns: int, depth: int, tasks: list[list[Unit]]) -> BatchFunction:
+    """The function ``mapInArrow`` runs on each task (one row: its number in
+    ``tasks``): ``file_sums`` at a report's window and depth."""
     ship_by_value()
-    return functools.partial(partial_sums, window_ns, depth)
+    return functools.partial(file_sums, window_ns, depth, tasks)
 
 
 def ship_by_value() -> None:
