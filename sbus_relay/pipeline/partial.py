@@ -48,6 +48,9 @@ BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 MERGE_ROWS = 1_000_000
 #: The capture columns read (never the payload).
 SCANNED = ["time_ns", "key", "size", "instance"]
+#: Rows a worker reads at once: a capture's row group (``capture.PARQUET_ROW_GROUP_ROWS``),
+#: about 40 MiB of the scanned columns; a bigger row group is read in parts.
+READ_ROWS = 1_048_576
 #: What a failure to read a capture file in a worker says (``file_sums``).
 READ_FAILURE = "sbus_relay: a Python worker could not read the capture file"
 #: A row group of a capture file: (path, index).
@@ -80,27 +83,36 @@ def file_sums(
     window_ns: int, depth: int, plan: list[list[Unit]], tasks: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The partial rows of the three sets at ``window_ns`` and ``depth`` of the
-    row groups of the tasks numbered in ``tasks`` (``plan``); at most MERGE_ROWS
-    partial rows kept at once.  A file that cannot be read raises READ_FAILURE."""
-    import pyarrow.parquet as pq
-
+    row groups of the tasks numbered in ``tasks`` (``plan``), read READ_ROWS
+    rows at a time; at most MERGE_ROWS partial rows kept at once.  A file that
+    cannot be read raises READ_FAILURE."""
     kept: list[pa.Table] = []
     rows = 0
     for batch in tasks:
         for task in batch.column(0).to_pylist():
             for path, group in plan[task]:
-                try:
-                    table = pq.ParquetFile(path).read_row_group(group, columns=SCANNED)
-                except Exception as exc:  # any failure to read: Spark SQL reads it instead
-                    raise RuntimeError(f"{READ_FAILURE} {path}: {exc}") from None
-                part = sets(table, window_ns, depth)
-                kept.append(part)
-                rows += part.num_rows
-                if rows > MERGE_ROWS and len(kept) > 1:
-                    kept = [merge(kept)]
-                    rows = kept[0].num_rows
+                for table in _read(path, group):
+                    part = sets(table, window_ns, depth)
+                    kept.append(part)
+                    rows += part.num_rows
+                    if rows > MERGE_ROWS and len(kept) > 1:
+                        kept = [merge(kept)]
+                        rows = kept[0].num_rows
     if kept:
         yield from merge(kept).to_batches()
+
+
+def _read(path: str, group: int) -> Iterator[pa.Table]:
+    """The scanned columns of one row group, READ_ROWS rows at a time; any
+    failure to read raises READ_FAILURE (Spark SQL then reads the file)."""
+    import pyarrow.parquet as pq
+
+    try:
+        batches = pq.ParquetFile(path).iter_batches(READ_ROWS, [group], SCANNED)
+        while (batch := next(batches, None)) is not None:
+            yield pa.Table.from_batches([batch])
+    except Exception as exc:  # whatever the reader raises
+        raise RuntimeError(f"{READ_FAILURE} {path}: {exc}") from None
 
 
 def plan(groups: list[tuple[str, int, int]], tasks: int) -> list[list[Unit]]:

@@ -66,8 +66,10 @@ def test_partial_sums_of_row_groups_add_up_to_the_sets_of_the_whole_capture(
         expected = summed([R.sets(whole, WINDOW_NS, depth)])
         for tasks in (1, 3, 20):
             assert run_plan(P.plan(groups, tasks), depth).equals(expected), (depth, tasks)
-    # a task that keeps more partial rows than its bound sums them on the way
+    # a task that keeps more partial rows than its bound sums them on the way,
+    # and a row group bigger than a read is read in parts
     monkeypatch.setattr(P, "MERGE_ROWS", 10)
+    monkeypatch.setattr(P, "READ_ROWS", 150)
     assert run_plan(P.plan(groups, 2)).equals(summed([R.sets(whole, WINDOW_NS, 2)]))
 
 
