@@ -8,7 +8,7 @@ the tables (``derive``).  Rollups, and raw rows of URLs, are read with
 built-in Spark SQL functions only (``aggregate``); raw rows of local capture
 files are summed by Spark's Python workers with pyarrow (``file_sums``,
 ``partial``), which need pyarrow and the driver's Python, not sbus_relay;
-where they cannot run, Spark SQL does it (``raw_job``).  Definitions
+where they cannot run, Spark SQL does it (``compute_sets``).  Definitions
 (the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
@@ -256,12 +256,13 @@ def file_sums(spark: SparkSession, paths: list[str], opts: AnalyzeOptions) -> Da
     Spark's Python workers (``partial``): each task reads its share of the row
     groups with pyarrow and hands over their partial sums, which Spark sums per
     set, as it sums rollups.  As many tasks as Spark would scan splits of the
-    files (``spark.sql.files.maxPartitionBytes``, set by ``partitioning``).  Lazy."""
+    files (``spark.sql.files.maxPartitionBytes``, set by ``partitioning``; else
+    MAX_SPLIT_BYTES).  Lazy."""
     groups = P.row_groups(paths)
     size = sum(os.path.getsize(p) for p in paths)
-    split = spark.conf.get("spark.sql.files.maxPartitionBytes", None) or ""
-    tasks = math.ceil(size / int(split)) if split.isdigit() and int(split) > 0 else len(groups)
-    plan = P.plan(groups, tasks)
+    given = spark.conf.get("spark.sql.files.maxPartitionBytes", None) or ""
+    split = int(given) if given.isdigit() and int(given) > 0 else MAX_SPLIT_BYTES
+    plan = P.plan(groups, math.ceil(size / split))
     summer = P.summer(opts.window_ns, opts.depth, plan)
     partials = spark.range(0, len(plan), 1, len(plan)).mapInArrow(summer, R.ROLLUP_DDL)
     return partials.groupBy("_set", *GROUPING_COLUMNS).agg(*_resums())
@@ -595,7 +596,7 @@ def run(
 
     The report (``report.write_report``) is written separately so that this
     function stays usable from notebooks without matplotlib.  ``say`` gets the
-    note of a run whose raw rows Spark SQL summed for its workers (``raw_job``).
+    note of a run whose raw rows Spark SQL summed for its workers (``compute_sets``).
     """
     from pyspark.sql import functions as F
 
@@ -612,12 +613,12 @@ def run(
             if inputs.checked
             else Sources(raw=list(inputs.paths))
         )
-    job = raw_job(spark, inputs, sources, base, say)
+    job = compute_sets(spark, inputs, sources, base, say)
     files = len(inputs.paths) if inputs.checked else None
     return finish(spark, job, opts, base, inputs, files, out_dir)
 
 
-def raw_job(
+def compute_sets(
     spark: SparkSession,
     inputs: Inputs,
     sources: Sources,
@@ -633,7 +634,7 @@ def raw_job(
     from .session import is_spark_error
 
     if not (sources.raw and inputs.checked):
-        return compute(job_sets(spark, inputs, sources, opts, in_workers=False), opts)
+        return compute(job_sets(spark, inputs, sources, opts), opts)
     try:
         return compute(job_sets(spark, inputs, sources, opts), opts)
     except Exception as exc:
