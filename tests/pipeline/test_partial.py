@@ -127,8 +127,9 @@ def test_which_spark_failures_mean_workers_that_cannot_run() -> None:
 def test_workers_without_python_fall_back_to_spark_sql_with_a_note(
     spark: Any, tmp_path: Path
 ) -> None:
-    """A cluster whose executors have no such Python: analyze --raw says so in one
-    note and writes the tables Spark's Python workers give here."""
+    """Executors without the driver's Python (here: its workers told to run one
+    that does not exist): analyze --raw says so in one note and writes the
+    tables Spark's Python workers give here."""
     capture(tmp_path / "cap" / "capture-1.parquet", rows_of(4, 2000, "h1"), group_rows=500)
     inputs = resolve([str(tmp_path / "cap")])
     here = tmp_path / "here"
@@ -137,7 +138,8 @@ def test_workers_without_python_fall_back_to_spark_sql_with_a_note(
     done = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "sbus-relay"), "analyze",
          str(tmp_path / "cap"), "--out", str(out), "--raw", "--no-report",
-         "--master", "local[2]", "--conf", "spark.pyspark.python=/nonexistent/python3"],
+         "--master", "local[2]"],
+        env={**os.environ, "PYSPARK_PYTHON": "/nonexistent/python3"},
         capture_output=True, text=True, timeout=SPARK_TEST_TIMEOUT - 30, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
