@@ -3,6 +3,7 @@
     python -m sbus_relay.bench.pipeline --rows 10000000 100000000 --runs 3
     python -m sbus_relay.bench.pipeline --recorder 1000000    # the recorder (``recording``)
     python -m sbus_relay.bench.pipeline --follow-only --runs 3   # --follow alone
+    python -m sbus_relay.bench.pipeline --raw-only --runs 3      # DuckDB and --raw alone
 
 For each size, a synthetic capture (``synth``, generated into ``--dir`` unless
 there), then ``--runs`` rounds, each running in turn (interleaved, so that the
@@ -461,6 +462,53 @@ def follow_benchmark(sizes: list[int], base: Path, runs: int) -> int:
     return 0 if ok else 1
 
 
+def raw_benchmark(sizes: list[int], base: Path, runs: int) -> int:
+    """DuckDB and Connect warm from raw rows alone, on a Connect server of its
+    own given one untimed raw run first: ``runs`` interleaved pairs per size,
+    each run with the load average before it; the medians and their ratio."""
+    from sbus_relay.bench.synth import generate
+    from sbus_relay.pipeline.capture import capture_files
+    from sbus_relay.pipeline.connect import ServerOptions, connect_server, free_port
+    from sbus_relay.pipeline.session import SparkSettings
+
+    ok = True
+    with contextlib.ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="sbus-bench-"))
+        stack.callback(shutil.rmtree, work, True)
+        opts = ServerOptions(port=free_port(), settings=SparkSettings(memory=SERVER_MEMORY))
+        server = stack.enter_context(connect_server(opts, str(work / "server.log")))
+        bin_dir = os.path.dirname(sys.executable)
+        for rows in sizes:
+            directory = base / f"synth{rows}"
+            if not capture_files([str(directory)]):
+                generate(directory, rows)
+            analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze", str(directory),
+                       "--no-report", "--remote", opts.url, "--raw", "--out"]  # fmt: skip
+            peer = [sys.executable, "-P", "-m", "sbus_relay.bench.peer", str(directory)]
+            first = _timed("first", [*analyze, str(work / "first")], work / "first.log")
+            print(f"{rows:,} rows: the server's first raw run (not counted): "
+                  f"{first.seconds:.1f} s", flush=True)  # fmt: skip
+            results: dict[str, list[Run]] = {"duckdb": [], CONNECT_RAW: []}
+            for i in range(runs):
+                for engine, cmd in (("duckdb", [*peer, str(work / f"duckdb{i}")]),
+                                    (CONNECT_RAW, [*analyze, str(work / f"raw{i}")])):  # fmt: skip
+                    load = os.getloadavg()[0]
+                    run = _timed(engine, cmd, work / f"{i}.log", server=server.pid)
+                    results[engine].append(run)
+                    ok &= run.ok
+                    print(f"{rows:,} rows, pair {i + 1}, {engine}: {run.seconds:.1f} s "
+                          f"(load average {load:.1f} before)", flush=True)  # fmt: skip
+            duck = _median([r.seconds for r in results["duckdb"]])
+            raw = _median([r.seconds for r in results[CONNECT_RAW]])
+            each = {e: ", ".join(f"{r.seconds:.1f}" for r in rs) for e, rs in results.items()}
+            print(f"{rows:,} rows: duckdb {duck:.1f} s ({each['duckdb']}), {CONNECT_RAW} "
+                  f"{raw:.1f} s ({each[CONNECT_RAW]}): {raw / duck:.1f}x", flush=True)  # fmt: skip
+            if rows <= TARGET_RAW_MAX_ROWS:
+                print(f"target: within {TARGET_RAW_VS_DUCKDB:g}x DuckDB: "
+                      f"{_met(raw <= TARGET_RAW_VS_DUCKDB * duck)}", flush=True)  # fmt: skip
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Benchmark the analysis (default) or the recorder; print the figures."""
     parser = argparse.ArgumentParser(prog="python -m sbus_relay.bench.pipeline")
@@ -476,11 +524,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--follow-only", action="store_true", help="only the --follow probe, on a server of its own"
     )
+    parser.add_argument(
+        "--raw-only", action="store_true",
+        help="only DuckDB and Connect warm from raw rows, interleaved, on a server of its own",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.recorder:
         from sbus_relay.bench.recording import recorder_benchmark
 
         return recorder_benchmark(args.recorder)
+    if args.raw_only:
+        return raw_benchmark(args.rows, Path(args.dir), max(1, args.runs))
     if args.follow_only:
         return follow_benchmark(args.rows, Path(args.dir), max(1, args.runs))
     return analysis_benchmark(args.rows, Path(args.dir), max(1, args.runs), not args.no_cluster)

@@ -4,8 +4,11 @@
         /shared/captures --out /shared/report
 
 Takes exactly the options of ``sbus-relay analyze``; without ``--master`` the
-master given to spark-submit is kept.  Only the driver runs Python here (the job
-uses built-in Spark SQL functions), so executors need no sbus_relay install.
+master given to spark-submit is kept.  Executors need no sbus_relay install:
+rollups are read with built-in Spark SQL functions, and the raw rows of capture
+files are summed by Python workers with pyarrow, by functions shipped with the
+job (where the executors have no Python of the driver's version with pyarrow,
+Spark SQL sums them instead, more slowly, and the run says so).
 """
 
 from __future__ import annotations

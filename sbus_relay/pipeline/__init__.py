@@ -14,7 +14,8 @@ Modules (see ``docs/pipeline.md``):
 - ``session``: the Spark it runs on (a JVM of its own, a cluster, a Connect
   server) and its settings; ``classarchive``: the JVM's class archive.
 - ``analyze``: the PySpark job behind ``sbus-relay analyze`` and ``spark-submit``;
-  ``derive``: the tables from its aggregates; ``windows``: window lengths.
+  ``derive``: the tables from its aggregates; ``windows``: window lengths;
+  ``partial``: raw rows summed in Spark's Python workers with pyarrow.
 - ``follow``: ``analyze --follow``, the job kept current by Structured Streaming.
 - ``connect``: the Spark Connect server of ``sbus-relay spark-server``.
 - ``report``: the Markdown report with PNG charts (matplotlib) and the

@@ -1,12 +1,14 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
-The captures are read by Spark with built-in Spark SQL functions, never Python
-UDFs, so a cluster's executors need neither sbus_relay nor a matching Python:
-only the driver runs this code.  Every table derives from three sets, (prefix,
-window, instance), (prefix, size) and key: read from the captures' rollups
-(``rollup``, re-binned and cut by ``reaggregate``) or aggregated from raw rows
-(``aggregate``), whichever ``sources`` chose per file; ``compute`` collects the
-small sets, from which the driver derives the tables (``derive``).  Definitions
+Every table derives from three sets, (prefix, window, instance), (prefix,
+size) and key: read from the captures' rollups (``rollup``, re-binned and cut
+by ``reaggregate``) or aggregated from raw rows, whichever ``sources`` chose
+per file; ``compute`` collects the small sets, from which the driver derives
+the tables (``derive``).  Rollups, and raw rows of URLs, are read with
+built-in Spark SQL functions only (``aggregate``); raw rows of local capture
+files are summed by Spark's Python workers with pyarrow (``file_sums``,
+``partial``), which need pyarrow and the driver's Python, not sbus_relay;
+where they cannot run, Spark SQL does it (``compute_sets``).  Definitions
 (the tests recompute each one in plain Python):
 
 - prefix: the first ``depth`` ``/``-separated segments of the key, joined by ``/``
@@ -32,7 +34,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from . import derive as D
+from . import partial as P
 from . import rollup as R
 from .defaults import (
     CAPTURE_SUFFIX,
@@ -246,6 +249,23 @@ def aggregate(df: DataFrame, opts: AnalyzeOptions) -> DataFrame:
         .unionByName(_as_sets(sizes, R.SIZE_SET))
         .unionByName(_as_sets(keys, R.KEY_SET))
     )
+
+
+def file_sums(spark: SparkSession, paths: list[str], opts: AnalyzeOptions) -> DataFrame:
+    """``aggregate`` of the rows of local capture files ``paths``, summed by
+    Spark's Python workers (``partial``): each task reads its share of the row
+    groups with pyarrow and hands over their partial sums, which Spark sums per
+    set, as it sums rollups.  As many tasks as Spark would scan splits of the
+    files (``spark.sql.files.maxPartitionBytes``, set by ``partitioning``; else
+    MAX_SPLIT_BYTES).  Lazy."""
+    groups = P.row_groups(paths)
+    size = sum(os.path.getsize(p) for p in paths)
+    given = spark.conf.get("spark.sql.files.maxPartitionBytes", None) or ""
+    split = int(given) if given.isdigit() and int(given) > 0 else MAX_SPLIT_BYTES
+    plan = P.plan(groups, math.ceil(size / split))
+    summer = P.summer(opts.window_ns, opts.depth, plan)
+    partials = spark.range(0, len(plan), 1, len(plan)).mapInArrow(summer, R.ROLLUP_DDL)
+    return partials.groupBy("_set", *GROUPING_COLUMNS).agg(*_resums())
 
 
 def _as_sets(df: DataFrame, set_id: int) -> DataFrame:
@@ -567,6 +587,7 @@ def run(
     out_dir: str | os.PathLike[str],
     opts: AnalyzeOptions,
     sources: Sources | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
     """Analyse the captures (paths, or already resolved ``Inputs``); write the Parquet
     tables and summary.json into out_dir.  ``sources`` says which files are read
@@ -574,7 +595,8 @@ def run(
     rollup serves, rolling up those without one beside them where it may).
 
     The report (``report.write_report``) is written separately so that this
-    function stays usable from notebooks without matplotlib.
+    function stays usable from notebooks without matplotlib.  ``say`` gets the
+    note of a run whose raw rows Spark SQL summed for its workers (``compute_sets``).
     """
     from pyspark.sql import functions as F
 
@@ -591,20 +613,66 @@ def run(
             if inputs.checked
             else Sources(raw=list(inputs.paths))
         )
-    job = compute(job_sets(spark, inputs, sources, base), base)
+    job = compute_sets(spark, inputs, sources, base, say)
     files = len(inputs.paths) if inputs.checked else None
     return finish(spark, job, opts, base, inputs, files, out_dir)
 
 
-def job_sets(spark: SparkSession, inputs: Inputs, sources: Sources, opts: AnalyzeOptions) -> Any:
+def compute_sets(
+    spark: SparkSession,
+    inputs: Inputs,
+    sources: Sources,
+    opts: AnalyzeOptions,
+    say: Callable[[str], None] | None = None,
+) -> Computed:
+    """``compute`` of ``job_sets``.  When Spark's Python workers summed raw rows
+    and failed to run at all (``partial.worker_failure``: executors without the
+    driver's Python or without pyarrow) or to read a file (``partial.READ_FAILURE``),
+    the same with Spark SQL's own scan and aggregates (slower): its scan fails
+    on a bad file, or skips it (``--skip-bad-files``), in Spark's own words.  The
+    note of a run that fell back for its workers goes to ``say``."""
+    from .session import is_spark_error
+
+    if not (sources.raw and inputs.checked):
+        return compute(job_sets(spark, inputs, sources, opts), opts)
+    try:
+        return compute(job_sets(spark, inputs, sources, opts), opts)
+    except Exception as exc:
+        text = str(exc)
+        if not is_spark_error(exc):
+            raise
+        if P.worker_failure(text):
+            if say is not None:
+                say(
+                    "note: Spark's Python workers could not run (no Python of the driver's "
+                    "version with pyarrow on the executors?): the raw rows were summed by "
+                    "Spark SQL instead, which is slower"
+                )
+        elif P.READ_FAILURE not in text:
+            raise
+    return compute(job_sets(spark, inputs, sources, opts, in_workers=False), opts)
+
+
+def job_sets(
+    spark: SparkSession,
+    inputs: Inputs,
+    sources: Sources,
+    opts: AnalyzeOptions,
+    in_workers: bool = True,
+) -> Any:
     """The three sets of the report: the rollups re-binned and cut to the report's
-    window and depth, the raw captures aggregated (``aggregate``), summed together."""
+    window and depth, the raw captures aggregated, summed together.  Local
+    capture files are summed ``in_workers`` (``file_sums``), others by Spark SQL
+    (``aggregate``)."""
     parts = []
     if sources.rollups:
         stored = spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups)
         parts.append(rolled_up(stored))
-    if sources.raw:
-        parts.append(aggregate(load_captures(spark, replace(inputs, paths=sources.raw)), opts))
+    if sources.raw and in_workers and inputs.checked:
+        parts.append(file_sums(spark, sources.raw, opts))
+    elif sources.raw:
+        raw = load_captures(spark, replace(inputs, paths=sources.raw))
+        parts.append(aggregate(raw, opts))
     if not sources.rollups:
         return parts[0]
     union = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

@@ -117,14 +117,13 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:
     return encoded.indices, encoded.dictionary
 
 
-def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
-    """The rollup of a capture ``table`` (capture columns; the payload is not read)
-    of the capture file ``name``: pyarrow's hash group-by on integer codes."""
-    n = table.num_rows
+def sets(table: pa.Table, window_ns: int, depth: int) -> pa.Table:
+    """The three sets of capture rows ``table`` (capture columns; the payload is
+    not read), in ROLLUP_SCHEMA: cells at prefixes of ``depth`` segments in
+    windows of ``window_ns``, size histograms, per-key counts.  pyarrow's hash
+    group-by on integer codes, each distinct key's prefix cut once.  Shared by
+    ``roll_up`` and the partial sums of raw rows (``partial``)."""
     times = table["time_ns"]
-    first = pc.min(times).as_py() if n else None
-    last = pc.max(times).as_py() if n else None
-    window_ns = state_window(None if first is None else last - first)
     key_codes, key_dict = _codes(table["key"])
     # Each distinct key's prefix, then each row's prefix code through its key's.
     prefix_of_key, prefix_dict = _codes(prefixes(key_dict, depth))
@@ -145,21 +144,9 @@ def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
     )
     by_size = coded.group_by(["p", "s"], use_threads=False).aggregate([("k", "count")])
     by_key = coded.group_by(["k"], use_threads=False).aggregate([("s", "count"), ("s", "sum")])
-
-    def part(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
-        """One set's rows in ROLLUP_SCHEMA: its columns given, the others null."""
-        return pa.table(
-            {
-                f.name: pa.repeat(pa.scalar(set_id), rows)
-                if f.name == "_set"
-                else columns.get(f.name, pa.nulls(rows, f.type))
-                for f in ROLLUP_SCHEMA
-            }
-        ).cast(ROLLUP_SCHEMA)
-
-    out = pa.concat_tables(
+    return pa.concat_tables(
         [
-            part(
+            _part(
                 cells.num_rows,
                 CELL_SET,
                 prefix=pc.take(prefix_dict, cells["p"]),
@@ -170,21 +157,49 @@ def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
                 first_ns=cells["t_min"],
                 last_ns=cells["t_max"],
             ),
-            part(
+            _part(
                 by_size.num_rows,
                 SIZE_SET,
                 prefix=pc.take(prefix_dict, by_size["p"]),
                 size=by_size["s"],
                 messages=by_size["k_count"],
             ),
-            part(
+            _part(
                 by_key.num_rows,
                 KEY_SET,
                 key=pc.take(key_dict, by_key["k"]),
                 messages=by_key["s_count"],
                 bytes=by_key["s_sum"],
             ),
-            part(
+        ]
+    )
+
+
+def _part(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
+    """One set's rows in ROLLUP_SCHEMA: its columns given, the others null."""
+    return pa.table(
+        {
+            f.name: pa.repeat(pa.scalar(set_id), rows)
+            if f.name == "_set"
+            else columns.get(f.name, pa.nulls(rows, f.type))
+            for f in ROLLUP_SCHEMA
+        }
+    ).cast(ROLLUP_SCHEMA)
+
+
+def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
+    """The rollup of a capture ``table`` (capture columns; the payload is not read)
+    of the capture file ``name``: its three sets (``sets``) in windows of the
+    file's ``state_window``, and the row naming the file."""
+    n = table.num_rows
+    times = table["time_ns"]
+    first = pc.min(times).as_py() if n else None
+    last = pc.max(times).as_py() if n else None
+    window_ns = state_window(None if first is None else last - first)
+    out = pa.concat_tables(
+        [
+            sets(table, window_ns, depth),
+            _part(
                 1,
                 FILE_SET,
                 key=pa.array([name]),

@@ -190,7 +190,7 @@ def analyze(
                 from .analyze import run
 
                 out = str(staging or request.out)
-                result = run(session.spark, inputs, out, request.options, sources)
+                result = run(session.spark, inputs, out, request.options, sources, say)
                 t_analysis = time.monotonic()
             except BaseException as exc:
                 ending, session = session, None
