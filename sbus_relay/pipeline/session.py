@@ -362,10 +362,16 @@ class Session:
                 self.spark.stop()
             return
         if self.jvm is not None:
-            self.jvm.kill()
-            self.jvm.wait()
             from pyspark import SparkContext
 
+            # pyspark's accumulator server reads the updates of Python workers
+            # from the JVM: its connection ends with the JVM, and socketserver
+            # would print that end as a traceback.
+            server = getattr(SparkContext._active_spark_context, "_accumulatorServer", None)
+            if server is not None:
+                server.handle_error = _unreported
+            self.jvm.kill()
+            self.jvm.wait()
             # pyspark must not call into the JVM that is gone (at exit, or later).
             SparkContext._active_spark_context = None
             SparkContext._gateway = None
@@ -426,6 +432,10 @@ def start(
     )
     spark.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _unreported(request: object, client_address: object) -> None:
+    """A socketserver's error handler that reports nothing."""
 
 
 def _off_main_thread(build: Callable[..., SparkSession], *args: Any) -> SparkSession:
