@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from sbus_relay.ops.children import process_status
 from tests.rawsocket import seqpacket_listening
 
 #: The venv's bin directory (the server commands live beside the interpreter).
@@ -37,6 +38,13 @@ STOP_TIMEOUT = 10.0
 PRINT_TIMEOUT = 15.0
 #: Most bytes read back from a child's stdout or stderr in a helper.
 _READ_LIMIT = 1 << 20
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: neither gone (even while /proc is read: a
+    process reaped then says ESRCH) nor a zombie waiting to be reaped."""
+    status = process_status(pid)
+    return status is not None and status[0] != "Z"
 
 
 def rss(pid: int) -> int:

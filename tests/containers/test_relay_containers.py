@@ -45,7 +45,7 @@ from tests.containers.podman import (
 from tests.deploy.shipped import free_port
 from tests.namespaces.helpers import Agent
 from tests.relay.helpers import wait_until
-from tests.support import BusProcess, run_cli, start_bus
+from tests.support import BusProcess, run_cli, running, start_bus
 
 pytestmark = pytest.mark.timeout(1200)  # the first run makes the base and the image
 
@@ -139,15 +139,7 @@ def with_pid_gone(pid: int) -> None:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), f"pid {pid} ends")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    wait_until(lambda: not running(pid), f"pid {pid} ends")
 
 
 def wait_relay(container: Container, run: Path, connects: int = 1) -> None:

@@ -20,7 +20,7 @@ from sbus_relay.ops.children import process_status
 from tests.metrics.test_top import Tmux, tmux_available  # noqa: F401 - the fixture
 from tests.relay.helpers import wait_until
 from tests.relay.test_upgrade import serving_pid
-from tests.support import VENV_BIN, run_cli
+from tests.support import VENV_BIN, run_cli, running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,11 +29,6 @@ def _tpgid(pid: int) -> int:
     """The foreground process group of ``pid``'s terminal (/proc/PID/stat)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as stream:
         return int(stream.read().rpartition(")")[2].split()[5])
-
-
-def _alive(pid: int) -> bool:
-    status = process_status(pid)
-    return status is not None and status[0] != "Z"
 
 
 def _terminal_with_a_bus(tmp_path: Path, address: str) -> tuple[Tmux, int]:
@@ -65,16 +60,16 @@ def test_ctrl_c_stops_a_foreground_bus_after_upgrades(
         second = _upgrade(address, first)
         third = _upgrade(address, second)
         # the second process handed over and ended; its successor is the first's now
-        wait_until(lambda: not _alive(second), "the second process to end")
+        wait_until(lambda: not running(second), "the second process to end")
         wait_until(lambda: (process_status(third) or ("", 0))[1] == first, "the third adopted")
         screen = term.screen()
         assert "EXIT=" not in screen, screen  # the shell still waits
-        assert _alive(first)
+        assert running(first)
         assert os.getpgid(third) == os.getpgid(first) == _tpgid(third)  # in the foreground
         term.keys("C-c")
         term.wait_for("the shell to go on", r"^EXIT=0$")
         assert not os.path.exists(address)
-        assert not _alive(third) and not _alive(first)
+        assert not running(third) and not running(first)
     finally:
         term.close()
 
@@ -93,6 +88,6 @@ def test_a_signal_to_the_started_process_stops_the_bus_that_serves_now(
         os.kill(first, sig)  # as `kill PID` with the pid make printed: passed on
         term.wait_for("the shell to go on", r"^EXIT=0$")
         assert not os.path.exists(address)
-        assert not _alive(second)
+        assert not running(second)
     finally:
         term.close()

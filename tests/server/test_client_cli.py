@@ -22,6 +22,7 @@ from tests.support import (
     BusProcess,
     is_listening,
     run_cli,
+    running,
     start_bus,
     wait_for_text,
 )
@@ -389,14 +390,6 @@ def test_sbusd_combined_short_flags(tmp_path: Path, short_tmp: Path) -> None:
         assert bus.proc.wait(WAIT) == 0  # -c took effect too
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path, short_tmp: Path) -> None:
     directory = str(short_tmp)
     path, pidfile = os.path.join(directory, "bus"), os.path.join(directory, "pid")
@@ -411,7 +404,7 @@ def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path, short_tmp:
     # The parent exits only once the daemon is ready: no waiting needed here.
     pid = int(Path(pidfile).read_text())
     try:
-        assert _alive(pid)
+        assert running(pid)
         assert is_listening(path)
         with Client(path, timeout=WAIT) as client:
             assert client.whoami().startswith("!/cred/")
@@ -422,9 +415,9 @@ def test_sbusd_daemon_writes_and_removes_the_pid_file(tmp_path: Path, short_tmp:
     finally:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + WAIT
-    while _alive(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not _alive(pid)
+    assert not running(pid)
     assert not os.path.exists(pidfile)
     assert not os.path.exists(path)
     os.rmdir(directory)

@@ -20,7 +20,7 @@ from tests.server.rawclient import (
     connect_address,
     wait_accepting,
 )
-from tests.support import VENV_BIN, is_listening, start_bus
+from tests.support import VENV_BIN, is_listening, running, start_bus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -471,12 +471,12 @@ def test_daemon_writes_pidfile_and_cleans_up_on_sigterm(short_tmp: Path) -> None
         while os.path.exists(pidfile) or os.path.exists(path):
             assert time.monotonic() < deadline, "pid file or socket left behind"
             time.sleep(0.02)
-        while _alive(pid):
+        while running(pid):
             assert time.monotonic() < deadline, "daemon did not exit"
             time.sleep(0.02)
         pid = 0
     finally:
-        if pid and _alive(pid):
+        if pid and running(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -497,14 +497,14 @@ def test_daemon_with_pidfile_dev_null_leaves_dev_null_alone(short_tmp: Path) -> 
         pubsub_works(path)
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while _alive(pid):
+        while running(pid):
             assert time.monotonic() < deadline, "daemon did not exit"
             time.sleep(0.02)
         pid = 0
         assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
         assert not os.path.exists(path)
     finally:
-        if pid and _alive(pid):
+        if pid and running(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -516,11 +516,11 @@ def _stop_pid_in(pidfile: str) -> None:
 
 def _stop_daemon(pid: int) -> None:
     """SIGTERM a daemon and wait until it is gone (SIGKILL after 10 s)."""
-    if not _alive(pid):
+    if not running(pid):
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while _alive(pid):
+    while running(pid):
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             break
@@ -639,22 +639,9 @@ def _owner_of(path: str) -> int:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if wanted in argv and _alive(int(entry)):
+        if wanted in argv and running(int(entry)):
             return int(entry)
     raise AssertionError(f"no process serves {path}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it has exited as far as we care.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")

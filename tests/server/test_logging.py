@@ -22,7 +22,7 @@ import pytest
 
 from sbus_relay.client import Client
 from tests.server.rawclient import wait_accepting
-from tests.support import VENV_BIN
+from tests.support import VENV_BIN, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,18 +76,11 @@ def stop_within(pid: int, sig: int, paths: list[str]) -> float:
     start = time.monotonic()
     os.kill(pid, sig)
     while time.monotonic() - start < WAIT:
-        gone = not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+        gone = not running(pid)
         if gone and not any(os.path.exists(p) for p in paths):
             return time.monotonic() - start
         time.sleep(0.01)
     raise AssertionError(f"pid {pid} still running or left {paths} after {WAIT}s")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except (FileNotFoundError, IndexError):
-        return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=str)

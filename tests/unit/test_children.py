@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import running
+
 pytestmark = pytest.mark.timeout(30)
 
 #: A parent that starts a sleeping child, prints its pid and exits at once.
@@ -26,14 +28,6 @@ print(child.pid, flush=True)
 """
 #: Seconds a child may take to be gone after its parent.
 GONE_WITHIN = 10.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def child_of_a_parent_that_exits(mode: str, tmp_path: Path) -> int:
@@ -51,16 +45,16 @@ def child_of_a_parent_that_exits(mode: str, tmp_path: Path) -> int:
 def test_a_child_dies_with_its_parent(tmp_path: Path) -> None:
     pid = child_of_a_parent_that_exits("tied", tmp_path)
     deadline = time.monotonic() + GONE_WITHIN
-    while alive(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(pid)
+    assert not running(pid)
 
 
 def test_a_background_job_outlives_its_parent(tmp_path: Path) -> None:
     pid = child_of_a_parent_that_exits("outlive", tmp_path)
     try:
         time.sleep(0.5)
-        assert alive(pid)
+        assert running(pid)
     finally:
         os.kill(pid, signal.SIGKILL)
 
