@@ -126,7 +126,7 @@ def children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
+    except OSError:  # gone, or going (ESRCH)
         return []
 
 

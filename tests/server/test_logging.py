@@ -55,7 +55,7 @@ def serve_pid(pgid: int) -> int:
     for pid in pids_in_group(pgid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
+        except OSError:  # gone, or going (ESRCH)
             continue
         if b"serve" in cmdline and b"bash" not in cmdline.split(b"\0")[0]:
             return pid
