@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pty
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.client import Client
-from tests.support import VENV_BIN, BusProcess, run_cli, short_dir, start_bus, wait_for_text
+from tests.client.conftest import Master
+from tests.support import VENV_BIN, run_cli, wait_for_text
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -26,39 +26,16 @@ WAIT = 20.0
 LOG_LINE = re.compile(r"[{}]|\d{4}-\d\d-\d\dT|\[\s*(warning|info)|\x1b\[")
 
 
-class Bus:
-    """``serve -f`` on a fixed private path, stopped and started again there."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.dir = short_dir()
-        self.address = os.path.join(self.dir, "bus")
-        self.process: BusProcess | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = start_bus(self.tmp_path, "-a", self.address, command="serve")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
-def bus(tmp_path: Path) -> Iterator[Bus]:
-    running = Bus(tmp_path)
+def bus(tmp_path: Path) -> Iterator[Master]:
+    running = Master(tmp_path, command="serve")
     try:
         yield running
     finally:
         running.close()
 
 
-def start_sub(bus: Bus, stderr: int, *args: str) -> subprocess.Popen[bytes]:
+def start_sub(bus: Master, stderr: int, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [os.path.join(VENV_BIN, "sbus-relay"), "sub", "-v", "-a", bus.address, *args],
         stdin=subprocess.DEVNULL,
@@ -74,7 +51,7 @@ def person_lines(text: str, prog: str) -> list[str]:
     return lines
 
 
-def follow_a_restart(bus: Bus, err: Path, proc: subprocess.Popen[bytes]) -> str:
+def follow_a_restart(bus: Master, err: Path, proc: subprocess.Popen[bytes]) -> str:
     """Stop the bus under a ``sub``, start it again; what ``sub`` said, once it
     printed a message sent after."""
     wait_for_text(str(err), "subscribed to s/ at", WAIT, proc)
@@ -89,7 +66,7 @@ def follow_a_restart(bus: Bus, err: Path, proc: subprocess.Popen[bytes]) -> str:
 
 
 def test_sub_says_in_plain_lines_that_its_bus_went_away_and_came_back(
-    bus: Bus, tmp_path: Path
+    bus: Master, tmp_path: Path
 ) -> None:
     err = tmp_path / "sub.err"
     with open(err, "wb") as stream:
@@ -107,7 +84,7 @@ def test_sub_says_in_plain_lines_that_its_bus_went_away_and_came_back(
     assert len(lines) == 3
 
 
-def test_sub_on_a_terminal_says_the_same_plain_lines(bus: Bus, tmp_path: Path) -> None:
+def test_sub_on_a_terminal_says_the_same_plain_lines(bus: Master, tmp_path: Path) -> None:
     """stderr a terminal: no colours, no timestamps either."""
     parent, child = pty.openpty()
     err = tmp_path / "sub.err"
@@ -146,7 +123,7 @@ def test_sub_on_a_terminal_says_the_same_plain_lines(bus: Bus, tmp_path: Path) -
             os.close(child)
 
 
-def test_sub_without_reconnect_says_it_gives_up_and_exits_1(bus: Bus, tmp_path: Path) -> None:
+def test_sub_without_reconnect_says_it_gives_up_and_exits_1(bus: Master, tmp_path: Path) -> None:
     err = tmp_path / "sub.err"
     with open(err, "wb") as stream:
         proc = start_sub(bus, stream.fileno(), "s/", "--no-reconnect")
@@ -162,7 +139,7 @@ def test_sub_without_reconnect_says_it_gives_up_and_exits_1(bus: Bus, tmp_path: 
     assert len(lines) == 2 and lines[1].endswith("; giving up (--no-reconnect)"), lines
 
 
-def test_pub_lines_says_its_bus_went_away_and_came_back(bus: Bus, tmp_path: Path) -> None:
+def test_pub_lines_says_its_bus_went_away_and_came_back(bus: Master, tmp_path: Path) -> None:
     """Lines written while the bus is away wait, and go once it is back."""
     err = tmp_path / "pub.err"
     receiver = Client(bus.address, timeout=WAIT, reconnect=False)

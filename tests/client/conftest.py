@@ -23,19 +23,29 @@ WAIT = 15.0
 
 
 class Master:
-    """``sbusd -f`` on a fixed path that can be killed (-9) and started again there."""
+    """``sbusd -f`` (or ``command``) on a fixed path that can be stopped or killed
+    (-9) and started again there."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, command: str = "sbusd") -> None:
         self.tmp_path = tmp_path
         self.dir = short_dir()
         self.address = os.path.join(self.dir, "bus")
         self.args = args
+        self.command = command
         self.process: BusProcess | None = None
         self.start()
 
     def start(self) -> None:
         # -r: a killed bus leaves its socket file behind
-        self.process = start_bus(self.tmp_path, "-r", "-a", self.address, *self.args)
+        self.process = start_bus(
+            self.tmp_path, "-r", "-a", self.address, *self.args, command=self.command
+        )
+
+    def stop(self) -> None:
+        """Stopped as a person stops it (SIGTERM), to be started again."""
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
 
     def kill(self) -> None:
         assert self.process is not None
