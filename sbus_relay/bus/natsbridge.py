@@ -208,6 +208,12 @@ class NatsBridge:
         return len(self._subs)
 
     @property
+    def unconfirmed(self) -> int:
+        """Messages handed to the server that it has not confirmed yet."""
+        confirmed = self.confirmed  # first: ``sent`` only grows
+        return max(0, self.sent - confirmed)
+
+    @property
     def to_bus_queued(self) -> int:
         return self._writer.queued if self._writer is not None else 0
 
@@ -669,11 +675,11 @@ class NatsBridge:
     async def _round_trip(self, nc: Any) -> None:
         """One PING and its PONG, after everything published so far is written:
         nats-py writes a PING straight to the socket, ahead of what it still
-        holds, so what it holds is written first."""
+        holds, so what it holds is written first (a forced flush returns once
+        nats-py's writer has taken it, or when the trip is cancelled)."""
         upto = self.sent
         try:
-            written = await nc._flush_pending()
-            await asyncio.wait_for(written, CONFIRM_TIMEOUT)
+            await nc._flush_pending(force_flush=True)
             if not self.connected:
                 return  # what it holds goes to the next server: not confirmed here
             start = time.monotonic()
