@@ -657,20 +657,24 @@ class NatsBridge:
     async def _confirm(self) -> None:
         """Confirm what was published, every CONFIRM_SECONDS while some is not
         (and every HEARTBEAT anyway, for the round-trip time): one round trip
-        at a time."""
-        while True:
-            await asyncio.sleep(CONFIRM_SECONDS)
-            due = self.sent > self.confirmed
-            due = due or time.monotonic() - self._trip_done >= natsinterest.HEARTBEAT
-            if not (due and self.connected and self._nc is not None):
-                continue
-            self._trip = trip = asyncio.ensure_future(self._round_trip(self._nc))
-            try:
-                await asyncio.wait([trip])  # a trip cancelled with its connection ends it
-            finally:
-                self._trip = None
-                self._trip_done = time.monotonic()
-                trip.cancel()
+        at a time on a connection."""
+        try:
+            while True:
+                await asyncio.sleep(CONFIRM_SECONDS)
+                if self._trip is not None or not self.connected or self._nc is None:
+                    continue
+                due = self.sent > self.confirmed
+                if due or time.monotonic() - self._trip_done >= natsinterest.HEARTBEAT:
+                    self._trip = asyncio.ensure_future(self._round_trip(self._nc))
+                    self._trip.add_done_callback(self._trip_ended)
+        finally:
+            if self._trip is not None:
+                self._trip.cancel()
+
+    def _trip_ended(self, trip: asyncio.Future[None]) -> None:
+        if self._trip is trip:
+            self._trip = None
+            self._trip_done = time.monotonic()
 
     async def _round_trip(self, nc: Any) -> None:
         """One PING and its PONG, after everything published so far is written:
@@ -694,7 +698,11 @@ class NatsBridge:
         (at most lost: some of it may have been taken, or may still wait in
         nats-py for the next server)."""
         if self._trip is not None:
-            self._trip.cancel()  # its PONG will never come
+            # its PONG will never come (nats-py may swallow the cancel: the trip
+            # then ends by its timeout, confirming nothing new); the next
+            # connection's trips need not wait for it
+            self._trip.cancel()
+            self._trip = None
         lost = self.sent - self.confirmed
         self.confirmed = self.sent
         if lost > 0 and not self._closing:
