@@ -6,7 +6,8 @@ what crosses meanwhile (the figures of docs/nats.md, "Failures").
 A 3-node cluster on free loopback ports; host A (master and relay) joined to
 one member with the others listed, host B to another.  A publisher on A's
 relay sends 1,000 msg/s to a subscriber on B throughout; each fault is made
-and undone, and the subscriber's gap and count are reported.
+and undone, and the subscriber's gap and count are reported, with what A's
+link counted as handed to a server that never confirmed it (``unconfirmed``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
 
         def episode(name: str, make: object, undo: object, hold: float) -> None:
             before_sent, before_got = sent[0], len(got)
+            before_unconfirmed = a.link()["drops"]["unconfirmed"]
             reconnects = a.link()["reconnects"]
             t0 = time.monotonic()
             make()  # type: ignore[operator]
@@ -77,7 +79,11 @@ def main() -> None:
             undo()  # type: ignore[operator]
             time.sleep(5)
             window = got[before_got:]
-            n_sent = sent[0] - before_sent
+            end_sent = sent[0]
+            n_sent = end_sent - before_sent
+            # of those sent meanwhile, how many arrived (whenever), how many were counted
+            arrived = len({s for _, s in got if before_sent <= s < end_sent})
+            unconfirmed = a.link()["drops"]["unconfirmed"] - before_unconfirmed
             seqs = [s for _, s in window]
             gaps = [y - x for (x, _), (y, _) in zip(window, window[1:], strict=False)]
             late = sum(1 for x, y in zip(seqs, seqs[1:], strict=False) if y < x)
@@ -85,7 +91,10 @@ def main() -> None:
                 f"{name}: noticed after {noticed:.2f} s, connected again after {back:.2f} s;"
                 f" {late} arrived out of order;"
                 f" sent {n_sent}, received {len(window)} ({len(set(seqs))} distinct),"
-                f" longest gap {max(gaps, default=0):.2f} s, drops {a.link()['drops']}"
+                f" longest gap {max(gaps, default=0):.2f} s;"
+                f" of the {n_sent} sent, {arrived} arrived and {unconfirmed} were counted"
+                f" unconfirmed (arrived + counted >= sent: {arrived + unconfirmed >= n_sent});"
+                f" drops {a.link()['drops']}"
             )
 
         member = next(

@@ -83,6 +83,18 @@ RECONNECT_WAIT = 0.25
 CONNECT_BACKOFF_MAX = 2.0
 #: Seconds to wait for one server to answer a connect.
 CONNECT_TIMEOUT = 2
+#: Seconds between round trips that confirm what was published, while any of
+#: it is unconfirmed: a NATS server answers a PING only after reading all that
+#: came before it on the connection, so a PONG confirms every message published
+#: before its PING; what a server that went away never confirmed is counted
+#: (``unconfirmed``), and this keeps that count close to what was really lost,
+#: for a PING and a PONG every 0.1 s while traffic flows.
+CONFIRM_SECONDS = 0.1
+#: Seconds one confirming round trip may take: longer than nats-py needs to
+#: leave a silent server (PING_INTERVAL * (PINGS + 1)), so a round trip is
+#: given up only with its connection, never while a late PONG may still come
+#: (nats-py fails on a PONG for a PING whose wait was given up).
+CONFIRM_TIMEOUT = 30
 #: nats-py's own buffer for what is published while it reconnects (bytes).
 PENDING_BYTES = 8 * 1024 * 1024
 #: Messages and bytes one NATS subscription may hold undelivered before
@@ -99,6 +111,7 @@ DROP_REASONS = (
     "slow_consumer",  # nats-py dropped messages of a subscription that fell behind
     "bad_subject",  # a message on a subject no key maps to
     "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
+    "unconfirmed",  # handed to a NATS server that went away before confirming it: at most lost
 )
 #: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
 PACKET_OVERHEAD = 5
@@ -123,6 +136,10 @@ class NatsBridge:
         self.drops: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.reconnects = 0
         self.rtt = 0.0
+        #: ``sent`` when the server last confirmed all it had been handed
+        self.confirmed = 0
+        self._trip: asyncio.Future[None] | None = None  # the round trip in flight
+        self._trip_done = 0.0  # when the last round trip ended (monotonic)
         #: when the bridge last had applied at the server all it read from the bus
         self.synced = 0.0
         self.local = natsinterest.LocalInterest()
@@ -191,6 +208,12 @@ class NatsBridge:
         return len(self._subs)
 
     @property
+    def unconfirmed(self) -> int:
+        """Messages handed to the server that it has not confirmed yet."""
+        confirmed = self.confirmed  # first: ``sent`` only grows
+        return max(0, self.sent - confirmed)
+
+    @property
     def to_bus_queued(self) -> int:
         return self._writer.queued if self._writer is not None else 0
 
@@ -219,6 +242,7 @@ class NatsBridge:
         self._writer = BusWriter(self._sock, self._loop)
         reader = asyncio.create_task(self._read_bus())
         ticker = asyncio.create_task(self._tick())
+        confirming = asyncio.create_task(self._confirm())
         connecting = asyncio.create_task(self._connect())
         try:
             await self._stop.wait()
@@ -228,6 +252,7 @@ class NatsBridge:
                 await connecting
             reader.cancel()
             ticker.cancel()
+            confirming.cancel()
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self._fd)
                 self._writer.stop()
@@ -365,6 +390,7 @@ class NatsBridge:
     async def _on_disconnected(self) -> None:
         if self.connected and not self._closing:
             self.log.warning("nats.lost", server=self.server)
+        self._unconfirmed_lost()
         self.connected = False
         self.state = "reconnecting"
         self._reading(False)
@@ -618,11 +644,73 @@ class NatsBridge:
             self._writer.tell(pattern, present)
 
     async def _tick(self) -> None:
-        """Heartbeats, forgetting silent hosts, the round-trip time."""
+        """Heartbeats, forgetting silent hosts."""
         while True:
             await asyncio.sleep(natsinterest.HEARTBEAT)
             self._tell_bus(self.remote.expire(time.monotonic()))
             if self.connected:
                 with contextlib.suppress(Exception):
                     await self._announce([self.local.heartbeat()])
-                    self.rtt = await self._nc.rtt(timeout=2)
+
+    # --- what the server confirmed --------------------------------------------------------
+
+    async def _confirm(self) -> None:
+        """Confirm what was published, every CONFIRM_SECONDS while some is not
+        (and every HEARTBEAT anyway, for the round-trip time): one round trip
+        at a time on a connection."""
+        try:
+            while True:
+                await asyncio.sleep(CONFIRM_SECONDS)
+                if self._trip is not None or not self.connected or self._nc is None:
+                    continue
+                due = self.sent > self.confirmed
+                if due or time.monotonic() - self._trip_done >= natsinterest.HEARTBEAT:
+                    self._trip = asyncio.ensure_future(self._round_trip(self._nc))
+                    self._trip.add_done_callback(self._trip_ended)
+        finally:
+            if self._trip is not None:
+                self._trip.cancel()
+
+    def _trip_ended(self, trip: asyncio.Future[None]) -> None:
+        if self._trip is trip:
+            self._trip = None
+            self._trip_done = time.monotonic()
+
+    async def _round_trip(self, nc: Any) -> None:
+        """One PING and its PONG, after everything published so far is written:
+        nats-py writes a PING straight to the socket, ahead of what it still
+        holds, so what it holds is written first (a forced flush returns once
+        nats-py's writer has taken it, or when the trip is cancelled)."""
+        upto = self.sent
+        try:
+            await nc._flush_pending(force_flush=True)
+            if not self.connected:
+                return  # what it holds goes to the next server: not confirmed here
+            start = time.monotonic()
+            await nc.flush(timeout=CONFIRM_TIMEOUT)
+        except Exception:
+            return  # nothing confirmed; the connection's loss counts it, if lost
+        self.rtt = time.monotonic() - start
+        self.confirmed = max(self.confirmed, upto)
+
+    def _unconfirmed_lost(self) -> None:
+        """The connection is gone: what its server did not confirm is counted
+        (at most lost: some of it may have been taken, or may still wait in
+        nats-py for the next server)."""
+        if self._trip is not None:
+            # its PONG will never come (nats-py may swallow the cancel: the trip
+            # then ends by its timeout, confirming nothing new); the next
+            # connection's trips need not wait for it
+            self._trip.cancel()
+            self._trip = None
+        lost = self.sent - self.confirmed
+        self.confirmed = self.sent
+        if lost > 0 and not self._closing:
+            self.drops["unconfirmed"] += lost
+            self.log.warning(
+                "nats.unconfirmed",
+                server=self.server,
+                messages=lost,
+                total=self.drops["unconfirmed"],
+                hint="handed to a server that went away before confirming them: at most lost",
+            )

@@ -169,6 +169,7 @@ class NatsLink:
             "received": b.received,
             "received_bytes": b.received_bytes,
             "drops": {"queue_overflow": self.conn.dropped, **b.drops},
+            "unconfirmed": b.unconfirmed,
             "queued_messages": count,
             "queued_bytes": nbytes,
             "to_bus_queued": b.to_bus_queued,

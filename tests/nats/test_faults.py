@@ -4,6 +4,8 @@ throughout, and what crosses after is counted."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,3 +158,80 @@ def test_what_overflows_the_queue_is_counted_and_said(tmp_path: Path) -> None:
         a.stop()
         b.stop()
         server.stop()
+
+
+def test_what_a_paused_server_swallows_is_counted(tmp_path: Path) -> None:
+    """Host A publishes steadily to host B while A's server is paused until A
+    notices (then resumed): what did not reach B is covered by A's count of
+    what its server never confirmed (an upper bound), and by its other drops."""
+    cluster = Cluster(tmp_path, n=2)
+    a = b = None
+    try:
+        a = Host(tmp_path, "hosta", cluster.urls(0, 1), relay=False)
+        wait_until(lambda: a.link()["connected"], 30, "a joined")
+        ours = 0 if a.link()["server"].endswith(":%d" % cluster.servers[0].port) else 1
+        victim = cluster.servers[ours]
+        b = Host(tmp_path, "hostb", cluster.urls(1 - ours), relay=False)
+        joined(a, b)
+        got: set[int] = set()
+        done = threading.Event()
+
+        def read(sub: Client) -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    got.add(int(bytes(sub.receive(timeout=0.2).payload)))
+
+        with Client(b.master.address, timeout=5) as sub:
+            sub.subscribe(b"u/")
+            wait_until(lambda: a.link()["remote_patterns"] >= 1, 15, "b's interest at a")
+            reading = threading.Thread(target=read, args=(sub,))
+            reading.start()
+            sent = 0
+            try:
+                with Client(a.master.address, timeout=5) as pub:
+
+                    def publish(n: int) -> None:
+                        nonlocal sent
+                        for _ in range(n):
+                            pub.publish(b"u/x", b"%d" % sent)
+                            sent += 1
+                            time.sleep(0.002)
+
+                    publish(200)
+                    wait_until(lambda: a.link()["unconfirmed"] == 0, 30, "a's sends confirmed")
+                    reconnects = a.link()["reconnects"]
+                    victim.pause()
+                    try:
+                        # a notices (its pings go unanswered) and moves to the other server
+                        deadline = time.monotonic() + 30
+                        while time.monotonic() < deadline:
+                            link = a.link()
+                            if not link["connected"] or link["reconnects"] > reconnects:
+                                break
+                            publish(20)
+                        else:
+                            raise AssertionError("a never noticed the pause")
+                    finally:
+                        victim.resume()
+                    wait_until(lambda: a.link()["connected"], 20, "a back on a server")
+                    publish(200)
+
+                def covered() -> bool:
+                    return sent - len(got) <= sum(a.link()["drops"].values())
+
+                # B's count only grows; A's drops are settled once it is back
+                wait_until(covered, 30, "every message received or counted")
+            finally:
+                done.set()
+                reading.join(10)
+        drops = a.link()["drops"]
+        assert sent - len(got) <= sum(drops.values()), (sent, len(got), drops)
+        assert drops["unconfirmed"] > 0, drops  # traffic flowed while it was paused
+        # what was confirmed before the pause, or sent after it, is not counted
+        assert drops["unconfirmed"] <= sent - 400, (sent, drops)
+        assert '"nats.unconfirmed"' in a.master.stderr_text()
+    finally:
+        for h in (a, b):
+            if h is not None:
+                h.stop()
+        cluster.stop()
