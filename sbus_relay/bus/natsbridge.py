@@ -117,6 +117,15 @@ DROP_REASONS = (
 PACKET_OVERHEAD = 5
 
 
+async def write_held(nc: Any, timeout: float) -> None:
+    """Have nats-py write out what it holds (SUB, PUB...) before a round trip:
+    its ``flush()`` writes the PING straight to the socket, ahead of what it
+    still holds, so a PONG alone does not say the server read those.  (A forced
+    flush of nats-py 2.x, which ``pyproject.toml`` keeps to; it waits for ever
+    on a connection that goes away meanwhile, hence ``timeout``.)"""
+    await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
+
+
 class NatsBridge:
     """One host's presence on NATS (see the module's theory of operation)."""
 
@@ -276,6 +285,7 @@ class NatsBridge:
         if nc.is_connected:
             with contextlib.suppress(Exception):
                 await self._announce([self.local.goodbye()])
+                await write_held(nc, 1)
                 await nc.flush(timeout=1)
         with contextlib.suppress(Exception):
             await nc.close()
@@ -442,6 +452,7 @@ class NatsBridge:
             self._schedule_announce()
             if changed and self.connected:
                 with contextlib.suppress(Exception):
+                    await write_held(self._nc, 2)
                     await self._nc.flush(timeout=2)  # the server has our SUBs
             self.synced = time.monotonic()
 
@@ -677,13 +688,12 @@ class NatsBridge:
             self._trip_done = time.monotonic()
 
     async def _round_trip(self, nc: Any) -> None:
-        """One PING and its PONG, after everything published so far is written:
-        nats-py writes a PING straight to the socket, ahead of what it still
-        holds, so what it holds is written first (a forced flush returns once
-        nats-py's writer has taken it, or when the trip is cancelled)."""
+        """One PING and its PONG, after everything published so far is written
+        (``write_held``: it returns once nats-py's writer has taken it, or when
+        the trip is cancelled)."""
         upto = self.sent
         try:
-            await nc._flush_pending(force_flush=True)
+            await write_held(nc, CONFIRM_TIMEOUT)
             if not self.connected:
                 return  # what it holds goes to the next server: not confirmed here
             start = time.monotonic()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sbus_relay.bus.natsbridge import write_held
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.natsmap import SubjectMap, relaxed
 from tests.nats.cluster import NatsServer, free_port
@@ -48,11 +49,14 @@ async def deliveries(
                 got.add((p, m.key(msg.subject.encode())))
 
             await sub_nc.subscribe(subject.decode(), cb=cb)
+        # the subscriptions read by the server before anything is published
+        # (nats-py's flush alone may overtake them: write_held)
+        await write_held(sub_nc, 10)
         await sub_nc.flush()
         for k in keys:
             await pub_nc.publish(m.subject(k).decode(), b"")
+        await write_held(pub_nc, 10)
         await pub_nc.flush()
-        await sub_nc.flush()
         for _ in range(200):  # until what the model expects came (or 10 s), then a bit more
             if len(got) >= expected:
                 break
