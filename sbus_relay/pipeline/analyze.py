@@ -464,14 +464,14 @@ def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
 
     small = pa.concat_tables(
         [
-            _tagged(
-                cells, R.CELL_SET, prefix=cells["prefix"],
+            R.set_rows(
+                cells.num_rows, R.CELL_SET, prefix=cells["prefix"],
                 window_start_ns=cells["window_start_ns"], instance=cells["instance"],
                 messages=cells["messages_sum"], bytes=cells["bytes_sum"],
                 first_ns=cells["first_ns_min"], last_ns=cells["last_ns_max"],
             ),
-            _tagged(sizes, R.SIZE_SET, prefix=sizes["prefix"], size=sizes["size"],
-                   messages=sizes["messages_sum"]),
+            R.set_rows(sizes.num_rows, R.SIZE_SET, prefix=sizes["prefix"], size=sizes["size"],
+                       messages=sizes["messages_sum"]),
         ]
     )  # fmt: skip
     keys = rows(R.KEY_SET)
@@ -484,48 +484,6 @@ def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
         return ranking(*(top[c].to_pylist() for c in ("key", "messages", "bytes")))
 
     return _split(small, (top_by("messages", "bytes"), top_by("bytes", "messages"), k.num_rows))
-
-
-def _tagged(t: pa.Table, set_id: int, **columns: Any) -> pa.Table:
-    """Rows of one set in ``rollup.ROLLUP_SCHEMA``: its columns given, the others null."""
-    n = t.num_rows
-    return pa.table(
-        {
-            f.name: pa.repeat(pa.scalar(set_id), n)
-            if f.name == "_set"
-            else (columns[f.name] if f.name in columns else pa.nulls(n, f.type))
-            for f in R.ROLLUP_SCHEMA
-        },
-        schema=R.ROLLUP_SCHEMA,
-    )
-
-
-#: Per stored set: its grouping columns and the sums ``compute_local`` reads.
-STORED_SUMS = (
-    (R.CELL_SET, CELLS, (("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"),
-                         ("last_ns", "max"))),
-    (R.SIZE_SET, SIZES, (("messages", "sum"),)),
-    (R.KEY_SET, KEYS, (("messages", "sum"), ("bytes", "sum"))),
-)  # fmt: skip
-
-
-def sum_stored(parts: Sequence[pa.Table]) -> pa.Table:
-    """Stored sets (``rollup.ROLLUP_SCHEMA`` rows) summed at their own grain: each
-    set on its own columns, the rows naming files kept as they are.  Sums add up,
-    so ``compute_local`` of the result equals ``compute_local`` of the parts
-    together: ``follow`` adds each committed batch to the sums of the earlier ones
-    instead of summing all of them again."""
-    import pyarrow.compute as pc
-
-    state = pa.concat_tables(parts) if parts else R.ROLLUP_SCHEMA.empty_table()
-    out = []
-    for set_id, columns, sums in STORED_SUMS:
-        rows = state.filter(pc.equal(state["_set"], set_id))
-        g = rows.group_by(list(columns), use_threads=False).aggregate(list(sums))
-        summed = {name: g[f"{name}_{how}"] for name, how in sums}
-        out.append(_tagged(g, set_id, **{c: g[c] for c in columns}, **summed))
-    out.append(state.filter(pc.equal(state["_set"], R.FILE_SET)))
-    return pa.concat_tables(out)
 
 
 def _cut(prefixes: Any, depth: int) -> tuple[Any, Any]:

@@ -288,7 +288,7 @@ def check(request: Request, watch: FollowOptions, say: Callable[[str], None]) ->
 
 
 class Summed:
-    """The committed state summed on the driver (``analyze.sum_stored``), batch by
+    """The committed state summed on the driver (``rollup.sum_stored``), batch by
     batch: a committed batch never changes, so each update reads only the
     batches committed since the last one and adds them to the sums, which stay
     the size of the aggregates (prefixes, windows, sizes, keys), not of the
@@ -320,7 +320,7 @@ class Summed:
                     )
                 )
         if len(parts) > 1 or self.upto < 0:
-            self.sums = A.sum_stored(parts)
+            self.sums = R.sum_stored(parts)
         self.upto = upto
         return self.sums
 

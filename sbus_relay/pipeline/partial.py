@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
 # Names, not the module, in the functions shipped by value (``ship_by_value``):
 # each carries the names it uses, where the module would carry all of its own.
 from . import rollup
-from .rollup import GROUPING_COLUMNS, ROLLUP_SCHEMA, sets
+from .rollup import sets, sum_stored
 
 #: What ``mapInArrow`` runs on each task.
 BatchFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -55,10 +55,6 @@ READ_ROWS = 1_048_576
 READ_FAILURE = "sbus_relay: a Python worker could not read the capture file"
 #: A row group of a capture file: (path, index).
 Unit = tuple[str, int]
-#: The columns a partial row is grouped on: its set and the set's columns.
-GROUPED = ["_set", *GROUPING_COLUMNS]
-#: How each summed column of partial rows is summed again.
-SUMS = [("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"), ("last_ns", "max")]
 #: Words of a Spark failure that say the Python workers could not run at all:
 #: no such program, another Python, no pyarrow.  Any other failure of the
 #: partial sums is a failure of the run.
@@ -68,15 +64,6 @@ WORKER_FAILURE_WORDS = (
     "PACKAGE_NOT_INSTALLED",
     "No module named 'pyarrow'",
 )
-
-
-def merge(parts: Iterable[pa.Table]) -> pa.Table:
-    """Partial rows (``rollup.ROLLUP_SCHEMA``) summed on their set and its columns."""
-    table = pa.concat_tables(parts)
-    g = table.group_by(GROUPED, use_threads=False).aggregate(SUMS)
-    columns = {c: g[c] for c in GROUPED}
-    columns.update({name: g[f"{name}_{how}"] for name, how in SUMS})
-    return pa.table([columns[f.name] for f in ROLLUP_SCHEMA], schema=ROLLUP_SCHEMA)
 
 
 def file_sums(
@@ -96,10 +83,10 @@ def file_sums(
                     kept.append(part)
                     rows += part.num_rows
                     if rows > MERGE_ROWS and len(kept) > 1:
-                        kept = [merge(kept)]
+                        kept = [sum_stored(kept)]
                         rows = kept[0].num_rows
     if kept:
-        yield from merge(kept).to_batches()
+        yield from sum_stored(kept).to_batches()
 
 
 def _read(path: str, group: int) -> Iterator[pa.Table]:

@@ -30,6 +30,7 @@ depth, the window and the capture's row count, which ``usable`` checks.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def sets(table: pa.Table, window_ns: int, depth: int) -> pa.Table:
     by_key = coded.group_by(["k"], use_threads=False).aggregate([("s", "count"), ("s", "sum")])
     return pa.concat_tables(
         [
-            _part(
+            set_rows(
                 cells.num_rows,
                 CELL_SET,
                 prefix=pc.take(prefix_dict, cells["p"]),
@@ -157,14 +158,14 @@ def sets(table: pa.Table, window_ns: int, depth: int) -> pa.Table:
                 first_ns=cells["t_min"],
                 last_ns=cells["t_max"],
             ),
-            _part(
+            set_rows(
                 by_size.num_rows,
                 SIZE_SET,
                 prefix=pc.take(prefix_dict, by_size["p"]),
                 size=by_size["s"],
                 messages=by_size["k_count"],
             ),
-            _part(
+            set_rows(
                 by_key.num_rows,
                 KEY_SET,
                 key=pc.take(key_dict, by_key["k"]),
@@ -175,8 +176,8 @@ def sets(table: pa.Table, window_ns: int, depth: int) -> pa.Table:
     )
 
 
-def _part(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
-    """One set's rows in ROLLUP_SCHEMA: its columns given, the others null."""
+def set_rows(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
+    """``rows`` rows of one set in ROLLUP_SCHEMA: its columns given, the others null."""
     return pa.table(
         {
             f.name: pa.repeat(pa.scalar(set_id), rows)
@@ -185,6 +186,32 @@ def _part(rows: int, set_id: int, **columns: pa.Array) -> pa.Table:
             for f in ROLLUP_SCHEMA
         }
     ).cast(ROLLUP_SCHEMA)
+
+
+#: Per stored set: its grouping columns and how its columns are summed again.
+STORED_SUMS = (
+    (CELL_SET, CELLS, (("messages", "sum"), ("bytes", "sum"), ("first_ns", "min"),
+                       ("last_ns", "max"))),
+    (SIZE_SET, SIZES, (("messages", "sum"),)),
+    (KEY_SET, KEYS, (("messages", "sum"), ("bytes", "sum"))),
+)  # fmt: skip
+
+
+def sum_stored(parts: Sequence[pa.Table]) -> pa.Table:
+    """Stored sets (ROLLUP_SCHEMA rows: rollups, partial sums of raw rows,
+    ``follow``'s state) summed at their own grain: each set on its own columns,
+    the rows naming files kept as they are.  Sums add up, so this may be done
+    in steps: ``follow`` adds each committed batch to the sums of the earlier
+    ones, a worker (``partial``) its row groups' sums to those it keeps."""
+    state = pa.concat_tables(parts) if parts else ROLLUP_SCHEMA.empty_table()
+    out = []
+    for set_id, columns, sums in STORED_SUMS:
+        rows = state.filter(pc.equal(state["_set"], set_id))
+        g = rows.group_by(list(columns), use_threads=False).aggregate(list(sums))
+        summed = {name: g[f"{name}_{how}"] for name, how in sums}
+        out.append(set_rows(g.num_rows, set_id, **{c: g[c] for c in columns}, **summed))
+    out.append(state.filter(pc.equal(state["_set"], FILE_SET)))
+    return pa.concat_tables(out)
 
 
 def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
@@ -199,7 +226,7 @@ def roll_up(table: pa.Table, name: str, depth: int = ROLLUP_DEPTH) -> pa.Table:
     out = pa.concat_tables(
         [
             sets(table, window_ns, depth),
-            _part(
+            set_rows(
                 1,
                 FILE_SET,
                 key=pa.array([name]),

@@ -41,7 +41,7 @@ def capture(path: Path, rows: list[dict[str, Any]], group_rows: int) -> Path:
 
 def summed(parts: list[Any]) -> Any:
     """Partial rows summed and sorted: comparable whatever produced them."""
-    return P.merge(parts).sort_by([(c, "ascending") for c in P.GROUPED])
+    return R.sum_stored(parts).sort_by([(c, "ascending") for c in ("_set", *R.GROUPING_COLUMNS)])
 
 
 def run_plan(plan: list[list[P.Unit]], depth: int = 2) -> Any:

@@ -145,7 +145,7 @@ def small_result(out: Path) -> A.AnalysisResult:
     rollup = R.roll_up(pa.Table.from_pylist(rows, schema=CAPTURE_SCHEMA), "c.parquet")
     asked = A.AnalyzeOptions(burst_min_messages=10)
     opts = A.span_options(asked, rows[0]["time_ns"], rows[-1]["time_ns"])
-    job = A.compute_local(A.sum_stored([rollup]), opts)
+    job = A.compute_local(R.sum_stored([rollup]), opts)
     return A.finish(None, job, asked, opts, Inputs(paths=["c.parquet"], checked=True), 1, out)  # type: ignore[arg-type]
 
 

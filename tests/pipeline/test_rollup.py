@@ -124,7 +124,7 @@ def test_stored_sets_summed_in_steps_give_the_tables_of_all_of_them() -> None:
     every = pa.concat_tables(rollups)
     summed = None
     for rollup in rollups:
-        summed = A.sum_stored([rollup] if summed is None else [summed, rollup])
+        summed = R.sum_stored([rollup] if summed is None else [summed, rollup])
     assert summed is not None
     assert summed.num_rows < every.num_rows  # summed, not only gathered
     for depth in (1, 2):
