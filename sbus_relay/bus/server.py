@@ -41,10 +41,10 @@ from gevent.event import Event
 from sbus_relay import accel
 from sbus_relay.ops.addresses import peer_ucred, socket_mode
 from sbus_relay.ops.config import Reload, ServerConfig, plan_reload
-from sbus_relay.protocol import accounting, codec, quota, session
+from sbus_relay.protocol import accounting, codec, control, quota, session
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
-from sbus_relay.protocol.interest import ADD, InterestTracker
+from sbus_relay.protocol.interest import InterestTracker
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
 from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
@@ -289,7 +289,7 @@ class Server:
             self.log.warning("client.refused", reason=why, uid=uid, gid=gid, pid=pid)
             with contextlib.suppress(OSError):  # say why, best effort (docs/protocol.md)
                 sock.setblocking(False)
-                sock.send(codec.encode_cmsg(b"disconnect", why.encode()))
+                sock.send(control.disconnect(why))
             sock.close()
             return
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -449,7 +449,7 @@ class Server:
         # Each listener coalesces its own notices and sends them when its socket
         # can take them: a slow relay is never dropped for falling behind.
         for listener, verb, pattern in list(notices):
-            listener.notify(pattern, verb == ADD)
+            listener.notify(pattern, verb == control.INTEREST_ADD)
 
     def _control(self, conn: Connection, action: Any, packet: bytes) -> None:
         """Carry out what a CMSG asks beyond its session's own state change."""
@@ -477,11 +477,11 @@ class Server:
                 conn.log.info("client.relay_named", name=action.name)
         elif kind is session.BatchOn:
             # our packed batches extension: say yes (what goes to it is packed now)
-            conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
+            conn.reply(codec.encode_cmsg(control.BATCH_ON, b""))
         elif kind is session.TakeOver:
             handover.hand_over(self, conn)
         elif kind is session.DropsCount:
-            conn.reply(codec.encode_cmsg(session.DROPS_COUNT_KEY, b"%d" % conn.dropped))
+            conn.reply(control.drops_count(conn.dropped))
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""

@@ -48,9 +48,11 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, control
+from sbus_relay.protocol.codec import encode_request, split_request
 from sbus_relay.protocol.errors import BufferFull, PeerError, UsageError
 from sbus_relay.protocol.keys import CRED, WHOAMI, is_secret
 from sbus_relay.protocol.limits import (
@@ -60,8 +62,6 @@ from sbus_relay.protocol.limits import (
     MAX_PATTERNS_PER_CLIENT,
 )
 
-#: The server's notice, just before it closes us, of why (docs/protocol.md).
-DISCONNECT_KEY = b"disconnect"
 #: Flood-control modes a client may ask for (docs/protocol.md, Flood control).
 FLOOD_MODES = frozenset(
     {
@@ -220,7 +220,7 @@ class Session:
             if self.identity is None and is_secret(raw) and _LEARN not in self._whoamis:
                 # learn the identity it was made for, to rename it if that changes
                 self._whoamis.append(_LEARN)
-                self._outbox.append(codec.encode_cmsg(WHOAMI))
+                self._outbox.append(control.WHOAMI_PACKET)
 
     def unsubscribe(self, pattern: Data) -> None:
         """``UNSUB pattern``: drops one hold of it."""
@@ -266,7 +266,7 @@ class Session:
         """Receive our own publishes (or not), on every connection."""
         self.echo = on
         if self.state is not State.DISCONNECTED:
-            self._outbox.append(codec.encode_cmsg(b"echo/on" if on else b"echo/off"))
+            self._outbox.append(_echo(on))
 
     def set_flood(self, mode: str) -> None:
         """A flood-control mode, e.g. ``"blocking/soft/discard"``, on every connection."""
@@ -298,7 +298,7 @@ class Session:
             self._reask += 1
             return
         self._whoamis.append(_CALLER)
-        self._outbox.append(codec.encode_cmsg(WHOAMI))
+        self._outbox.append(control.WHOAMI_PACKET)
 
     # --- connections ---------------------------------------------------------------
 
@@ -320,16 +320,16 @@ class Session:
         out.clear()
         self._batch_asked = self.batch
         if self.batch:
-            out.append(codec.encode_cmsg(codec.BATCH_ON))
+            out.append(codec.encode_cmsg(control.BATCH_ON))
         if self.echo is not None:
-            out.append(codec.encode_cmsg(b"echo/on" if self.echo else b"echo/off"))
+            out.append(_echo(self.echo))
         out.extend(codec.encode_cmsg(mode.encode()) for mode in self.flood.values())
         out.extend(codec.encode_sub(p) for p in self.patterns if not is_secret(p))
         self._whoamis = deque()
         ready = None
         if self.batch or self.identity is not None or any(map(is_secret, self.patterns)):
             self._whoamis.append(_HANDSHAKE)
-            out.append(codec.encode_cmsg(WHOAMI))
+            out.append(control.WHOAMI_PACKET)
         else:
             self.state = State.READY
             ready = Ready(b"", False, 0)
@@ -366,10 +366,10 @@ class Session:
         self._whoamis.clear()
         unsent: list[bytes] = []
         for packet in self._outbox:
-            if packet.startswith(codec.MSG):
+            if codec.is_msg(packet):
                 unsent.append(packet)
-            elif packet.startswith(codec.BATCH_HEAD):
-                unsent.extend(codec.unpack_batch(packet))
+            elif codec.is_batch(packet):
+                unsent.extend(codec.unpack(packet)[0])
         self._outbox.clear()
         self._buffer.extendleft(reversed(unsent))
         self._buffer_bytes += sum(len(p) for p in unsent)
@@ -387,14 +387,25 @@ class Session:
 
     # --- what arrives --------------------------------------------------------------
 
+    def messages(self, packet: bytes) -> list[Message] | None:
+        """The messages one packet from the bus carries (a MSG, or each of a
+        packed batch's), in order; None if it is not one of those (then
+        ``receive`` says what it means)."""
+        parts = codec.msg_parts(packet)
+        if parts is not None:
+            return [Message(False, parts[0], parts[1], packet)]
+        if codec.is_batch(packet):
+            packets, keys, payloads = codec.unpack_full(packet)
+            return list(map(Message, repeat(False, len(keys)), keys, payloads, packets))
+        return None
+
     def receive(self, packet: bytes) -> list[Event]:
         """The events one packet from the bus means, in order."""
         if len(packet) > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
-        if packet.startswith(codec.MSG):
-            return [_message(packet)]
-        if packet.startswith(codec.BATCH_HEAD):
-            return codec.split_batch(packet, Message)
+        messages = self.messages(packet)
+        if messages is not None:
+            return messages  # type: ignore[return-value]
         event = codec.decode(packet)
         if not isinstance(event, codec.Control):
             raise PeerError("protocol_error", "server sent a SUB or UNSUB packet")
@@ -402,14 +413,13 @@ class Session:
         key = event.key
         if key == WHOAMI and self._whoamis:
             return self._whoami_answered(payload)
-        if key == codec.BATCH_ON and self._batch_asked:
+        if key == control.BATCH_ON and self._batch_asked:
             self._batch_asked = False
             self.packing = True
             self.batch_refused = False
             return []
-        if key == DISCONNECT_KEY:
-            reason, _, detail = payload.decode("utf-8", "replace").partition(": ")
-            return [Closing(reason, detail)]
+        if key == control.DISCONNECT:
+            return [Closing(*control.parse_disconnect(payload))]
         return [Message(True, key, payload, packet)]
 
     def outgoing(self) -> list[bytes]:
@@ -419,19 +429,7 @@ class Session:
         out, self._outbox = self._outbox, []
         if not self.packing or len(out) < 2:
             return out
-        packed: list[bytes] = []
-        run: list[bytes] = []
-        for packet in out:
-            if packet.startswith(codec.MSG):
-                run.append(packet)
-                continue
-            if run:
-                packed.extend(codec.pack_batches(run))
-                run = []
-            packed.append(packet)
-        if run:
-            packed.extend(codec.pack_batches(run))
-        return packed
+        return codec.pack(out)[0]
 
     def put_back(self, packets: list[bytes]) -> None:
         """Packets taken by ``outgoing`` that the socket did not take: first out next."""
@@ -484,7 +482,7 @@ class Session:
     def _send_reasked(self) -> None:
         for _ in range(self._reask):
             self._whoamis.append(_CALLER)
-            self._outbox.append(codec.encode_cmsg(WHOAMI))
+            self._outbox.append(control.WHOAMI_PACKET)
         self._reask = 0
 
     def _refresh(self, identity: bytes) -> None:
@@ -538,27 +536,28 @@ def prefix_of(identity: bytes) -> bytes:
     return identity[:at] if at >= 0 else b""
 
 
-def _message(packet: bytes) -> Message:
-    nul = packet.find(b"\0", 4)
-    if nul < 0:
-        raise PeerError("protocol_error", "MSG without NUL")
-    return Message(False, packet[4:nul], packet[nul + 1 :], packet)
-
-
 def _fits(packet: bytes) -> None:
     if len(packet) > MAX_PACKET:
         raise UsageError(f"packet of {len(packet)} bytes is over the {MAX_PACKET}-byte limit")
 
 
-def encode_request(reply_to: bytes, payload: bytes) -> bytes:
-    """A request's payload: the key to answer on, a NUL, the request itself
-    (a key never holds a NUL, so the first one ends it; docs/client.md)."""
-    return reply_to + b"\0" + payload
+def _echo(on: bool) -> bytes:
+    return codec.encode_cmsg(control.ECHO_ON if on else control.ECHO_OFF)
 
 
-def split_request(payload: bytes) -> tuple[bytes, bytes]:
-    """``(reply_to, request)`` of a request's payload; ``UsageError`` if it is not one."""
-    nul = payload.find(b"\0")
-    if nul <= 0:
-        raise UsageError("not a request: its payload does not start with a reply key and a NUL")
-    return payload[:nul], payload[nul + 1 :]
+__all__ = [
+    "FINAL_REASONS",
+    "FLOOD_MODES",
+    "Closing",
+    "Data",
+    "Event",
+    "Message",
+    "Ready",
+    "Session",
+    "State",
+    "WhoamiReply",
+    "as_bytes",
+    "encode_request",
+    "prefix_of",
+    "split_request",
+]

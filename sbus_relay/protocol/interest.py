@@ -17,13 +17,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
+from .control import INTEREST_ADD as ADD
+from .control import INTEREST_REMOVE as REMOVE
 from .index import SubscriptionIndex
 
 C = TypeVar("C", bound=Hashable)
-
-ADD = b"interest/add"
-REMOVE = b"interest/remove"
-READY = b"interest/ready"
 
 
 class InterestTracker(Generic[C]):

@@ -192,3 +192,18 @@ def relaxed(pattern: bytes) -> bytes | None:
 def exact(pattern: bytes) -> bool:
     """Whether ``pattern``'s NATS subscription carries exactly its keys."""
     return relaxed(pattern) == canonical(pattern)
+
+
+def pack_long(key: bytes, payload: bytes) -> bytes:
+    """The payload of a message on ``<prefix>._l`` (a key whose subject would be
+    too long for NATS): the key, a NUL, the payload (a key holds no NUL)."""
+    return key + b"\0" + payload
+
+
+def unpack_long(data: bytes) -> tuple[bytes, bytes] | None:
+    """The key and the payload ``pack_long`` made; None if ``data`` is not one
+    (no NUL, or an empty key)."""
+    key, nul, payload = data.partition(b"\0")
+    if not nul or not key:
+        return None
+    return key, payload
