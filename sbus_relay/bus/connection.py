@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import gevent
 
 from sbus_relay.accel import compiled, load_compiled
-from sbus_relay.protocol import codec, episodes
+from sbus_relay.protocol import codec, control, episodes
 from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import (
@@ -109,9 +109,6 @@ _BATCH = codec.BATCH_HEAD
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
 _WRITE = 2
-_ADD = b"interest/add"
-_REMOVE = b"interest/remove"
-_READY = b"interest/ready"
 _QUEUE = Action.QUEUE
 _WAIT_EMPTY = Action.QUEUE_AND_WAIT_EMPTY
 _WAIT_BELOW = Action.QUEUE_AND_WAIT_BELOW
@@ -857,8 +854,8 @@ class Connection(Session):
 
     def _notice(self, pattern: bytes, present: bool) -> bytes:
         if self.upward:
-            return (codec.SUB if present else codec.UNSUB) + pattern
-        return codec.encode_cmsg(_ADD if present else _REMOVE, pattern)
+            return codec.encode_subscription(pattern, present)
+        return control.interest(pattern, present)
 
     def _send_notices(self) -> bool:
         """Send pending notices; True once none is left."""
@@ -878,7 +875,7 @@ class Connection(Session):
             return False  # a large snapshot: the rest on the next wake-up
         if rare.ready_owed:
             try:
-                send_one(self.fd, codec.encode_cmsg(_READY, b""))
+                send_one(self.fd, control.INTEREST_READY_PACKET)
             except BlockingIOError:
                 return False
             rare.ready_owed = False

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sbus_relay import __version__
 from sbus_relay.ops import handover as wire
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import control
 from sbus_relay.protocol.errors import UpgradeError
 from sbus_relay.protocol.flood import Action
 from sbus_relay.protocol.index import SubscriptionIndex
@@ -251,7 +251,7 @@ def hand_over(server: Bus, conn: Connection) -> None:
     quietly; if it fails, serve on."""
     if not wire.allowed(conn.uid):
         conn.warn("upgrade.refused", reason="not the bus's own user")
-        conn.reply(codec.encode_cmsg(b"upgrade/refused", b"not the bus's own user"))
+        conn.reply(control.upgrade_refused("not the bus's own user"))
         return
     log = server.log
     others = len(server.clients) - 1

@@ -45,11 +45,18 @@ from typing import Any
 
 from sbus_relay.ops.natsconfig import NatsConfig
 from sbus_relay.protocol import codec, natsinterest
+from sbus_relay.protocol.errors import PeerError, UsageError
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
-from sbus_relay.protocol.natsmap import MappingError, SubjectMap, decode_token, relaxed
-from sbus_relay.protocol.scan import read_u32
+from sbus_relay.protocol.natsmap import (
+    MappingError,
+    SubjectMap,
+    decode_token,
+    pack_long,
+    relaxed,
+    unpack_long,
+)
 
 from .natstobus import BusWriter
 
@@ -113,8 +120,6 @@ DROP_REASONS = (
     "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
     "unconfirmed",  # handed to a NATS server that went away before confirming it: at most lost
 )
-#: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
-PACKET_OVERHEAD = 5
 
 
 async def write_held(nc: Any, timeout: float) -> None:
@@ -462,22 +467,20 @@ class NatsBridge:
 
     async def _from_bus(self, packet: bytes) -> bool:
         """Act on one packet from the bus; True if it changed our interest."""
-        if packet.startswith(codec.MSG):
-            nul = packet.find(b"\0", 4)
-            await self._publish(packet[4:nul], packet[nul + 1 :])
-        elif packet.startswith(codec.BATCH_HEAD):
-            offset = len(codec.BATCH_HEAD)
-            while offset + 4 <= len(packet):
-                size = read_u32(packet, offset)
-                msg = packet[offset + 4 : offset + 4 + size]
-                offset += 4 + size
-                nul = msg.find(b"\0", 4)
-                await self._publish(msg[4:nul], msg[nul + 1 :])
-        elif packet.startswith(codec.SUB):
-            await self._local(packet[len(codec.SUB) :], True)
-            return True
-        elif packet.startswith(codec.UNSUB):
-            await self._local(packet[len(codec.UNSUB) :], False)
+        try:
+            if codec.is_batch(packet):
+                _, keys, payloads = codec.unpack_full(packet)
+                for i in range(len(keys)):
+                    await self._publish(keys[i], payloads[i])
+                return False
+            event = codec.decode(packet)
+        except PeerError as e:  # the bus sends only what the codec wrote: a bug of ours
+            self.log.error("nats.bad_packet", reason=e.reason, detail=e.detail)
+            return False
+        if isinstance(event, codec.Publish):
+            await self._publish(event.key, event.payload)
+        elif isinstance(event, codec.Subscribe | codec.Unsubscribe):
+            await self._local(event.pattern, isinstance(event, codec.Subscribe))
             return True
         return False
 
@@ -502,7 +505,7 @@ class NatsBridge:
             if len(subject) <= SUBJECT_MAX:
                 await self._nc.publish(subject, payload)
             else:  # every host takes these and its bus keeps what it wants
-                await self._nc.publish(self._long, key + b"\0" + payload)
+                await self._nc.publish(self._long, pack_long(key, payload))
         except Exception:
             self.drops["nats_refused"] += 1
             return
@@ -593,11 +596,11 @@ class NatsBridge:
 
     async def _on_long(self, msg: Any) -> None:
         """A key too long for a subject: the key, a NUL, the payload."""
-        key, nul, data = msg.data.partition(b"\0")
-        if not nul or not key:
+        unpacked = unpack_long(msg.data)
+        if unpacked is None:
             self.drops["bad_subject"] += 1
             return
-        self._deliver(key, data)
+        self._deliver(*unpacked)
 
     def _deliver(self, key: bytes, data: bytes) -> None:
         """A message from another host, for this host's bus (once per host)."""
@@ -609,11 +612,16 @@ class NatsBridge:
         elif self._import is not None and not self._import.match(key):
             self.drops["not_imported"] += 1
             return
-        if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
+        if codec.msg_length(key, data) > MAX_PACKET:
             self.drops["too_large"] += 1  # (a native NATS client's big payload)
             return
         assert self._writer is not None
-        if self._writer.put(b"MSG " + key + b"\0" + data):
+        try:
+            packet = codec.encode_msg(key, data)
+        except UsageError:  # a NUL in a key decoded from a subject: no key maps there
+            self.drops["bad_subject"] += 1
+            return
+        if self._writer.put(packet):
             self.received += 1
             self.received_bytes += len(data)
         else:

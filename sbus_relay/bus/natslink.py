@@ -133,10 +133,9 @@ class NatsLink:
 
     def handle(self, conn: Connection, packet: bytes) -> None:
         """The other hosts' interest changed (the bridge sends only SUB/UNSUB besides MSG)."""
-        if packet.startswith(codec.SUB):
-            self.host.upstream_interest(packet[len(codec.SUB) :], True)
-        elif packet.startswith(codec.UNSUB):
-            self.host.upstream_interest(packet[len(codec.UNSUB) :], False)
+        event = codec.decode(packet)
+        if isinstance(event, codec.Subscribe | codec.Unsubscribe):
+            self.host.upstream_interest(event.pattern, isinstance(event, codec.Subscribe))
         elif packet == _SETTLED and self.holding:
             self.holding = False
             self.host.upstream_interest(EVERYTHING, False)

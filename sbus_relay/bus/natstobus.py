@@ -97,7 +97,7 @@ class BusWriter:
         notices = self._notices
         while notices:
             pattern, present = next(iter(notices.items()))
-            sock.send((codec.SUB if present else codec.UNSUB) + pattern)
+            sock.send(codec.encode_subscription(pattern, present))
             del notices[pattern]
         if self._settle_owed:
             sock.send(codec.encode_cmsg(SETTLED))
@@ -105,17 +105,13 @@ class BusWriter:
             self.settled = True
         queue = self._messages
         while queue:
-            batch: list[bytes] = []
-            size = len(codec.BATCH_HEAD)
-            while queue and len(batch) < BATCH_MESSAGES:
-                more = len(queue[0]) + 4
-                if batch and size + more > FRAME_BYTES:
-                    break
-                batch.append(queue.popleft())
-                size += more
-            frame = batch[0] if len(batch) == 1 else codec.encode_batch(batch)
-            try:
-                sock.send(frame)
-            except BlockingIOError:
-                queue.extendleft(reversed(batch))
-                raise
+            batch = [queue.popleft() for _ in range(min(len(queue), BATCH_MESSAGES))]
+            frames, counts = codec.pack(batch, FRAME_BYTES)
+            went = 0
+            for frame, count in zip(frames, counts, strict=True):
+                try:
+                    sock.send(frame)
+                except BlockingIOError:
+                    queue.extendleft(reversed(batch[went:]))
+                    raise
+                went += count

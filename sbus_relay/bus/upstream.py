@@ -59,7 +59,7 @@ from gevent.event import Event
 
 from sbus_relay.ops.addresses import connect, parse_address, peer_ucred
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import control
 from sbus_relay.protocol.errors import AddressError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.keys import CRED, Credentials
@@ -243,7 +243,7 @@ class UpstreamLink:
         self.conn.set_limits(config.upstream_queue_bytes, config.upstream_queue_messages)
         if config.instance != self._name:
             self._name = config.instance
-            name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
+            name = control.relay_name(config.instance)
             if self.connected and self.conn.fd >= 0:
                 # straight to the socket, never into the queue, whose packets
                 # may go packed (a packed batch holds only MSG); a full socket

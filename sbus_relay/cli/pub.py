@@ -243,9 +243,10 @@ def _item(line: bytes, key: bytes | None, number: int) -> tuple[bytes, bytes]:
 
 
 def _fits(key: bytes, payload: bytes) -> tuple[bytes, bytes]:
+    from sbus_relay.protocol.codec import msg_length
     from sbus_relay.protocol.errors import UsageError
 
-    size = len(b"MSG ") + len(key) + 1 + len(payload)
+    size = msg_length(key, payload)
     if size > MAX_PACKET:
         raise UsageError(f"a message of {size} bytes is over the {MAX_PACKET}-byte packet limit")
     return key, payload

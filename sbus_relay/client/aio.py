@@ -21,11 +21,10 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
-from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.limits import (
     BATCH_MESSAGES,
@@ -347,11 +346,11 @@ class AsyncClient:
                         "protocol_error", f"server sent a packet over {MAX_PACKET} bytes"
                     )
                 packet = bytes(view[:size])
-                events = session.receive(packet)
-                if (packet[:1] == b"M" or packet.startswith(BATCH_HEAD)) and not self._requests:
-                    self._messages.extend(events)  # type: ignore[arg-type]
+                messages = session.messages(packet)
+                if messages is not None and not self._requests:
+                    self._messages.extend(messages)  # the common case
                 else:
-                    self._take(events)
+                    self._take(session.receive(packet) if messages is None else messages)
                     if self._sock is not sock:
                         return  # lost or closed while taking what it meant
                 if len(self._messages) >= CLIENT_PENDING_MESSAGES:
@@ -368,7 +367,7 @@ class AsyncClient:
         if flush:
             self._flush()
 
-    def _take(self, events: list[Event]) -> None:
+    def _take(self, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, Message):
                 future = self._requests.get(event.key) if self._requests else None

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
-from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import (
     AddressError,
     BusClosed,
@@ -324,16 +323,16 @@ class Client:
                 self._release(True)
                 return
             raise
-        events = self.session.receive(packet)
-        if packet[:1] == b"M" or packet.startswith(BATCH_HEAD):  # messages only
-            self._pending.extend(events)  # type: ignore[arg-type]
+        messages = self.session.messages(packet)
+        if messages is not None:  # the common case: nothing but messages
+            self._pending.extend(messages)
             if waiting and len(self._pending) > CLIENT_PENDING_MESSAGES:
                 raise UsageError(
                     f"over {CLIENT_PENDING_MESSAGES} messages arrived while waiting for"
                     " a reply; receive() them first"
                 )
             return
-        self._take(events, waiting)
+        self._take(self.session.receive(packet), waiting)
 
     def _take(self, events: list[Message | WhoamiReply | Ready | Closing], waiting: bool) -> None:
         for event in events:
