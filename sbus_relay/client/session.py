@@ -1,6 +1,10 @@
 """The client's protocol core: what to send, what a received packet means, and
 what the client asked of its bus, kept across connections.  No I/O.
 
+What it owns: one client's protocol state across its connections, and what
+both faces share of outages, reconnects and requests.  What it may touch:
+nothing but itself; the wire only through protocol.codec and protocol.control.
+
 Both faces of the library, the blocking ``Client`` (``core.py``) and the
 asyncio ``AsyncClient`` (``aio.py``), drive one ``Session``: they hand it
 what the caller asks and every packet that arrives, and send what it queued
@@ -40,24 +44,31 @@ A session outlives its connections.  Its state moves
   a packed batch), the answer to the caller's whoami, the end of the
   handshake, or the bus's notice of why it is closing us.  Anything the
   protocol forbids from a server raises ``PeerError``.
+
+Beside the session, what both faces keep the same way and only their I/O
+differs on: ``Outages`` (when the bus went away and why, the outages so far,
+the caller's callbacks), ``Backoff`` (when to try to connect again) and
+``Requests`` (each request's reply key and payload).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple
 
 from sbus_relay.protocol import codec, control
 from sbus_relay.protocol.codec import encode_request, split_request
-from sbus_relay.protocol.errors import BufferFull, PeerError, UsageError
+from sbus_relay.protocol.errors import BufferFull, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.keys import CRED, WHOAMI, is_secret
 from sbus_relay.protocol.limits import (
     CLIENT_BUFFER_BYTES,
     CLIENT_BUFFER_MESSAGES,
+    CLIENT_RECONNECT_MAX,
+    CLIENT_RECONNECT_MIN,
     MAX_PACKET,
     MAX_PATTERNS_PER_CLIENT,
 )
@@ -154,6 +165,11 @@ class Closing:
     def final(self) -> bool:
         """Connecting again would be refused the same way."""
         return self.reason in FINAL_REASONS
+
+    def error(self) -> BusClosed:
+        """What the caller is told: the bus's reason, and its detail."""
+        said = f"{self.reason}: {self.detail}" if self.detail else self.reason
+        return BusClosed(f"the bus closed the connection: {said}", self.reason)
 
 
 Event = Message | WhoamiReply | Ready | Closing
@@ -529,6 +545,129 @@ class Session:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """One time the bus went away and came back."""
+
+    #: why the connection ended: the bus's ``CMSG disconnect`` reason, or
+    #: ``closed`` when it gave none (it died, or was restarted)
+    reason: str
+    #: from noticing the loss to the bus holding every subscription again
+    seconds: float
+    #: secret subscriptions renamed because our identity changed
+    renamed: int
+
+
+Disconnected = Callable[[str], None]
+Reconnected = Callable[[Outage], None]
+
+
+class Outages:
+    """When the bus went away and why, the outages so far, and the caller's
+    callbacks (``on_disconnected``, ``on_reconnected``): what both faces note
+    of a connection lost and made again."""
+
+    def __init__(
+        self, on_disconnected: Disconnected | None, on_reconnected: Reconnected | None
+    ) -> None:
+        self.on_disconnected = on_disconnected
+        self.on_reconnected = on_reconnected
+        #: every outage so far, in order
+        self.history: list[Outage] = []
+        self._since = 0.0  # when the one under way began (0: none is)
+        self._reason = ""
+
+    def lost(self, reason: str, now: float) -> None:
+        """The connection is gone and the client will connect again: note when
+        and why (``closed`` when the bus said nothing), and tell the caller."""
+        self._since = now
+        self._reason = reason or "closed"
+        if self.on_disconnected is not None:
+            self.on_disconnected(self._reason)
+
+    def ready(self, event: Ready, now: float) -> None:
+        """A connection's handshake is done: if it ends an outage, the outage
+        is kept and the caller told."""
+        if not self._since:
+            return
+        outage = Outage(self._reason, now - self._since, event.renamed)
+        self.history.append(outage)
+        self._since = 0.0
+        if self.on_reconnected is not None:
+            self.on_reconnected(outage)
+
+
+class Callbacks:
+    """A face's callbacks, kept in its ``outages`` and settable after it is made
+    (``client.on_reconnected = ...``): both faces are one."""
+
+    outages: Outages
+
+    @property
+    def on_disconnected(self) -> Disconnected | None:
+        """Called with the reason each time the connection is lost (the client connects again)."""
+        return self.outages.on_disconnected
+
+    @on_disconnected.setter
+    def on_disconnected(self, callback: Disconnected | None) -> None:
+        self.outages.on_disconnected = callback
+
+    @property
+    def on_reconnected(self) -> Reconnected | None:
+        """Called with the ``Outage`` each time the bus holds every subscription again."""
+        return self.outages.on_reconnected
+
+    @on_reconnected.setter
+    def on_reconnected(self, callback: Reconnected | None) -> None:
+        self.outages.on_reconnected = callback
+
+
+class Backoff:
+    """When to try to connect again: at once after a loss, then from
+    ``CLIENT_RECONNECT_MIN`` doubling to ``CLIENT_RECONNECT_MAX`` after each
+    failed try, from the start again once connected."""
+
+    def __init__(self) -> None:
+        self.delay = CLIENT_RECONNECT_MIN
+        #: when the next try is due (monotonic seconds; 0: now)
+        self.next_try = 0.0
+
+    def failed(self, now: float) -> float:
+        """A try failed: how long to wait before the next."""
+        wait = self.delay
+        self.next_try = now + wait
+        self.delay = min(wait * 2, CLIENT_RECONNECT_MAX)
+        return wait
+
+    def connected(self) -> None:
+        """A try succeeded: the next outage starts from the shortest wait."""
+        self.delay = CLIENT_RECONNECT_MIN
+        self.next_try = 0.0
+
+    def lost(self) -> None:
+        """The connection is gone: the next try is due at once."""
+        self.next_try = 0.0
+
+
+class Requests:
+    """Requests and their replies (docs/client.md, "Request and reply"): each
+    request gets a reply key of its own under the client's inbox."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def new(self, inbox: bytes, payload: Data) -> tuple[bytes, bytes]:
+        """The reply key of a new request, and its payload as published."""
+        self.sent += 1
+        reply_to = inbox + b"%d" % self.sent
+        return reply_to, encode_request(reply_to, as_bytes(payload))
+
+    @staticmethod
+    def reply_key(request: Message) -> bytes:
+        """Where the answer to a request received goes (``UsageError`` if it is none)."""
+        return split_request(request.payload)[0]
+
+
 def prefix_of(identity: bytes) -> bytes:
     """What comes before our own ``!/cred/<gid>/<uid>/<pid>``: empty on a
     master, the relay's identity and ``/`` on a relay."""
@@ -548,11 +687,18 @@ def _echo(on: bool) -> bytes:
 __all__ = [
     "FINAL_REASONS",
     "FLOOD_MODES",
+    "Backoff",
+    "Callbacks",
     "Closing",
     "Data",
+    "Disconnected",
     "Event",
     "Message",
+    "Outage",
+    "Outages",
     "Ready",
+    "Reconnected",
+    "Requests",
     "Session",
     "State",
     "WhoamiReply",

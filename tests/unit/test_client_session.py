@@ -319,3 +319,55 @@ def test_packed_batches_unpack_to_the_messages_in_order(items: list[tuple[bytes,
     s.connection_made()
     got = [e for f in frames for e in s.receive(f)]
     assert [(m.key, m.payload) for m in got if isinstance(m, Message)] == items
+
+
+# --- what both faces share: outages, back-off, requests ------------------------------
+
+
+def test_outages_note_a_loss_and_keep_it_once_ready_again() -> None:
+    from sbus_relay.client.session import Outage, Outages
+
+    downs: list[str] = []
+    ups: list[Outage] = []
+    outages = Outages(downs.append, ups.append)
+    outages.ready(Ready(ME, False, 0), 1.0)  # the first connection: no outage
+    assert ups == [] and outages.history == []
+    outages.lost("", 10.0)  # the bus said nothing
+    outages.ready(Ready(ME, False, 2), 10.5)
+    assert downs == ["closed"]
+    assert ups == outages.history == [Outage("closed", 0.5, 2)]
+    outages.ready(Ready(ME, False, 0), 11.0)  # a handshake with no outage before it
+    assert len(outages.history) == 1
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_once_connected() -> None:
+    from sbus_relay.client.session import Backoff
+    from sbus_relay.protocol.limits import CLIENT_RECONNECT_MAX, CLIENT_RECONNECT_MIN
+
+    backoff = Backoff()
+    waits = [backoff.failed(0.0) for _ in range(10)]
+    assert waits[0] == CLIENT_RECONNECT_MIN and waits[1] == 2 * CLIENT_RECONNECT_MIN
+    assert max(waits) == waits[-1] == CLIENT_RECONNECT_MAX
+    assert backoff.next_try == CLIENT_RECONNECT_MAX
+    backoff.lost()
+    assert backoff.next_try == 0.0 and backoff.delay == CLIENT_RECONNECT_MAX
+    backoff.connected()
+    assert backoff.failed(5.0) == CLIENT_RECONNECT_MIN
+
+
+def test_each_request_has_a_reply_key_of_its_own() -> None:
+    from sbus_relay.client.session import Requests
+
+    requests = Requests()
+    first, payload = requests.new(ME + b"/inbox/", "ask")
+    second, _ = requests.new(ME + b"/inbox/", b"")
+    assert first != second and first.startswith(ME + b"/inbox/")
+    asked = Message(False, b"service", payload, b"")
+    assert Requests.reply_key(asked) == first
+    with pytest.raises(UsageError):
+        Requests.reply_key(Message(False, b"k", b"no reply key", b""))
+
+
+def test_a_closing_notice_is_the_error_the_caller_gets() -> None:
+    error = Closing("slow_client", "blocking/hard/error").error()
+    assert error.reason == "slow_client" and str(error).endswith("slow_client: blocking/hard/error")
