@@ -1,5 +1,12 @@
 """One connection of the bus, in and out, and the router that joins them.
 
+What it owns: one socket's bytes in and out (its descriptor, watchers,
+pending, queue, pauses, counters) with its side jobs in the rare part
+(Notices, Waiters, Warnings), and the routing of each message (Router).  What
+it may touch: its own state, its Session part through that class's methods,
+the recipients it offers to and the publishers it holds back, its handler
+through Handler alone.
+
 Theory of operation.  No greenlet exists per connection: the gevent hub calls
 ``Connection._on_readable`` when a socket has packets and ``_on_writable``
 when a socket with a backlog can take more.  A connection is a client the
@@ -44,13 +51,6 @@ pattern in ``notices`` and go before the queue.  That, the publishers it
 holds back, a stash of packets read while paused, its write watcher, its
 episodes and its logger live in a ``_Rare`` part made on first need: an
 idle client has none of them.
-
-What it owns: one socket's bytes in and out (its descriptor, watchers,
-``pending``, queue, pauses, held publishers, notices, counters, episodes'
-timer and logger) and the routing of each message (``Router``).  What it may
-touch: its own state; its ``Session`` part through that class's methods; the
-recipients it offers to (``offer``) and the publishers it holds back
-(``pause``/``resume``); its handler through ``Handler`` alone.
 """
 
 from __future__ import annotations
@@ -725,8 +725,9 @@ class Connection(Session):
             self.fail(e.reason, e.detail)
         except OSError as e:
             self.fail("io_error", str(e))
-        except Exception as e:  # a bug of ours: cost this one connection, never the server
-            self.log.exception("client.internal_error")
+        except Exception as e:  # a bug of ours: costs this one connection, never the server
+            if router.stats.bug("read_loop"):  # logged once, counted always
+                self.log.exception("client.internal_error")
             self.fail("internal_error", repr(e))
         finally:
             router.flush(self)

@@ -1,5 +1,9 @@
 """structlog configuration: called from the CLI, and nowhere else.
 
+What it owns: the log's configuration and destination, and the dropped-line
+count.  What it may touch: structlog's and the standard library's logging
+configuration, the descriptor it writes to.
+
 JSON lines when the destination is not a terminal (journald, files, tests
 parse them); coloured key=value lines on a terminal, for people.  Loggers are
 bound per connection by the server; here we only choose the renderer, the
@@ -25,10 +29,6 @@ threads at once, and its count of dropped lines, summed when read); no lock
 is taken.  A writer a reload replaced is closed only at the reload after, so
 that a thread still writing a line through it never writes into a
 descriptor reused meanwhile.
-
-What it owns: the log's configuration and destination, and the dropped-line
-count.  What it may touch: structlog's and the standard library's logging
-configuration, the descriptor it writes to.
 """
 
 from __future__ import annotations
@@ -230,9 +230,11 @@ class _Handler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            _write(self.format(record), record.levelname.lower())
-        except Exception:
-            _count_drop()
+            text = self.format(record)
+        except (TypeError, ValueError, KeyError):
+            _count_drop()  # a record whose message does not format: a library's mistake
+            return
+        _write(text, record.levelname.lower())
 
 
 _Writer = LineWriter | _StreamWriter | _SyslogWriter
