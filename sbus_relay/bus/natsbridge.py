@@ -48,7 +48,7 @@ from sbus_relay.protocol import codec, natsinterest
 from sbus_relay.protocol.errors import PeerError, UsageError
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
-from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
+from sbus_relay.protocol.limits import LINK_READ_BATCH, MATCH_CACHE_KEY_MAX, MAX_PACKET
 from sbus_relay.protocol.natsmap import (
     MappingError,
     SubjectMap,
@@ -74,8 +74,6 @@ TWINS_LOGGED = 16
 #: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
 #: and mapping one costs a pass over its bytes in Python.
 MAPPING_CACHE = 4096
-#: Packets read from the bus per wake-up before NATS's own work gets a turn.
-READ_BATCH = 256
 #: Seconds a link that reconnected holds what waited meanwhile before it sends
 #: it: the other hosts of a restarted server reconnect (every RECONNECT_WAIT)
 #: and resubscribe within it, so the held messages reach them.
@@ -97,6 +95,12 @@ CONNECT_TIMEOUT = 2
 #: (``unconfirmed``), and this keeps that count close to what was really lost,
 #: for a PING and a PONG every 0.1 s while traffic flows.
 CONFIRM_SECONDS = 0.1
+#: Seconds the goodbye to the other hosts may take to be written and
+#: confirmed when the link stops.
+GOODBYE_FLUSH = 1
+#: Seconds the server may take to confirm the subscriptions a batch read from
+#: the bus changed (a round trip: it has them, and ``synced`` is true).
+SYNC_FLUSH = 2
 #: Seconds one confirming round trip may take: longer than nats-py needs to
 #: leave a silent server (PING_INTERVAL * (PINGS + 1)), so a round trip is
 #: given up only with its connection, never while a late PONG may still come
@@ -290,8 +294,8 @@ class NatsBridge:
         if nc.is_connected:
             with contextlib.suppress(Exception):
                 await self._announce([self.local.goodbye()])
-                await write_held(nc, 1)
-                await nc.flush(timeout=1)
+                await write_held(nc, GOODBYE_FLUSH)
+                await nc.flush(timeout=GOODBYE_FLUSH)
         with contextlib.suppress(Exception):
             await nc.close()
         self.log.info("nats.closed", sent=self.sent, received=self.received)
@@ -438,7 +442,7 @@ class NatsBridge:
                 self._reading(False)
                 continue
             changed = False
-            for _ in range(READ_BATCH):
+            for _ in range(LINK_READ_BATCH):
                 try:
                     packet = self._sock.recv(MAX_PACKET)
                 except BlockingIOError:
@@ -457,8 +461,8 @@ class NatsBridge:
             self._schedule_announce()
             if changed and self.connected:
                 with contextlib.suppress(Exception):
-                    await write_held(self._nc, 2)
-                    await self._nc.flush(timeout=2)  # the server has our SUBs
+                    await write_held(self._nc, SYNC_FLUSH)
+                    await self._nc.flush(timeout=SYNC_FLUSH)  # the server has our SUBs
             self.synced = time.monotonic()
 
     async def _stop_now(self) -> None:

@@ -1,8 +1,12 @@
 """The recorder: a bus client that writes what it receives into capture files.
 
+What it owns: the recording loop, its drop query and what it hands the writer.
+What it may touch: its bus connection (through protocol.codec), its writer and
+loss log.
+
 One loop owns one raw SEQPACKET socket and one ``RotatingCaptureWriter``.  It
 reads in tight non-blocking batches (``recv_into`` one reusable buffer, up to
-READ_BATCH packets or until the socket is empty), keeps the columns in plain
+RECORDER_READ_BATCH packets or until the socket is empty), keeps the columns in plain
 lists and hands each batch to the writer, which builds Arrow arrays once per
 batch: no per-message object beyond the key and payload bytes.  When the socket
 is empty it waits in ``poll`` for at most TICK_SECONDS, so that a stop request,
@@ -41,8 +45,6 @@ if TYPE_CHECKING:
 #: Longest wait for the socket when it is empty, seconds: how soon a stop
 #: request, a due flush or a drop query is seen.
 TICK_SECONDS = 0.1
-#: Most packets read in one batch before the writer and the clock get a turn.
-READ_BATCH = RECORDER_READ_BATCH
 #: Seconds to wait for the whoami reply that proves our SUBs are in place.
 READY_TIMEOUT = 5.0
 #: On stop, wait at most this long (seconds) for the bus to confirm that it has
@@ -203,7 +205,7 @@ class Recorder:
         tick_ms = int(TICK_SECONDS * 1000)
         next_progress = next_query = 0.0
         while not should_stop():
-            budget = READ_BATCH
+            budget = RECORDER_READ_BATCH
             if max_messages is not None:
                 budget = min(budget, max_messages - writer.stats.messages - len(self._times))
                 if budget <= 0:
@@ -246,7 +248,7 @@ class Recorder:
                 self._receive_one(sock, record=record)
             except TimeoutError:
                 break
-            if len(self._times) >= READ_BATCH:
+            if len(self._times) >= RECORDER_READ_BATCH:
                 self._hand_over()
         self._hand_over()
 
