@@ -184,3 +184,22 @@ def test_the_bench_writes_programs_by_name() -> None:
     assert portable("/root/.cache/b/reference-7c64/sbusd", 2) == "reference-7c64/sbusd"
     assert portable("-f") == "-f"
     assert MACHINE_PATH.search("/tmp/sbus") and not MACHINE_PATH.search("1 -> 1 / 2")
+
+
+def test_compare_says_worse_only_beyond_the_runs_noise() -> None:
+    from sbus_relay.bench import compare
+
+    def bench_run(ratio: float, cpu: float) -> dict[str, Any]:
+        entry = {"status": "ok", "sides": {"ours": {"cpu_us_per_delivery": cpu}}}
+        target = {"label": "1 -> 1, ours / reference", "value": ratio}
+        return {"meta": {"load_before": 0.3}, "targets": [target], "scenarios": {"1to1": entry}}
+
+    before = [bench_run(1.5, 1.3), bench_run(1.6, 1.2), bench_run(1.4, 1.4)]
+    overlapping = [bench_run(1.45, 1.35), bench_run(1.55, 1.3), bench_run(1.5, 1.25)]
+    rows = {r["figure"]: r for r in compare.compare(before, overlapping)}
+    assert {r["verdict"] for r in rows.values()} == {compare.SAME}
+    slower = [bench_run(1.2, 1.6), bench_run(1.3, 1.5), bench_run(1.25, 1.7)]
+    rows = {r["figure"]: r for r in compare.compare(before, slower)}
+    assert rows["1 -> 1, ours / reference"]["verdict"] == compare.WORSE
+    assert rows["1to1: our CPU us per delivery"]["verdict"] == compare.WORSE
+    assert "| worse |" in compare.table(list(rows.values()))
