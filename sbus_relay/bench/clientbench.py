@@ -1,6 +1,9 @@
 """``bench --only client``: the client library measured beside nats-py on a real
 nats-server, in one run, interleaved.
 
+What it owns: the client scenario's runs and figures.  What it may touch: the
+processes it starts (procs), nats-server, our buses.
+
 * **subscriber**: one Python subscriber's received messages per second, with
   ``Client`` and ``AsyncClient``, plain and batched, on our sbusd fed by the C
   load generator's publisher; and a nats-py subscriber on a nats-server fed

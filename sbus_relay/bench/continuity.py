@@ -1,5 +1,9 @@
 """Traffic across a live upgrade and across a master restart, measured.
 
+What it owns: the upgrade and restart scenarios: their tree of buses, their
+load and figures.  What it may touch: the processes it starts (procs), our
+buses' signals.
+
 Both runs use the same tree: a master and two relays below it, the C load
 generator's clients (plain ``send``/``recv``, as a drop-in client of the
 reference library is) publishing on relay A and on the master at a fixed

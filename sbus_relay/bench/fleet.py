@@ -2,6 +2,10 @@
 against the same traffic between two native NATS clients (nats-py, the
 library the buses use) on the same cluster, in one run (docs/nats.md).
 
+What it owns: the fleet scenario: its NATS cluster, its two hosts' buses, its
+runs and figures.  What it may touch: the processes it starts (procs),
+nats-server.
+
 A 3-node NATS cluster runs on free loopback ports; host A's master is joined
 to one member, host B's to another.  Each side is measured with the same
 payloads, one publisher process and one subscriber process:

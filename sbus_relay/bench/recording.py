@@ -1,5 +1,8 @@
 """The recorder benchmark: ``sbus-relay record`` against a flood, and a ``kill -9``.
 
+What it owns: the recorder benchmark: its flood, its kill -9 run and their
+figures.  What it may touch: a bus and a recorder it starts, their files.
+
     python -m sbus_relay.bench.pipeline --recorder 1000000
 
 A fresh bus (``sbusd``) on a private socket: one, then two publishers

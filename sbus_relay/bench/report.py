@@ -1,5 +1,8 @@
 """Targets, ratios, spreads and the printed tables of ``sbus-relay bench``.
 
+What it owns: the targets and how a figure is judged and printed.  What it may
+touch: the results it is given (plain data).
+
 Every figure compared here was measured in the same run: ours against the C
 reference sbusd (interleaved), the relay path against the direct path, the
 stalled-subscriber run against the clean one, the run with subscription churn
@@ -12,9 +15,6 @@ target's bound is called noise: the repeats disagree on which side of the
 bound it lies, so it judges nothing (``verdict``).  A scenario may give its
 own per-run figures (``entry["per_run"]``); the throughput and memory
 scenarios' are derived from their runs.
-
-What it owns: the targets and how a figure is judged and printed.  What it
-may touch: the results it is given (plain data).
 """
 
 from __future__ import annotations

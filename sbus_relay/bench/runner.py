@@ -1,5 +1,9 @@
 """Run every scenario of ``sbus-relay bench`` and collect the results.
 
+What it owns: the order of the scenarios, their sides and repeats, and the
+results with their meta.  What it may touch: the processes it starts, the JSON
+it writes.
+
 A scenario runs on two or more *sides*: ``ours`` (our sbusd, or our relay
 path), and what it is compared with -- ``reference`` (the C sbusd, same
 load), ``direct`` (the same load on our sbusd without the relay hop),

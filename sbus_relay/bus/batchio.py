@@ -1,5 +1,8 @@
 """Many packets per system call: ``recvmmsg``/``sendmmsg`` when compiled, else one by one.
 
+What it owns: how many packets go in one system call, and the compiled
+helper's choice.  What it may touch: the descriptors it is given.
+
 The bus reads a client's waiting packets as one batch and sends each
 recipient what a batch routed to it in one call.  A connection keeps only
 its socket's file descriptor (a socket object would cost every idle client

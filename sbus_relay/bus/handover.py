@@ -2,7 +2,10 @@
 
 What it owns: the hand-over record (what each connection, the upstream link
 and the server put in it, and how a newer process rebuilds the bus from it)
-and the exchange's orchestration on both sides:
+and the exchange's orchestration on both sides.  What it may touch: what Bus
+lists of the server, the public state of its connections and of its
+UpstreamLink, while the bus is frozen or not started; the wire through
+ops.handover.
 
 * the running process answers ``CMSG upgrade/take-over`` (``hand_over``):
   it freezes the bus (``Server.freeze``: nothing read, written or

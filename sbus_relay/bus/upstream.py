@@ -1,5 +1,9 @@
 """The relay's link to its upstream bus (docs/protocol.md, "Relays").
 
+What it owns: connecting and reconnecting to the upstream, its timers, and
+carrying out what its LinkSession decides.  What it may touch: its connection
+(conn) through its methods, its bus through UpstreamHost.
+
 Theory of operation.  A relay is a full local bus that is also a client of
 its parent.  The link's traffic is carried by one ``Connection`` (``conn``),
 made once and kept across reconnects, so what it queues survives an outage.
@@ -38,11 +42,6 @@ its own bus only through ``UpstreamHost``.
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
   with this relay's own earlier identity is refused as a cycle.
-
-What it owns: connecting and reconnecting to the upstream, its timers, and
-carrying out what its ``protocol.session.LinkSession`` decides (the
-handshake, identity and interest state is that session's).  What it may
-touch: its own ``Connection`` and, through ``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Publish one message: sbus-relay pub KEY [PAYLOAD | -].
 
+What it owns: the pub command: its arguments, its lines and its exit status.
+What it may touch: the client library, stdin.
+
 Like ``mosquitto_pub -t KEY -m PAYLOAD`` or ``nats pub KEY PAYLOAD``.  ``-``
 reads the payload from stdin (bytes, unchanged); no payload is an empty one.
 It exits 0 only once the bus has taken the message: after the MSG it asks

@@ -1,5 +1,9 @@
 """A live upgrade's wire: one process hands its bus to the next (docs/deploy.md, "Upgrade").
 
+What it owns: the exchange of a live upgrade on the wire: the state's parts,
+the descriptors, the answers.  What it may touch: the one connection it is
+given, through protocol.control.
+
 Theory of operation, after HAProxy's seamless reload and Envoy's hot restart,
 but for every *established* connection too.  The new process starts, fully
 initialised, and connects to the running bus as an ordinary client; it sends

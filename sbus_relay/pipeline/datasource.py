@@ -1,5 +1,8 @@
 """The ``sbus`` Spark data source (PySpark Python Data Source API, Spark 4).
 
+What it owns: the sbus Spark data source's reader and writer.  What it may
+touch: the bus (through the client library), Spark's streaming API.
+
     from sbus_relay.pipeline.datasource import register
     register(spark)
     rows = (spark.readStream.format("sbus")

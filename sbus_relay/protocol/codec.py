@@ -1,5 +1,8 @@
 """The sbus packet codec: bytes in, events out, and back.  No I/O.
 
+What it owns: the packet layouts and their events.  What it may touch: nothing
+(pure functions).
+
 One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
 
     SUB <pattern>[\\0<ignored>]      Subscribe
@@ -23,9 +26,6 @@ the readers of the two kinds that come on every message are ``frames``'
 Anything received that is not a packet raises ``PeerError`` -- the only
 error bad input can raise; a caller's mistake (a NUL in a key) is a
 ``UsageError``.
-
-What it owns: the packet layouts and their events.  What it may touch:
-nothing (pure functions).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The control messages the project speaks, ``CMSG <key>[\\0<payload>]``: every
 key, and how each payload is written and read.  No I/O.
 
+What it owns: the control keys and their payloads' layouts.  What it may
+touch: codec (to build packets).
+
 sbus-README.txt leaves control messages to the server (an unknown one is
 ignored); docs/protocol.md lists ours.  Their keys are named here once, and
 a payload with a layout of its own has its writer and reader side by side:
@@ -17,9 +20,6 @@ a payload with a layout of its own has its writer and reader side by side:
 
 Packets are built with ``codec.encode_cmsg`` and read with ``codec.decode``
 (a ``Control`` event): nobody else spells ``CMSG``.
-
-What it owns: the control keys and their payloads' layouts.  What it may
-touch: ``codec`` (to build packets).
 """
 
 from __future__ import annotations

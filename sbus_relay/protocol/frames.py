@@ -1,5 +1,8 @@
 """The readers of received packets: one per frame kind, bounds-checked.  No I/O.
 
+What it owns: how a MSG and a packed batch are read.  What it may touch:
+nothing (pure functions over the bytes given).
+
 Every byte the project receives is read here or in ``codec.decode`` (which
 reads ``SUB``, ``UNSUB`` and ``CMSG`` with the help of these), and nowhere
 else (``tests/unit/test_codec_only.py`` walks the source for slicing, NUL
@@ -17,9 +20,6 @@ every message, so they are read here, compiled with the rest of the hot path
 of rules, applied by one private reader (``_msg_nul``, ``_walk``) that the
 public functions share.  Bad input raises ``PeerError("protocol_error",
 ...)``, nothing else.
-
-What it owns: how a MSG and a packed batch are read.  What it may touch:
-nothing (pure functions over the bytes given).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Every limit of sbus_relay, each a named constant with its reason.
 
+What it owns: every bound, each with its reason.  What it may touch: nothing.
+
 Defaults that the config may override are marked (config).
 """
 

@@ -1,5 +1,9 @@
 """A connection's protocol state, and what each packet does to it.  No I/O.
 
+What it owns: a connection's protocol state and the rules of each packet
+(Session, LinkSession).  What it may touch: nothing but itself -- no socket,
+timer, log or server.
+
 Theory of operation, after h11: a plain object takes the bytes of one packet
 and returns what the bus must do about it, having changed its own state on
 the way.  Nothing here has a socket, a timer or a server; ``bus/`` moves the
@@ -53,9 +57,6 @@ bytes, runs the timers and carries the actions out.  Two sides:
   the upstream was never sent (``unsent``: a relay below renames them
   itself), the upstream's interest (``interest_count``,
   ``interest_complete``), and ``lost`` when the link goes.
-
-What it owns: the state named above and the rules of each packet.  What it
-may touch: nothing but itself -- no socket, timer, log or server.
 """
 
 from __future__ import annotations
