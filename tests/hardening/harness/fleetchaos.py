@@ -27,7 +27,7 @@ a time with quiet gaps between them, faults drawn from ``random.Random(seed)``:
 
 Each fault's window runs from ``BEFORE`` before it until its effects have
 settled (``SETTLE_LOCAL`` after a fault of one bus, ``SETTLE_NET`` after one of
-the network, of NATS or of a master).  What is checked:
+NATS or of a master, ``HEAL_BOUND`` after a partition).  What is checked:
 
 * every message published outside every window arrives at every subscriber,
   exactly once;
@@ -68,11 +68,18 @@ from .fleet import COUNTED, HOSTS, ROLES, Fleet, FleetBus, host_of, master_of
 BEFORE = 1.0
 #: Seconds after a fault of one bus before its window closes (reconnects).
 SETTLE_LOCAL = 2.0
-#: Seconds after a fault of the network, of NATS or of a master before its window
-#: closes: failover (two missed pings of 1 s), routes, interest announced again.
+#: Seconds after a fault of NATS or of a master before its window closes:
+#: failover (two missed pings of 1 s), interest announced again.
 SETTLE_NET = 6.0
-#: Longest time from a host's heal to a delivery on every flow that crosses it.
-HEAL_BOUND = 6.0
+#: Longest time from a host's heal to a delivery on every flow that crosses it,
+#: and so how long a partition's window stays open after the heal.  Measured: up
+#: to 8.3 s after cuts of 7 to 9 s, about 1 s after shorter ones.  The NATS
+#: routes are TCP connections that the cut did not close (nats-server pings
+#: its routes every 2 minutes): one that carried data during the cut is in
+#: TCP's retransmission back-off, and its next try comes up to about 6.5 s
+#: after a heal (doubling from 0.2-0.4 s), then the hosts hear each other's
+#: interest again (heartbeats every 2 s).
+HEAL_BOUND = 10.0
 #: Quiet gaps between faults, seconds.
 GAP = (1.0, 3.0)
 #: No fault starts later than this before the end of the run (its window closes first).
@@ -364,7 +371,8 @@ class FleetChaos:
 
     def _settles(self, kind: str, plan: dict[str, Any], fault: Fault) -> None:
         net = kind in NET_KINDS or (kind in ("kill", "upgrade") and str(plan["bus"]).endswith("-m"))
-        fault.settle = max(fault.settle, SETTLE_NET if net else SETTLE_LOCAL)
+        settle = HEAL_BOUND if kind == "host_cut" else SETTLE_NET if net else SETTLE_LOCAL
+        fault.settle = max(fault.settle, settle)
 
     def _act(self, kind: str, plan: dict[str, Any], fault: Fault) -> None:
         self._settles(kind, plan, fault)
@@ -616,8 +624,9 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
     missing: dict[int, dict[tuple[str, int], set[str]]] = collections.defaultdict(
         lambda: collections.defaultdict(set)
     )
-    examples: list[str] = []
-    disorder: list[str] = []
+    examples: dict[str, list[str]] = collections.defaultdict(list)
+    #: (the window of the message's publication (0: none), "twice" or "out_of_order")
+    disorder: collections.Counter[tuple[int, str]] = collections.Counter()
     for src, pub in chaos.pubs.items():
         times = pub.sent
         placed = _faults_at(faults, times)
@@ -630,13 +639,19 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
             for k, seq in enumerate(got):
                 if seq in seen:
                     duplicates += 1
+                    what = "twice"
                 elif seq < top:
                     reordered += 1
-                    if len(disorder) < 10:
-                        disorder.append(f"{src}->{dst} #{seq} after #{top} "
-                                        f"at {sub.at[src][k] - chaos.t0:.2f}s")  # fmt: skip
-                seen.add(seq)
-                top = max(top, seq)
+                    what = "out_of_order"
+                else:
+                    seen.add(seq)
+                    top = seq
+                    continue
+                fault = placed[seq] if seq < len(placed) else None
+                disorder[(id(fault) if fault else 0, what)] += 1
+                if len(examples[what]) < 6:
+                    examples[what].append(f"{src}->{dst} #{seq} after #{top} "
+                                         f"at {sub.at[src][k] - chaos.t0:.2f}s")  # fmt: skip
             route = path_between(src, dst)
             for seq, t in enumerate(times):
                 fault = placed[seq]
@@ -646,8 +661,8 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
                     continue
                 if fault is None:
                     quiet_lost += 1
-                    if len(examples) < 10:
-                        examples.append(f"{src}->{dst} #{seq} at {t - chaos.t0:.2f}s")
+                    if len(examples["lost"]) < 10:
+                        examples["lost"].append(f"{src}->{dst} #{seq} at {t - chaos.t0:.2f}s")
                     continue
                 killed = [b for b in fault.killed if b in route]
                 if killed:
@@ -657,6 +672,7 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
                 else:
                     missing[id(fault)][(src, seq)].add(dst)
     uncounted = 0
+    uncounted_by_kind: collections.Counter[str] = collections.Counter()
     upgrade_lost = upgrade_steps = upgrade_counted = 0
     windows = []
     heals = []
@@ -672,6 +688,7 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
             upgrade_counted += min(need, counted)
         if need > counted:
             uncounted += need - counted
+            uncounted_by_kind[fault.kind] += need - counted
             failures.append(
                 f"{deliveries} deliveries ({need} counter steps) lost in the window of "
                 f"{fault.kind} of {fault.target} at {fault.start - chaos.t0:.1f}s, "
@@ -684,6 +701,8 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
             "kind": fault.kind, "target": fault.target, "at": round(fault.start - chaos.t0, 2),
             "seconds": round(fault.end - fault.start, 2), "lost_deliveries": deliveries,
             "lost_steps": need, "counted": counted, "counted_by": fault.counted_by_family(),
+            "twice": disorder[(id(fault), "twice")],
+            "out_of_order": disorder[(id(fault), "out_of_order")],
             **({"own_drops": fault.own_drops} if fault.own_drops else {}),
             **({"killed": sorted(fault.killed)} if fault.killed else {}),
             **fault.detail,
@@ -704,12 +723,19 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
     if quiet_lost:
         failures.append(
             f"{quiet_lost} deliveries of messages published outside every fault window "
-            "were lost: " + "; ".join(examples)
+            "were lost: " + "; ".join(examples["lost"])
         )
-    if duplicates:
-        failures.append(f"{duplicates} messages arrived twice")
-    if reordered:
-        failures.append(f"{reordered} messages arrived out of order: " + "; ".join(disorder))
+    names = {id(f): f"{f.kind} of {f.target}" for f in faults}
+    for what, total in (("twice", duplicates), ("out_of_order", reordered)):
+        if total:
+            places: collections.Counter[str] = collections.Counter()
+            for (key, kind), n in disorder.items():
+                if kind == what:
+                    places[names.get(key, "no window")] += n
+            failures.append(
+                f"{total} messages arrived {what.replace('_', ' ')} (by the window they were "
+                f"published in: {dict(places)}): " + "; ".join(examples[what])
+            )
     foreign = sum(s.foreign for s in chaos.subs.values())
     if foreign:
         failures.append(f"{foreign} messages arrived under another key than their origin's")
@@ -754,6 +780,7 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
         "lost_in_fault_windows": window_lost,
         "lost_in_fault_windows_steps": window_steps,
         "lost_uncounted_steps": uncounted,
+        "lost_uncounted_steps_by_fault": dict(uncounted_by_kind.most_common()),
         "lost_with_a_killed_bus": sum(lost_with_kill.values()),
         "lost_with_a_killed_bus_by_place": dict(lost_with_kill),
         "lost_in_master_upgrades": upgrade_lost,
@@ -770,6 +797,9 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
         ),
         "publisher_reconnects": sum(p.reconnects for p in chaos.pubs.values()),
         "subscriber_reconnects": sum(s.reconnects for s in chaos.subs.values()),
+        "host_name_shared_warnings": sum(
+            log.count('"nats.host_name_shared"') for log in logs.values()
+        ),
         "heals": heals,
         "windows": windows,
         "failures": failures,
@@ -814,4 +844,135 @@ def run_fleetchaos(
     return result
 
 
-__all__ = ["KINDS", "run_fleetchaos"]
+# --- the table of docs/reliability.md -----------------------------------------------
+
+
+def _n(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The fleet chaos table of docs/reliability.md, a column per run (the JSON
+    ``--json`` writes, or what ``run_fleetchaos`` returns)."""
+    rows: list[tuple[str, list[str]]] = []
+
+    def row(name: str, cell: Callable[[dict[str, Any]], str]) -> None:
+        rows.append((name, [cell(r) for r in results]))
+
+    def kinds(r: dict[str, Any]) -> collections.Counter[str]:
+        out: collections.Counter[str] = collections.Counter()
+        for kind, n in r["faults"].items():
+            for part in kind.split("+"):
+                out[part] += n
+        return out
+
+    def upgrades(r: dict[str, Any]) -> str:
+        masters = sum(1 for w in r["windows"] for t in w["target"].split("+")
+                      if "upgrade" in w["kind"] and t.endswith("-m"))  # fmt: skip
+        return f"{kinds(r)['upgrade']} ({masters})"
+
+    row("seed", lambda r: str(r["seed"]))
+    row("faults (of which compound)", lambda r: f"{sum(r['faults'].values())} "
+        f"({sum(n for k, n in r['faults'].items() if '+' in k)})")  # fmt: skip
+    row(
+        "host cuts / member cuts / pauses / kills",
+        lambda r: " / ".join(
+            str(kinds(r)[k]) for k in ("host_cut", "member_cut", "member_pause", "member_kill")
+        ),
+    )
+    row(
+        "bus kills / upgrades (of a master) / reloads good+bad",
+        lambda r: (
+            f"{kinds(r)['kill']} / {upgrades(r)} / {kinds(r)['reload']}+{kinds(r)['bad_reload']}"
+        ),
+    )
+    row("floods / slow readers", lambda r: f"{kinds(r)['flood']} / {kinds(r)['slow_reader']}")
+    row(
+        "messages published / deliveries due",
+        lambda r: f"{_n(r['messages_sent'])} / {_n(r['deliveries_due'])}",
+    )
+    row("deliveries made", lambda r: _n(r["deliveries"]))
+    row(
+        "due outside every fault window / lost of them",
+        lambda r: (
+            f"{_n(r['due_outside_fault_windows'])} / **{_n(r['lost_outside_fault_windows'])}**"
+        ),
+    )
+    row("duplicated / out of order", lambda r: f"{_n(r['duplicates'])} / {_n(r['out_of_order'])}")
+    row(
+        "lost in fault windows: deliveries / counter steps",
+        lambda r: f"{_n(r['lost_in_fault_windows'])} / {_n(r['lost_in_fault_windows_steps'])}",
+    )
+    row(
+        "... counted / uncounted (steps)",
+        lambda r: (
+            f"{_n(r['lost_in_fault_windows_steps'] - r['lost_uncounted_steps'])} / "
+            f"**{_n(r['lost_uncounted_steps'])}**"
+        ),
+    )
+    row(
+        "... of which in a master's upgrade: steps / uncounted",
+        lambda r: (
+            f"{_n(r['lost_in_master_upgrades_steps'])} / "
+            f"{_n(r['lost_in_master_upgrades_steps'] - r['lost_in_master_upgrades_counted'])}"
+        ),
+    )
+    row(
+        "... uncounted steps by fault",
+        lambda r: (
+            ", ".join(f"{k} {_n(v)}" for k, v in r["lost_uncounted_steps_by_fault"].items()) or "-"
+        ),
+    )
+    row("lost with a killed bus on the path", lambda r: _n(r["lost_with_a_killed_bus"]))
+    row(
+        "counted (all hosts): unconfirmed / NATS queue / lost+refused",
+        lambda r: " / ".join(
+            (
+                _n(r["counted_by"].get('nats_dropped_messages_total{reason="unconfirmed"}', 0)),
+                _n(r["counted_by"].get('nats_dropped_messages_total{reason="queue_overflow"}', 0)),
+                _n(
+                    sum(
+                        v
+                        for k, v in r["counted_by"].items()
+                        if k.startswith(("nats_lost_", "nats_refused_"))
+                    )
+                ),
+            )
+        ),
+    )
+    row(
+        "heal: host heals, seconds to every flow (max / median)",
+        lambda r: (
+            f"{len(r['heal_seconds'])}, {_n(r['heal_seconds_max'])} / "
+            f"{_n(r['heal_seconds'][len(r['heal_seconds']) // 2] if r['heal_seconds'] else None)}"
+        ),
+    )
+    row("promises held", lambda r: "yes" if not r["failures"] else f"no ({len(r['failures'])})")
+    out = ["| run | " + " | ".join(f"{r.get('seconds', 0) / 60:.0f} min" for r in results) + " |",
+           "|---|" + "---|" * len(results)]  # fmt: skip
+    out += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.hardening.harness.fleetchaos --table FILE...``: the table
+    of docs/reliability.md from the JSON files of ``fleetchaos --json FILE``."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m tests.hardening.harness.fleetchaos")
+    parser.add_argument("--table", nargs="+", metavar="FILE", required=True)
+    args = parser.parse_args(argv)
+    results = []
+    for path in args.table:
+        with open(path) as src:
+            doc = json.load(src)
+        results.append(doc.get("fleetchaos", doc))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+__all__ = ["KINDS", "run_fleetchaos", "table"]
