@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="the short versions (seconds)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
     parser.add_argument(
-        "--seed", type=int, default=7, help="seed of the fuzz, secret and chaos runs"
+        "--seed", type=int, default=7, help="seed of the fuzz, secret, chaos and fleetchaos runs"
     )
     parser.add_argument(
         "--soak-seconds", type=float, metavar="S", help="soak length (default 120, quick 10)"
