@@ -51,7 +51,7 @@ def fabric() -> Iterator[Fabric]:
 
 def _listen_in(fabric: Fabric, ns: str, port: int) -> subprocess.Popen[bytes]:
     code = (
-        "import socket, sys, time\n"
+        "import socket, sys\n"
         "s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen()\n"
         "print('up', flush=True)\n"
         "while True:\n"
@@ -103,6 +103,8 @@ def test_hosts_reach_each_other_on_the_bridge_only_and_a_cut_is_real(fabric: Fab
     finally:
         server.kill()
         server.wait()
+        assert server.stdout is not None
+        server.stdout.close()
 
 
 @pytest.mark.timeout(60)
@@ -113,6 +115,8 @@ def test_nothing_is_left_after_a_failure_in_the_middle() -> None:
         fabric.cut_host(3)
         raise RuntimeError("a failure in the middle")
     assert inside.wait(10) == -signal.SIGKILL  # what ran inside was ended
+    assert inside.stdout is not None
+    inside.stdout.close()
     assert namespaces(tag) == []
     assert fabric.leftovers() == []
 
