@@ -92,6 +92,8 @@ KINDS = (
 BACKGROUNDS = ("host_cut", "member_cut", "member_pause", "flood")
 FOREGROUNDS = ("upgrade", "reload", "bad_reload", "kill", "member_kill")
 NET_KINDS = {"host_cut", "member_cut", "member_pause", "member_kill"}
+#: Said of a window's uncounted losses when a master was upgraded in it.
+MASTER_UPGRADE = " (with a master's live upgrade)"
 PAYLOAD_SIZE = 64
 FLOOD_PAYLOAD = b"f" * 1024
 #: Each bus's subscriber's patterns (all of them take every flow).
@@ -707,7 +709,8 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
             uncounted_by_kind[fault.kind] += need - counted
             failures.append(
                 f"{deliveries} deliveries ({need} counter steps) lost in the window of "
-                f"{fault.kind} of {fault.target} at {fault.start - chaos.t0:.1f}s, "
+                f"{fault.kind} of {fault.target} at {fault.start - chaos.t0:.1f}s"
+                f"{MASTER_UPGRADE if masters_upgraded else ''}, "
                 f"only {counted} counted ({fault.counted_by_family()})"
             )
         for what, host, healed in fault.heals:
