@@ -11,9 +11,9 @@
   (``bench --only client``) it states; between them those runs judged every
   target of the code, and every figure its prose quotes is in those tables;
   the scenario table's targets are the code's;
-* the README says how to get the reference, which tests ``make test`` and
-  ``make test-slow`` run (in the Makefile's words), and for how long; every
-  ``make`` target the docs name exists.
+* the README says how to get the reference; CONTRIBUTING.md says which tests
+  ``make test`` and ``make test-slow`` run (in the Makefile's words), and for
+  how long; every ``make`` target the docs name exists.
 """
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ from sbus_relay.bench.runner import DEFAULT_MESSAGES, DEFAULT_REPEAT, SCENARIO_N
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "grafana" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "grafana" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 #: Files whose text may cite paths and modules of the tree.
 CITING = [
     *DOCS,
@@ -314,13 +319,13 @@ def _recipe(makefile: str, target: str) -> str:
     return match.group(1)
 
 
-def test_the_readme_says_which_tests_make_test_and_make_test_slow_run_and_how_long() -> None:
+def test_contributing_says_which_tests_make_test_and_make_test_slow_run_and_how_long() -> None:
     makefile = (ROOT / "Makefile").read_text()
     chosen = re.search(r"^PYTEST_ARGS \?= (.+)$", makefile, re.MULTILINE)
     assert chosen and "$(PYTEST_ARGS)" in _recipe(makefile, "test")
     assert 'pytest -m "slow and spark"' in _recipe(makefile, "test")
     assert "pytest -m slow" in _recipe(makefile, "test-slow")
-    top = (ROOT / "README.md").read_text().split("## ")[0]
+    top = (ROOT / "CONTRIBUTING.md").read_text().split("## The first run")[0]
     # what each target selects, in the Makefile's own words
     assert f"pytest {chosen.group(1)}" in top, top
     assert "make test-slow" in top and "pytest -m slow" in top, top

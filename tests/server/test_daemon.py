@@ -646,7 +646,7 @@ def _owner_of(path: str) -> int:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid a child to 65534")
 def test_the_readme_multi_user_example_admits_the_listed_user(tmp_path: Path) -> None:
-    # README: `sbusd -a /run/sbus.socket -o -u 1000` run as root lets uid 1000 in.
+    # docs/protocol.md: `sbusd -a /run/sbus.socket -o -u 1000` run as root lets uid 1000 in.
     bus = start_bus(tmp_path, "-o", "-u", str(NOBODY))
     try:
         os.chmod(os.path.dirname(bus.address), 0o755)
