@@ -273,13 +273,14 @@ def _first_run(session: Session, readme: str) -> None:
     _client_examples(session)
 
     # 3b. The README's /clients example, against the one bus running: `make run`'s.
-    curl_line = re.search(r"`(curl '([^`']*/clients[^`']*)')`", readme)
-    assert curl_line is not None, "the README has no /clients curl example"
+    curl_line = line_starting(readme_block(readme, "### Metrics"), "curl '").split("   #")[0]
+    url = re.search(r"'([^']*/clients[^']*)'", curl_line)
+    assert url is not None, f"the README's curl line asks no /clients: {curl_line}"
     if shutil.which("curl"):
-        status, out, err = session.run(f"{curl_line.group(1)} --silent --show-error", "curl")
-        assert status == 0, f"{curl_line.group(1)}: {err}"
+        status, out, err = session.run(f"{curl_line.strip()} --silent --show-error", "curl")
+        assert status == 0, f"{curl_line}: {err}"
     else:  # the same request without curl
-        with urllib.request.urlopen(curl_line.group(2), timeout=WAIT) as response:
+        with urllib.request.urlopen(url.group(1), timeout=WAIT) as response:
             out = response.read().decode()
     assert json.loads(out)["server"]["role"] == "master", out
 
