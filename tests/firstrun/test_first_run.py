@@ -366,8 +366,14 @@ def _fleet(session: Session, readme: str) -> None:
     assert fleet.poll() is None, fleet_err.read_text()
     sub_line = line_starting(lines, ".venv/bin/sbus-relay sub -a").split("#")[0].strip()
     pub_line = line_starting(lines, ".venv/bin/sbus-relay pub -a").split("#")[0].strip()
-    printed = fleet_out.read_text().splitlines()
-    assert f"try: {sub_line}" in printed and f" and: {pub_line}" in printed, printed
+    # what up prints to try, naming the program as the shell finds it: the same lines
+    printed = [
+        line.split("sbus-relay ", 1)[1]
+        for line in fleet_out.read_text().splitlines()
+        if line.startswith(("try: ", " and: "))
+    ]
+    readme_lines = [line.split("sbus-relay ", 1)[1] for line in (sub_line, pub_line)]
+    assert printed == readme_lines, "\n".join(printed)
     subscriber, sub_out, _ = session.start(sub_line, "fleet-sub")
     until_received(session, pub_line, sub_out, "demo/hello\tfrom hosta")
     session.interrupt(subscriber)

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.timeout(1800)
 ROOT = Path(__file__).resolve().parents[2]
 #: The user who types the README's commands, and where the clone goes.
 USER = "newcomer"
+UID = 1000
 HOME = f"/home/{USER}"
 CLONE = f"{HOME}/sbus_relay"
 #: This machine's CA bundle (pip's PIP_CERT here), and where the container sees it.
@@ -148,6 +149,8 @@ def machine(tmp_path: Path) -> Iterator[Machine]:
         pytest.skip(f"!!! the fresh-Debian first run NOT checked: podman here: {problem} !!!")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=WAIT)
+    # the user's own, as a repository one clones from is (git refuses another's)
+    subprocess.run(["chown", "-R", f"{UID}:{UID}", str(clone)], check=True, timeout=WAIT)
     logs = tmp_path / "logs"
     logs.mkdir()
     running = Machine(image, clone, logs)
@@ -177,7 +180,7 @@ def test_the_readme_s_first_commands_on_a_fresh_debian_12(machine: Machine) -> N
     # 1. Nothing of what the README's commands need is there; then the one line, as root.
     assert machine.run("command -v python3 make git gcc || true", "before") == ""
     machine.run(packages, "packages", timeout=SLOW)
-    machine.run(f"useradd --create-home --shell /bin/bash {USER}", "useradd")
+    machine.run(f"useradd --create-home --shell /bin/bash --uid {UID} {USER}", "useradd")
 
     # 2. As that user: a clone, and `make run`, which must listen within the deadline.
     machine.run(f"git clone -q /src {CLONE}", "clone", user=USER)
