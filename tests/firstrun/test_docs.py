@@ -355,3 +355,38 @@ def test_the_pipeline_s_window_examples_are_the_code_s() -> None:
         number, unit = values[2 * i : 2 * i + 2]
         seconds = float(number) * (60 if unit == "min" else 1)
         assert seconds == auto_window(span_s * 10**9), (span_s, number, unit)
+
+
+# --- every example runs -------------------------------------------------------------
+
+#: The docs' Python examples that are programs (``# example: NAME`` first), and
+#: the test file that runs each as written against a real bus.
+EXAMPLES_RUN_BY = {
+    ("docs/client.md", "asyncio"): "tests/client/test_docs.py",
+    ("docs/client.md", "gevent"): "tests/client/test_docs.py",
+    ("docs/client.md", "thread"): "tests/client/test_docs.py",
+    ("docs/pipeline.md", "datasource"): "tests/pipeline/test_datasource.py",
+}
+#: The README's one Python example: tests/firstrun/test_first_run.py runs it.
+README_EXAMPLE_AFTER = "From Python"
+
+
+def test_every_python_example_in_the_docs_is_run_by_a_test() -> None:
+    unrun = []
+    for doc in DOCS:
+        text = doc.read_text()
+        where = str(doc.relative_to(ROOT))
+        for block in re.finditer(r"```python\n(.*?)```", text, re.S):
+            first = block.group(1).splitlines()[0]
+            named = re.fullmatch(r"# example: (\w+)", first)
+            if named is not None and (where, named.group(1)) in EXAMPLES_RUN_BY:
+                runner = ROOT / EXAMPLES_RUN_BY[(where, named.group(1))]
+                assert "# example: " in runner.read_text() or "examples()" in runner.read_text()
+                assert doc.name in runner.read_text(), f"{runner} does not read {where}"
+                continue
+            before = text[: block.start()]
+            if where == "README.md" and before.rstrip().endswith(README_EXAMPLE_AFTER + ":"):
+                continue
+            line = before.count("\n") + 1
+            unrun.append(f"{where}:{line}: {first!r} (no test runs it)")
+    assert unrun == []

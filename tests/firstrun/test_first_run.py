@@ -320,9 +320,13 @@ def _first_run(session: Session, readme: str) -> None:
     until_received(session, relay_pub, relay_sub_out, "demo/hello\tfrom relay a")
     session.interrupt(relay_sub_proc)
 
-    # 6. /metrics from the `make run` bus and from the hierarchy's master.
+    # 6. /metrics from the `make run` bus and from the hierarchy's master, and the
+    #    README's live view of the hierarchy (once: a terminal's view is tests/metrics').
     assert "sbus_build_info" in metrics(9809)
     assert "sbus_messages_delivered_total" in metrics(9810)
+    top_line = line_starting(readme_block(readme, "### Metrics"), ".venv/bin/sbus-relay top")
+    status, out, err = session.run(top_line.split("#")[0].strip() + " --once", "top")
+    assert status == 0 and "relay-a" in out, err
     assert session.interrupt(up) == 0, up_err.read_text()
 
     # 6b. A fleet: two hosts joined by a NATS cluster, as the README shows.
