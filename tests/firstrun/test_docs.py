@@ -62,6 +62,7 @@ NOT_MODULES = {
     "sbus_relay.rollup.window_ns": "a rollup's metadata: its windows' length",
     "sbus_relay.rollup.rows": "a rollup's metadata: its capture's rows",
     "sbus_relay.egg": "setuptools' metadata directory",
+    "sbus_relay.libs": "the directory of a wheel's bundled shared libraries (auditwheel)",
 }
 #: Path-like words that are not paths of this tree.
 NOT_PATHS = {"grafana/grafana"}  # the Grafana container image
