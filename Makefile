@@ -50,8 +50,8 @@ run: install
 # protocol, the server and the relays once more on the pure-Python path; then
 # the two slow Spark tests (the standalone cluster, the class archive).
 test: system-deps $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sbus_relay tests grafana docs
-	$(VENV)/bin/ruff format --check sbus_relay tests grafana docs
+	$(VENV)/bin/ruff check sbus_relay tests grafana docs/overview.py
+	$(VENV)/bin/ruff format --check sbus_relay tests grafana docs/overview.py
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -76,8 +76,8 @@ dist: $(VENV)/.installed-dev
 	ls dist
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sbus_relay tests grafana docs
-	$(VENV)/bin/ruff format --check sbus_relay tests grafana docs
+	$(VENV)/bin/ruff check sbus_relay tests grafana docs/overview.py
+	$(VENV)/bin/ruff format --check sbus_relay tests grafana docs/overview.py
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 
