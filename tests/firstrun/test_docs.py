@@ -391,3 +391,25 @@ def test_every_python_example_in_the_docs_is_run_by_a_test() -> None:
             line = before.count("\n") + 1
             unrun.append(f"{where}:{line}: {first!r} (no test runs it)")
     assert unrun == []
+
+
+#: Terms the README uses before it explains them, each with its glossary entry.
+GLOSSARY_TERMS = (
+    "**sbus.**",
+    "**The reference `sbusd`.**",
+    "**Master, relay.**",
+    "**Identity, `!/cred/`.**",
+    "**Flood control.**",
+    "**The `up` tree.**",
+    "**Socket activation.**",
+    "**NATS, the NATS link, a fleet.**",
+)
+
+
+def test_the_glossary_explains_the_readme_s_terms_and_the_readme_points_to_it() -> None:
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    for term in GLOSSARY_TERMS:
+        assert f"\n{term}" in glossary, term
+    readme = (ROOT / "README.md").read_text()
+    # before the first section: a newcomer reads it before any command
+    assert "docs/glossary.md" in readme[: readme.index("\n## ")]
