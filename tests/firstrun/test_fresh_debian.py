@@ -7,7 +7,9 @@ removed that a minimal Debian 12 lacks (tests/containers/images.py,
 1. as root, the README's line of system packages, as written;
 2. as a user who is not root, a clone of this checkout's committed HEAD and
    the README's ``make run``, which creates the venv, downloads the
-   dependencies from PyPI, compiles the hot path and serves;
+   dependencies from PyPI, compiles the hot path and serves (as root too, in
+   ``make test-slow``: the same steps, the same Makefile rules but for the
+   venv's, which the packages line makes unneeded);
 3. the README's ``sub`` and ``pub`` against that bus, from a second and third
    shell of that user, until the message arrives; the bus runs compiled.
 
@@ -41,11 +43,12 @@ from tests.firstrun.test_first_run import line_starting, readme_block
 pytestmark = pytest.mark.timeout(1800)
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The user who types the README's commands, and where the clone goes.
+#: The user who is not root, who types the README's commands (root types them too).
 USER = "newcomer"
 UID = 1000
-HOME = f"/home/{USER}"
-CLONE = f"{HOME}/sbus_relay"
+#: Each one's home; the clone goes there.
+HOMES = {USER: f"/home/{USER}", "root": "/root"}
+CLONE = "sbus_relay"
 #: This machine's CA bundle (pip's PIP_CERT here), and where the container sees it.
 HOST_CA = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
 CONTAINER_CA = "/etc/sbus-test-ca.crt"
@@ -60,9 +63,10 @@ MIRRORS = (("deb.debian.org", 80), ("pypi.org", 443), ("files.pythonhosted.org",
 class Machine:
     """A running container of the fresh image; commands run in it with ``podman exec``."""
 
-    def __init__(self, image: str, clone: Path, logs: Path) -> None:
+    def __init__(self, image: str, clone: Path, logs: Path, who: str) -> None:
         assert PODMAN is not None
         self.name = f"sbus-test-fresh-{secrets.token_hex(4)}"
+        self.who = who
         self.logs = logs
         self.cloned = False
         self._count = 0
@@ -79,7 +83,9 @@ class Machine:
         head = [PODMAN, "exec", "-e", "DEBIAN_FRONTEND=noninteractive"]
         if user is not None:
             # in the clone, once there is one, as a user who has just typed `cd`
-            head += ["--user", user, "-w", CLONE if self.cloned else HOME, "-e", f"HOME={HOME}"]
+            home = HOMES[user]
+            where = f"{home}/{CLONE}" if self.cloned else home
+            head += ["--user", user, "-w", where, "-e", f"HOME={home}"]
             if HOST_CA.is_file():
                 head += ["-e", f"PIP_CERT={CONTAINER_CA}"]
         return [*head, self.name, "bash", "-c", line]
@@ -133,8 +139,8 @@ def unreachable(machine: Machine) -> list[str]:
     return missing
 
 
-@pytest.fixture
-def machine(tmp_path: Path) -> Iterator[Machine]:
+@pytest.fixture(params=[USER, pytest.param("root", marks=pytest.mark.slow)])
+def machine(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Machine]:
     problem = container_problem()
     if problem is not None:
         pytest.skip(f"!!! the fresh-Debian first run NOT checked: {problem} !!!")
@@ -149,11 +155,12 @@ def machine(tmp_path: Path) -> Iterator[Machine]:
         pytest.skip(f"!!! the fresh-Debian first run NOT checked: podman here: {problem} !!!")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=WAIT)
-    # the user's own, as a repository one clones from is (git refuses another's)
-    subprocess.run(["chown", "-R", f"{UID}:{UID}", str(clone)], check=True, timeout=WAIT)
+    if request.param == USER:
+        # the user's own, as a repository one clones from is (git refuses another's)
+        subprocess.run(["chown", "-R", f"{UID}:{UID}", str(clone)], check=True, timeout=WAIT)
     logs = tmp_path / "logs"
     logs.mkdir()
-    running = Machine(image, clone, logs)
+    running = Machine(image, clone, logs, request.param)
     try:
         missing = unreachable(running)
         if missing:
@@ -180,18 +187,20 @@ def test_the_readme_s_first_commands_on_a_fresh_debian_12(machine: Machine) -> N
     # 1. Nothing of what the README's commands need is there; then the one line, as root.
     assert machine.run("command -v python3 make git gcc || true", "before") == ""
     machine.run(packages, "packages", timeout=SLOW)
-    machine.run(f"useradd --create-home --shell /bin/bash --uid {UID} {USER}", "useradd")
+    who = machine.who
+    if who == USER:
+        machine.run(f"useradd --create-home --shell /bin/bash --uid {UID} {USER}", "useradd")
 
     # 2. As that user: a clone, and `make run`, which must listen within the deadline.
-    machine.run(f"git clone -q /src {CLONE}", "clone", user=USER)
+    machine.run(f"git clone -q /src {CLONE}", "clone", user=who)
     machine.cloned = True
     started = time.monotonic()
-    bus, _ = machine.start(run_line, "make-run", user=USER)
+    bus, _ = machine.start(run_line, "make-run", user=who)
     # listening: the bus has taken a message (an empty one, -n)
     probe = f"test -S {address} && .venv/bin/sbus-relay pub -a {address} -n first-run/probe"
     while True:
         with contextlib.suppress(AssertionError):
-            machine.run(probe, "listening?", user=USER)
+            machine.run(probe, "listening?", user=who)
             break
         assert bus.poll() is None, f"make run ended ({bus.returncode}): {_tail(machine)}"
         assert time.monotonic() - started < SLOW, f"make run not listening: {_tail(machine)}"
@@ -200,15 +209,15 @@ def test_the_readme_s_first_commands_on_a_fresh_debian_12(machine: Machine) -> N
 
     # 3. sub and pub as the README shows, with its SBUS_ADDRESS.
     export = f"export SBUS_ADDRESS={address}; "
-    sub, sub_out = machine.start(export + sub_line, "sub", user=USER)
+    sub, sub_out = machine.start(export + sub_line, "sub", user=who)
     deadline = time.monotonic() + WAIT
     while "sensors/kitchen/temp\t21.5" not in sub_out.read_text(errors="replace"):
         assert time.monotonic() < deadline, f"sub printed {sub_out.read_text()!r}"
         assert sub.poll() is None, _tail(machine)
-        machine.run(export + pub_line, "pub", user=USER)
+        machine.run(export + pub_line, "pub", user=who)
         time.sleep(0.5)
     mode = machine.run(
-        ".venv/bin/python -c 'import sbus_relay.accel as a; print(a.mode())'", "mode", user=USER
+        ".venv/bin/python -c 'import sbus_relay.accel as a; print(a.mode())'", "mode", user=who
     )
     assert mode.strip() == "compiled (Cython)", mode
     for proc in (sub, bus):
