@@ -215,6 +215,11 @@ def _add_fields(
     return event
 
 
+def syslog_ident() -> str:
+    """The name this process's lines carry in syslog (``journalctl -t NAME``)."""
+    return os.path.basename(sys.argv[0]) or "sbus"
+
+
 def configure(
     level: str = "info",
     fmt: str = "auto",
@@ -236,10 +241,7 @@ def configure(
     writer: _Writer
     if target == SYSLOG:
         # kept across a reload: closing it after opening anew would close both
-        if isinstance(_current, _SyslogWriter):
-            writer = _current
-        else:
-            writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
+        writer = _current if isinstance(_current, _SyslogWriter) else _SyslogWriter(syslog_ident())
         tty = False
     elif target is not None:
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
