@@ -266,6 +266,11 @@ def _add_fields(
     return event
 
 
+def syslog_ident() -> str:
+    """The name this process's lines carry in syslog (``journalctl -t NAME``)."""
+    return os.path.basename(sys.argv[0]) or "sbus"
+
+
 def configure(
     level: str = "info",
     fmt: str = "auto",
@@ -292,7 +297,7 @@ def configure(
         elif isinstance(_retired, _SyslogWriter):
             writer, _retired = _retired, None
         else:
-            writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
+            writer = _SyslogWriter(syslog_ident())
         tty = False
     elif target is not None:
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
