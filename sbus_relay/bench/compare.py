@@ -16,7 +16,9 @@ throughput scenario's CPU per delivery, the table gives each version's
 median over its runs with their range, and a verdict: **worse** when every
 after-run is on the bad side of every before-run (the ranges do not
 overlap), **better** the other way round, else **same** (within the runs'
-noise).  Printed as a Markdown table, for docs/performance.md.
+noise); with fewer than two runs of either version nothing is judged (a
+single run has no noise to measure against: **-**).  Printed as a Markdown
+table, for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from typing import Any
 from .report import TARGETS
 
 #: Verdicts of a row.
-WORSE, BETTER, SAME = "worse", "better", "same"
+WORSE, BETTER, SAME, UNJUDGED = "worse", "better", "same", "-"
+#: Runs of each version a verdict needs.
+MIN_RUNS = 2
 
 
 def figures(run: dict[str, Any]) -> dict[str, tuple[float, bool]]:
@@ -67,6 +71,7 @@ def compare(
             worse, better = max(a) < min(b), min(a) > max(b)
         else:
             worse, better = min(a) > max(b), max(a) < min(b)
+        judged = min(len(a), len(b)) >= MIN_RUNS
         rows.append(
             {
                 "figure": label,
@@ -74,7 +79,7 @@ def compare(
                 "before_range": (min(b), max(b)),
                 "after": statistics.median(a),
                 "after_range": (min(a), max(a)),
-                "verdict": WORSE if worse else BETTER if better else SAME,
+                "verdict": (WORSE if worse else BETTER if better else SAME) if judged else UNJUDGED,
             }
         )
     return rows

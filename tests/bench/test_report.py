@@ -203,3 +203,5 @@ def test_compare_says_worse_only_beyond_the_runs_noise() -> None:
     assert rows["1 -> 1, ours / reference"]["verdict"] == compare.WORSE
     assert rows["1to1: our CPU us per delivery"]["verdict"] == compare.WORSE
     assert "| worse |" in compare.table(list(rows.values()))
+    [one] = compare.compare(before[:1], slower[:1])[:1]
+    assert one["verdict"] == compare.UNJUDGED  # one run each: no noise to judge against
