@@ -20,7 +20,7 @@ $(PY):
 # per set of extras).  A checkout edited since runs pure Python until then.
 PXD := $(wildcard sbus_relay/*/_c_*.pxd)
 COMPILED_SOURCES := $(PXD) $(foreach p,$(PXD),$(dir $(p))$(patsubst _c_%.pxd,%.py,$(notdir $(p))))
-BUILT := pyproject.toml setup.py sbus_relay/accel.py sbus_relay/bus/_batchio.c $(COMPILED_SOURCES)
+BUILT := pyproject.toml setup.py sbus_relay/accel.py sbus_relay/bus/_batchio.c sbus_relay/link/_natsc.pyx $(COMPILED_SOURCES)
 $(VENV)/.installed: $(BUILT) | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@

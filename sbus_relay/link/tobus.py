@@ -1,14 +1,19 @@
-"""What a NATS bridge writes to its bus (``bus.natsbridge``), from the bridge's asyncio loop.
+"""What the link process writes to its bus, from the link's asyncio loop.
 
-Theory of operation.  Three kinds of packets go to the bus's end of the
-socket pair, in this order of precedence: ``SUB``/``UNSUB`` as the other
-hosts' interest changes (the net change per pattern, like a connection's
-notices: memory per distinct pattern, never lost), then ``CMSG
-nats/settled`` once, then ``MSG`` from other hosts, packed in batches
-(docs/protocol.md, "Packed batches").  A write is scheduled once per turn
-of the loop, so what NATS delivers in one burst goes in few frames; what the
-socket refuses waits for it to drain (a writer callback), and messages
-beyond ``TO_BUS_MESSAGES`` are refused to the caller, who counts them.
+What it owns: the order and the bounds of everything sent on the link's end
+of the socket pair.  What it may touch: that socket, and the loop's writer
+callback for it.
+
+Four kinds of packets go to the bus, in this order of precedence: ``SUB`` /
+``UNSUB`` as the other hosts' interest changes (the net change per pattern,
+like a connection's notices: memory per distinct pattern, never lost), then
+control packets (``nats/settled``, ``link/synced``, log records, in order;
+the latest ``link/stats`` only), then ``MSG`` from other hosts, packed in
+batches (docs/protocol.md, "Packed batches").  A write is scheduled once per
+turn of the loop, so what NATS delivers in one burst goes in few frames; what
+the socket refuses waits for it to drain, and messages beyond
+``TO_BUS_MESSAGES`` (control packets beyond ``CONTROL_MAX``) are refused to
+the caller, who counts them.
 """
 
 from __future__ import annotations
@@ -21,16 +26,16 @@ from sbus_relay.protocol import codec
 from sbus_relay.protocol.limits import BATCH_MESSAGES, SEND_BUFFER
 
 #: Messages from NATS waiting for room in the bus's socket; beyond it they are
-#: refused (the bridge counts them, ``bus_full``): the bus is far behind.
+#: refused (counted ``bus_full``): the bus is far behind.
 TO_BUS_MESSAGES = 65_536
-#: What the bridge tells the bus once the other hosts' interest is known.
-SETTLED = b"nats/settled"
+#: Control packets (log records mostly) waiting; beyond it a log record is dropped.
+CONTROL_MAX = 1024
 #: Largest packed frame written: half the send buffer, so that one always fits.
 FRAME_BYTES = SEND_BUFFER // 2
 
 
 class BusWriter:
-    """Writes interest changes and messages to the bus's end, in order, bounded."""
+    """Writes interest changes, control packets and messages to the bus, in order, bounded."""
 
     def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
@@ -38,11 +43,11 @@ class BusWriter:
         self._loop = loop
         self._messages: deque[bytes] = deque()
         self._notices: dict[bytes, bool] = {}
-        self._settle_owed = False
+        self._control: deque[bytes] = deque()
+        self._stats: bytes | None = None
         self._writing = False  # waiting for the socket to drain
         self._soon = False  # a write is scheduled for this turn of the loop
-        #: the bus has been told the other hosts' interest is known
-        self.settled = False
+        self.gone = False  # the bus closed its end
 
     @property
     def queued(self) -> int:
@@ -56,9 +61,17 @@ class BusWriter:
             self._notices[pattern] = present
         self._schedule()
 
-    def settle(self) -> None:
-        """Tell the bus, after the interest pending now, that it is complete."""
-        self._settle_owed = True
+    def control(self, packet: bytes) -> bool:
+        """A control packet, after the interest pending now; False if too many wait."""
+        if len(self._control) >= CONTROL_MAX:
+            return False
+        self._control.append(packet)
+        self._schedule()
+        return True
+
+    def stats(self, packet: bytes) -> None:
+        """The latest ``link/stats`` (an older one not yet written is replaced)."""
+        self._stats = packet
         self._schedule()
 
     def put(self, packet: bytes) -> bool:
@@ -75,7 +88,7 @@ class BusWriter:
             self._writing = False
 
     def _schedule(self) -> None:
-        if not self._soon and not self._writing:
+        if not self._soon and not self._writing and not self.gone:
             self._soon = True
             self._loop.call_soon(self._flush)
 
@@ -89,7 +102,7 @@ class BusWriter:
                 self._loop.add_writer(self._fd, self._flush)
             return
         except OSError:
-            return  # the bus has gone: the bridge's reader ends the bridge
+            self.gone = True  # the bus has gone: the link's reader sees its EOF and ends
         self.stop()
 
     def _write(self) -> None:
@@ -97,12 +110,15 @@ class BusWriter:
         notices = self._notices
         while notices:
             pattern, present = next(iter(notices.items()))
-            sock.send((codec.SUB if present else codec.UNSUB) + pattern)
+            sock.send(codec.encode_sub(pattern) if present else codec.encode_unsub(pattern))
             del notices[pattern]
-        if self._settle_owed:
-            sock.send(codec.encode_cmsg(SETTLED))
-            self._settle_owed = False
-            self.settled = True
+        control = self._control
+        while control:
+            sock.send(control[0])
+            control.popleft()
+        if self._stats is not None:
+            sock.send(self._stats)
+            self._stats = None
         queue = self._messages
         while queue:
             batch: list[bytes] = []
