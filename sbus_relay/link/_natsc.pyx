@@ -355,6 +355,7 @@ cdef class Client:
         cdef size_t n, i
         cdef sq_entry *e
         cdef const char *data
+        cdef bytes subject, payload  # copies, made before the message is destroyed
         n = sq_take(&items, &dropped)
         try:
             for i in range(n):

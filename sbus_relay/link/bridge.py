@@ -379,14 +379,11 @@ class Bridge:
             rtt_us=int(self.confirm.rtt * 1e6),
             settled=self.settled,
             drops={
-                "not_exported": outb.not_exported,
-                "not_imported": inb.not_imported,
-                "secret": outb.secret + inb.secret,
-                "bus_full": inb.bus_full,
+                **inb.drops,
+                "not_exported": outb.drops["not_exported"],
+                "secret": outb.drops["secret"] + inb.drops["secret"],
                 "nats_refused": self.refused,
                 "slow_consumer": self.slow,
-                "bad_subject": inb.bad_subject,
-                "too_large": inb.too_large,
                 "unconfirmed": self.confirm.lost,
             },
         )

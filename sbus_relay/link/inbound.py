@@ -19,12 +19,15 @@ from .outbound import MAPPING_CACHE, key_filter
 from .subscriptions import LONG_SID, Subscriptions
 from .tobus import BusWriter
 
-#: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
-PACKET_OVERHEAD = 5
+#: What becomes of a subject's messages: the packet head to deliver them
+#: with and the subscription whose copy is taken, or the reason they are dropped.
+Decision = tuple[bytes, int] | str
 
 
 class Inbound:
-    """Messages from NATS to the bus."""
+    """Messages from NATS to the bus.  What becomes of a subject is worked out
+    once (mapping, filters, which subscription's copy) and kept, so a message
+    costs one lookup and one concatenation."""
 
     def __init__(
         self,
@@ -39,54 +42,69 @@ class Inbound:
         self._identity = identity
         self._subs = subs
         self._writer = writer
-        self._keys: dict[bytes, bytes] = {}
+        self._decided: dict[bytes, Decision] = {}
+        self._version = subs.version
         self.received = self.received_bytes = 0
-        self.not_imported = self.secret = self.bus_full = self.bad_subject = self.too_large = 0
+        self.drops = dict.fromkeys(
+            ("not_imported", "secret", "bus_full", "bad_subject", "too_large"), 0
+        )
 
     def message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
         """One message from NATS on subscription ``sid``."""
         if sid == LONG_SID:
             got = split_long(payload)
             if got is None:
-                self.bad_subject += 1
+                self.drops["bad_subject"] += 1
                 return
-            self._deliver(got[0], got[1])
+            decided = self._decide_key(got[0])
+            payload = got[1]
+            if isinstance(decided, str):
+                self.drops[decided] += 1
+                return
+        else:
+            if self._version != self._subs.version:
+                self._decided.clear()  # which copy to take may have changed
+                self._version = self._subs.version
+            known = self._decided.get(subject)
+            decided = self._decide(subject) if known is None else known
+            if isinstance(decided, str):
+                self.drops[decided] += 1
+                return
+            if decided[1] != sid:
+                return  # the same message through another subscription of ours
+        if len(decided[0]) + len(payload) > MAX_PACKET:
+            self.drops["too_large"] += 1  # (a native NATS client's big payload)
             return
-        keys = self._keys
-        key = keys.get(subject)
-        if key is None:
-            try:
-                key = self.map.key(subject)
-            except MappingError:
-                self.bad_subject += 1
-                return
-            if len(key) <= MATCH_CACHE_KEY_MAX:
-                if len(keys) >= MAPPING_CACHE:
-                    keys.clear()
-                keys[subject] = key
-        if self._subs.takes(key, sid):
-            self._deliver(key, payload)
+        if self._writer.put(decided[0] + payload):
+            self.received += 1
+            self.received_bytes += len(payload)
+        else:
+            self.drops["bus_full"] += 1
 
-    def _deliver(self, key: bytes, data: bytes) -> None:
-        """A message from another host, for this host's bus (once per host)."""
+    def _decide(self, subject: bytes) -> Decision:
+        try:
+            key = self.map.key(subject)
+        except MappingError:
+            decided: Decision = "bad_subject"
+        else:
+            decided = self._decide_key(key)
+            if not isinstance(decided, str):
+                decided = (decided[0], self._subs.taker(key))
+        if len(subject) <= MATCH_CACHE_KEY_MAX:  # a long subject is worked out afresh
+            if len(self._decided) >= MAPPING_CACHE:
+                self._decided.clear()
+            self._decided[subject] = decided
+        return decided
+
+    def _decide_key(self, key: bytes) -> Decision:
+        """A message from another host for this host's bus (once per host)?"""
         if is_secret(key):
             # only to this host's own identities, and only when they cross
             if self._identity is None or not key.startswith(self._identity):
-                self.secret += 1
-                return
+                return "secret"
         elif self._import is not None and not self._import.match(key):
-            self.not_imported += 1
-            return
-        if len(key) + len(data) + PACKET_OVERHEAD > MAX_PACKET:
-            self.too_large += 1  # (a native NATS client's big payload)
-            return
+            return "not_imported"
         try:
-            packet = codec.encode_msg(key, data)
+            return codec.msg_head(key), 0
         except UsageError:
-            self.bad_subject += 1  # a key with a NUL (%00): no sbus key is
-            return
-        if self._writer.put(packet):
-            self.received += 1
-            self.received_bytes += len(data)
-        else:
-            self.bus_full += 1
+            return "bad_subject"  # a key with a NUL: no sbus key is

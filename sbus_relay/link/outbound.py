@@ -35,38 +35,42 @@ def key_filter(patterns: tuple[bytes, ...] | list[bytes]) -> SubscriptionIndex |
 
 
 class Outbound:
-    """Messages from the bus as (subject, headers, payload) for NATS."""
+    """Messages from the bus as (subject, headers, payload) for NATS.  What
+    becomes of a key is worked out once and kept (a subject, or the reason it
+    stays home), so a message costs one lookup."""
 
     def __init__(self, map_: SubjectMap, export: list[bytes], identity: bytes | None) -> None:
         self.map = map_
         self._export = key_filter(export)
         #: the prefix of this host's identities when they cross (None: they stay home)
         self._identity = identity
-        self._subjects: dict[bytes, bytes] = {}
+        self._decided: dict[bytes, bytes | str] = {}
         self._long = map_.long
-        self.not_exported = 0
-        self.secret = 0
+        self.drops = {"not_exported": 0, "secret": 0}
 
     def add(self, out: list[Outgoing], key: bytes, payload: bytes, headers: Headers) -> None:
         """Append ``key``'s message to ``out`` if it may leave this host."""
-        if is_secret(key):
-            # to another host's identity (held here only for its owner), or never
-            identity = self._identity
-            if identity is None or key.startswith(identity):
-                self.secret += 1
-                return
-        elif self._export is not None and not self._export.match(key):
-            self.not_exported += 1
-            return
-        subjects = self._subjects
-        subject = subjects.get(key)
-        if subject is None:
-            subject = self.map.subject(key)
-            if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is mapped afresh, not kept
-                if len(subjects) >= MAPPING_CACHE:
-                    subjects.clear()
-                subjects[key] = subject
-        if len(subject) <= SUBJECT_MAX:
-            out.append((subject, headers, payload))
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decide(key)
+        if isinstance(decided, str):
+            self.drops[decided] += 1
+        elif len(decided) <= SUBJECT_MAX:
+            out.append((decided, headers, payload))
         else:  # every host takes these and its bus keeps what it wants
             out.append((self._long, headers, long_payload(key, payload)))
+
+    def _decide(self, key: bytes) -> bytes | str:
+        decided: bytes | str
+        if is_secret(key) and (self._identity is None or key.startswith(self._identity)):
+            # to another host's identity (held here only for its owner), or never
+            decided = "secret"
+        elif not is_secret(key) and self._export is not None and not self._export.match(key):
+            decided = "not_exported"
+        else:
+            decided = self.map.subject(key)
+        if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is worked out afresh, not kept
+            if len(self._decided) >= MAPPING_CACHE:
+                self._decided.clear()
+            self._decided[key] = decided
+        return decided

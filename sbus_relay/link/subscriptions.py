@@ -32,6 +32,8 @@ class Subscriptions:
         self._count: dict[bytes, int] = {}  # relaxed pattern -> local patterns behind it
         self._next = FIRST_PATTERN_SID
         self._index: SubscriptionIndex = SubscriptionIndex()
+        #: raised by every change: what was worked out from the set before is stale
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._sid)
@@ -51,21 +53,21 @@ class Subscriptions:
         else:
             self._count.pop(r, None)
         if present and n == 1:
+            self.version += 1
             sid = self._next
             self._next += 1
             self._sid[r] = sid
             self._index.add(r, r)
             return sid, r
         if not present and n == 0:
+            self.version += 1
             self._index.remove(r, r)
             sid = self._sid.pop(r, 0)
             return (sid, r) if sid else None
         return None
 
-    def takes(self, key: bytes, sid: int) -> bool:
-        """Whether the copy of ``key`` that came on ``sid`` is the one to take."""
+    def taker(self, key: bytes) -> int:
+        """The sid whose copy of ``key`` is the one to take (0: none matches now)."""
         holders = self._index.match(key)
-        if len(holders) <= 1:
-            return True
         sids = self._sid
-        return min(sids.get(h, 1 << 62) for h in holders) == sid
+        return min((sids.get(h, 0) for h in holders), default=0)

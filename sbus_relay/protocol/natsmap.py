@@ -75,6 +75,8 @@ def decode_token(token: bytes) -> bytes:
             value = hi * 16 + lo
             if value in _SAFE:
                 raise MappingError("needless escape")  # one spelling per segment
+            if value == 0:
+                raise MappingError("a NUL, which no key holds")
             out.append(value)
             i += 3
         elif b in _SAFE:

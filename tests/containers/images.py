@@ -35,8 +35,11 @@ MIRROR = "http://deb.debian.org/debian"
 #: That release's Python: the wheels downloaded here are for it, whatever runs the tests.
 BASE_PYTHON = "3.11"
 #: What the Dockerfile needs of a base: Python with venv, and (the build stage)
-#: a C compiler and Python's headers for the hot path.
-BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev")
+#: a C compiler and Python's headers for the hot path, libnats (the C NATS
+#: client) and pkg-config for the NATS link's nats.c engine.
+BASE_PACKAGES = (
+    "python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "libnats-dev", "pkg-config",
+)  # fmt: skip
 BASE_NAME = "localhost/sbus-relay-test-base"
 IMAGE_NAME = "localhost/sbus-relay-test"
 #: Kept between runs: the dependencies' wheels, one directory per set.
