@@ -106,6 +106,7 @@ class Bridge:
         """Join NATS and serve until the bus closes its end (or SIGTERM)."""
         loop = self._loop
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.set_exception_handler(self._unexpected)
         engine = self.engine
         await engine.subscribe(INTEREST_SID, self.map.interest_all, False)
         await engine.subscribe(SNAPSHOT_SID, self.map.snapshot, True)
@@ -126,6 +127,16 @@ class Bridge:
             self.confirm.stop()
             self._reading(False)
             await self._close()
+
+    def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What a callback or task raised (a bug): one log line with its
+        traceback, which the bus writes; the link goes on."""
+        error = context.get("exception")
+        self.log.error(
+            "nats.link_error",
+            message=str(context.get("message", "")),
+            exc_info=error if isinstance(error, BaseException) else None,
+        )
 
     def _task(self, coro: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
