@@ -34,6 +34,7 @@ reported.  What it may touch: its ``Connection`` and, through
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -132,24 +133,15 @@ class NatsLink:
         )
 
     def _hello(self) -> bytes:
+        """The link's settings: every ``nats`` setting the hello carries, by name."""
         c = self.config
+        same: dict[str, Any] = {
+            f.name: list(v) if isinstance(v := getattr(c, f.name), tuple) else v
+            for f in dataclasses.fields(linkwire.Hello)
+            if hasattr(c, f.name)
+        }
         return linkwire.encode_hello(
-            linkwire.Hello(
-                host=self.name,
-                servers=list(c.servers),
-                subject_prefix=c.subject_prefix,
-                export=list(c.export),
-                import_=list(c.import_),
-                identities=c.identities,
-                user=c.user,
-                password=c.password,
-                token=c.token,
-                creds=c.creds,
-                nkey=c.nkey,
-                tls_ca=c.tls_ca,
-                engine=c.engine,
-                log_level=self._log_level,
-            )
+            linkwire.Hello(**{**same, "host": self.name, "log_level": self._log_level})
         )
 
     def _spawn(self) -> None:

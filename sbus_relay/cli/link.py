@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import socket
 import sys
+from dataclasses import fields
 from typing import Any
 
 #: Seconds to wait for the bus's hello.
@@ -74,16 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     name = choice.choose(hello.engine, lambda line: log.info("nats.engine", notice=line))
     settings = engines.EngineSettings(
+        **{f.name: getattr(hello, f.name) for f in fields(engines.EngineSettings)
+           if f.name not in ("servers", "name", "tls")},
         servers=tuple(hello.servers),
         name="sbus-relay " + hello.host,
-        user=hello.user,
-        password=hello.password,
-        token=hello.token,
-        creds=hello.creds,
-        nkey=hello.nkey,
-        tls_ca=hello.tls_ca,
         tls=hello.tls_ca is not None or any(s.startswith("tls://") for s in hello.servers),
-    )
+    )  # fmt: skip
     if name == engines.NATS_C and hello.nkey is not None:
         log.info("nats.engine", notice="the NATS link runs nats-py: nats.c takes no nkey seed file")
         name = engines.NATS_PY
