@@ -75,7 +75,7 @@ class Inbound:
         if len(decided[0]) + len(payload) > MAX_PACKET:
             self.drops["too_large"] += 1  # (a native NATS client's big payload)
             return
-        if self._writer.put(decided[0] + payload):
+        if self._writer.put(decided[0], payload):
             self.received += 1
             self.received_bytes += len(payload)
         else:

@@ -23,7 +23,7 @@ import socket
 from collections import deque
 
 from sbus_relay.protocol import codec
-from sbus_relay.protocol.limits import BATCH_MESSAGES, SEND_BUFFER
+from sbus_relay.protocol.limits import SEND_BUFFER
 
 #: Messages from NATS waiting for room in the bus's socket; beyond it they are
 #: refused (counted ``bus_full``): the bus is far behind.
@@ -41,7 +41,8 @@ class BusWriter:
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = loop
-        self._messages: deque[bytes] = deque()
+        self._frames: deque[codec.BatchFrame] = deque()
+        self._queued = 0  # messages in ``_frames``
         self._notices: dict[bytes, bool] = {}
         self._control: deque[bytes] = deque()
         self._stats: bytes | None = None
@@ -51,7 +52,7 @@ class BusWriter:
 
     @property
     def queued(self) -> int:
-        return len(self._messages)
+        return self._queued
 
     def tell(self, pattern: bytes, present: bool) -> None:
         """The other hosts' union gained (or lost) ``pattern``: coalesced per pattern."""
@@ -74,12 +75,18 @@ class BusWriter:
         self._stats = packet
         self._schedule()
 
-    def put(self, packet: bytes) -> bool:
-        """One ``MSG`` for the bus; False (not taken) if too many wait already."""
-        if len(self._messages) >= TO_BUS_MESSAGES:
+    def put(self, head: bytes, payload: bytes) -> bool:
+        """One message for the bus (its packet's head, ``codec.msg_head``, and its
+        payload); False (not taken) if too many wait already."""
+        if self._queued >= TO_BUS_MESSAGES:
             return False
-        self._messages.append(packet)
-        self._schedule()
+        frames = self._frames
+        if not frames or not frames[-1].add(head, payload):
+            frame = codec.BatchFrame(FRAME_BYTES)
+            frame.add(head, payload)
+            frames.append(frame)
+            self._schedule()
+        self._queued += 1
         return True
 
     def stop(self) -> None:
@@ -119,19 +126,7 @@ class BusWriter:
         if self._stats is not None:
             sock.send(self._stats)
             self._stats = None
-        queue = self._messages
-        while queue:
-            batch: list[bytes] = []
-            size = len(codec.BATCH_HEAD)
-            while queue and len(batch) < BATCH_MESSAGES:
-                more = len(queue[0]) + 4
-                if batch and size + more > FRAME_BYTES:
-                    break
-                batch.append(queue.popleft())
-                size += more
-            frame = batch[0] if len(batch) == 1 else codec.encode_batch(batch)
-            try:
-                sock.send(frame)
-            except BlockingIOError:
-                queue.extendleft(reversed(batch))
-                raise
+        frames = self._frames
+        while frames:
+            sock.send(frames[0].frame())  # (what the socket refuses waits for it to drain)
+            self._queued -= frames.popleft().count

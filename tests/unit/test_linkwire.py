@@ -98,3 +98,22 @@ def test_messages_of_a_msg_and_of_a_packed_batch() -> None:
     assert linkwire.messages(codec.encode_sub(b"a/")) is None
     with pytest.raises(PeerError):
         linkwire.messages(codec.BATCH_HEAD + b"\0\0\0\x09MSG a")  # cut short
+
+
+def test_a_batch_built_message_by_message_is_the_packed_batch_of_its_packets() -> None:
+    from sbus_relay.protocol import frames
+    from sbus_relay.protocol.limits import BATCH_MESSAGES
+
+    one = codec.BatchFrame()
+    assert one.add(codec.msg_head(b"k"), b"v")
+    assert one.frame() == codec.encode_msg(b"k", b"v")  # a batch of one: the lone packet
+    full = codec.BatchFrame()
+    packets = []
+    while full.add(codec.msg_head(b"k/%d" % len(packets)), b"p"):
+        packets.append(codec.encode_msg(b"k/%d" % len(packets), b"p"))
+    assert full.count == len(packets) == BATCH_MESSAGES
+    assert full.frame() == codec.encode_batch(packets)
+    assert frames.unpack(full.frame())[0] == packets
+    small = codec.BatchFrame(limit=100)
+    assert small.add(codec.msg_head(b"a"), b"x" * 500)  # alone, whatever its size
+    assert not small.add(codec.msg_head(b"b"), b"y")
