@@ -34,6 +34,7 @@ reported.  What it may touch: its ``Connection`` and, through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import subprocess
@@ -66,6 +67,10 @@ EVERYTHING = b""
 RESTART_MIN = 0.5
 RESTART_MAX = 30.0
 RESTART_RESET = 60.0
+#: Seconds a link process whose socket closed may take to end before it is
+#: killed, and between two looks at it meanwhile.
+LINGER = 1.0
+REAP_POLL = 0.01
 #: The link process's module (its command line: ``sys.executable -m`` it).
 LINK_MODULE = "sbus_relay.cli.link"
 
@@ -243,9 +248,30 @@ class NatsLink:
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
         """The link process's end closed: it has ended (or is ending); unless
-        the bus stops, a new one starts after a back-off."""
+        the bus stops, a new one starts after a back-off, once it is reaped."""
         conn.detach()
-        ended = self._reap()
+        if self.stopping:
+            return
+        self.stats = linkwire.Stats(state="starting", engine=self.stats.engine)
+        self._forget_interest()
+        self._ended(reason, detail, time.monotonic() + LINGER)
+
+    def _ended(self, reason: str, detail: str, deadline: float) -> None:
+        """Log how the process ended once it is reaped (polled, never waited
+        for), then schedule its successor; one that runs on past ``LINGER``
+        with its socket closed is killed."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            if time.monotonic() < deadline:
+                self._reaper = gevent.get_hub().loop.timer(REAP_POLL)
+                self._reaper.start(self._ended, reason, detail, deadline)
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            self._reap_later(proc)
+            ended = "killed: its socket closed but it ran on"
+        else:
+            ended = "not started" if proc is None else children.how_it_ended(proc.returncode)
         if self.stopping:
             return
         self.log.error(
@@ -255,19 +281,7 @@ class NatsLink:
             process=ended,
             restart_in=self._next_delay(),
         )
-        self.stats = linkwire.Stats(state="starting", engine=self.stats.engine)
-        self._forget_interest()
         self._schedule_restart()
-
-    def _reap(self) -> str:
-        """How the link process ended, in words (it is killed if it lingers)."""
-        proc = self.proc
-        if proc is None:
-            return "not started"
-        if proc.poll() is None:
-            # its end closed but it runs on: a stuck process is not kept
-            children.stop(proc, 0.0)
-        return children.how_it_ended(proc.returncode) if proc.returncode is not None else ""
 
     def _next_delay(self) -> float:
         if time.monotonic() - self._since >= RESTART_RESET:
@@ -306,13 +320,13 @@ class NatsLink:
         """The link's connection closed for good."""
         self._reap_later()
 
-    def _reap_later(self) -> None:
-        """The process ends by itself after its goodbye: reaped without waiting."""
-        proc = self.proc
+    def _reap_later(self, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """The process ends by itself (after its goodbye): reaped without waiting."""
+        proc = proc or self.proc
         if proc is None or proc.poll() is not None:
             return
         self._reaper = gevent.get_hub().loop.timer(0.5)
-        self._reaper.start(self._reap_later)
+        self._reaper.start(self._reap_later, proc)
 
     # --- what it shows ----------------------------------------------------------------
 
