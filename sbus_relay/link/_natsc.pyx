@@ -191,8 +191,8 @@ cdef extern from *:
 #: Messages queued between nats.c's delivery thread and the link's thread;
 #: beyond it they are dropped and counted (as a slow consumer's).
 QUEUE_MAX = 65536
-#: Longest server URL asked of nats.c.
-DEF URL_MAX = 256
+cdef enum:
+    URL_MAX = 256  # the longest server URL asked of nats.c
 
 
 class NatsError(Exception):
@@ -405,7 +405,7 @@ cdef class Client:
 cdef object _headers(natsMsg *msg):
     cdef const char **keys = NULL
     cdef int count = 0, i
-    cdef const char *value
+    cdef const char *value = NULL
     if natsMsgHeader_Keys(msg, &keys, &count) != NATS_OK or count == 0:
         return None
     out = {}
