@@ -81,7 +81,9 @@ class Sink(Protocol):
         """``dropped`` messages of a subscription that fell behind were dropped."""
 
     def on_message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
-        """A message on subscription ``sid``."""
+        """A message on subscription ``sid``: in the order the server sent them
+        across subscriptions with nats.c (one delivery thread), in order per
+        subscription only with nats-py (a task per subscription)."""
 
 
 class Engine(Protocol):
