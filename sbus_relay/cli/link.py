@@ -6,6 +6,9 @@ cross argv), sends its log records to the bus, which writes them where it
 logs, runs the engine chosen (``link/engine.py``) and ends when the bus
 closes its end, when SIGTERM comes, or when its parent dies (the bus set
 ``PR_SET_PDEATHSIG``).  Exit status 0 after a stop, 2 for a bad start.
+
+What it owns: the process's argv, its log setup and its exit status.  What it
+may touch: the socket it is given, and ``sbus_relay.link`` (which does the work).
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ RESUME_GRACE = 0.5
 STATS_SECONDS = 0.5
 #: Seconds the goodbye and what is held may take to leave at a stop.
 CLOSE_TIMEOUT = 1.0
+#: Seconds the round trip that answers the bus's ``interest/ready`` may take
+#: before it is tried again (``link/synced`` only ever follows one that succeeded).
+SYNC_TIMEOUT = 5.0
 
 
 class Bridge:
@@ -338,7 +341,7 @@ class Bridge:
         try:
             while self._sync_owed and not self._closing:
                 self._sync_owed = False
-                if await self.engine.round_trip(CLOSE_TIMEOUT * 5) is None:
+                if await self.engine.round_trip(SYNC_TIMEOUT) is None:
                     self._sync_owed = True  # asked again after the next round trip
                     await asyncio.sleep(CONFIRM_SECONDS)
                     continue

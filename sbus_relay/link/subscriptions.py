@@ -38,9 +38,6 @@ class Subscriptions:
     def __len__(self) -> int:
         return len(self._sid)
 
-    def items(self) -> list[tuple[bytes, int]]:
-        return list(self._sid.items())
-
     def change(self, pattern: bytes, present: bool) -> tuple[int, bytes] | None:
         """A local pattern came or went: (sid, relaxed pattern) of a NATS
         subscription to make (present) or drop (absent), or None."""
