@@ -30,7 +30,7 @@ from sbus_relay.protocol.limits import MAX_PACKET
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
-from .engine import Engine, Headers, Outgoing
+from .engine import Engine, Outgoing
 from .gossip import Gossip
 from .inbound import Inbound
 from .outbound import SUBJECT_MAX, Outbound
@@ -90,7 +90,12 @@ class Bridge:
         self.writer = BusWriter(sock, self._loop)
         self.subs = Subscriptions()
         self.outbound = Outbound(self.map, hello.export, self.identity)
-        self.inbound = Inbound(self.map, hello.import_, self.identity, self.subs, self.writer)
+        self.inbound = Inbound(
+            self.map, hello.import_, self.identity, self.subs, self.writer, self._control
+        )
+        #: the engine's messages go straight to ``inbound`` (one call a message);
+        #: it hands back those of the link's own subscriptions (``_control``)
+        self.on_message = self.inbound.message
         self.gossip = Gossip(
             self.map, hello.host, hello.identities, self._publish, self.writer, log
         )
@@ -214,14 +219,12 @@ class Bridge:
     def on_slow_consumer(self, dropped: int) -> None:
         self.slow += dropped
 
-    def on_message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
+    def _control(self, sid: int, subject: bytes, payload: bytes) -> None:
+        """A message on the interest or the snapshot subject."""
         if sid == INTEREST_SID:
             self._task(self.gossip.on_interest(subject, payload))
-        elif sid == SNAPSHOT_SID:
-            if self.connected:
-                self._task(self.gossip.on_snapshot_asked(payload))
-        else:
-            self.inbound.message(sid, subject, headers, payload)
+        elif sid == SNAPSHOT_SID and self.connected:
+            self._task(self.gossip.on_snapshot_asked(payload))
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""

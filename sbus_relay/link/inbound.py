@@ -3,11 +3,15 @@
 What it owns: the subject -> key cache, the import filter, the rule for
 identities on the way in, the size bound, one copy per host (asking
 ``Subscriptions``), and its own counters.  What it may touch: the
-``BusWriter`` it is given (the link's thread only).
+``BusWriter`` it is given (the link's thread only), and the callable that
+takes the messages of the link's own subscriptions (interest, snapshots).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from sbus_relay.accel import load_compiled
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import UsageError
 from sbus_relay.protocol.keys import is_secret
@@ -16,7 +20,7 @@ from sbus_relay.protocol.natsmap import MappingError, SubjectMap, split_long
 
 from .engine import Headers
 from .outbound import MAPPING_CACHE, key_filter
-from .subscriptions import LONG_SID, Subscriptions
+from .subscriptions import FIRST_PATTERN_SID, LONG_SID, Subscriptions
 from .tobus import BusWriter
 
 #: What becomes of a subject's messages: the packet head to deliver them
@@ -27,7 +31,13 @@ Decision = tuple[bytes, int] | str
 class Inbound:
     """Messages from NATS to the bus.  What becomes of a subject is worked out
     once (mapping, filters, which subscription's copy) and kept, so a message
-    costs one lookup and one concatenation."""
+    costs one lookup."""
+
+    __slots__ = (
+        "_control", "_decided", "_identity", "_import", "_subs", "_version", "_writer", "drops",
+        "map",
+        "received", "received_bytes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -36,8 +46,11 @@ class Inbound:
         identity: bytes | None,
         subs: Subscriptions,
         writer: BusWriter,
+        control: Callable[[int, bytes, bytes], None],
     ) -> None:
         self.map = map_
+        #: where the messages of the link's own subscriptions go (interest, snapshots)
+        self._control = control
         self._import = key_filter(import_)
         self._identity = identity
         self._subs = subs
@@ -51,6 +64,9 @@ class Inbound:
 
     def message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
         """One message from NATS on subscription ``sid``."""
+        if sid < FIRST_PATTERN_SID and sid != LONG_SID:
+            self._control(sid, subject, payload)
+            return
         if sid == LONG_SID:
             got = split_long(payload)
             if got is None:
@@ -108,3 +124,6 @@ class Inbound:
             return codec.msg_head(key), 0
         except UsageError:
             return "bad_subject"  # a key with a NUL: no sbus key is
+
+
+load_compiled(globals(), "sbus_relay.link._c_inbound")

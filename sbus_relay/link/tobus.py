@@ -22,7 +22,7 @@ import asyncio
 import socket
 from collections import deque
 
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, frames
 from sbus_relay.protocol.limits import SEND_BUFFER
 
 #: Messages from NATS waiting for room in the bus's socket; beyond it they are
@@ -41,7 +41,7 @@ class BusWriter:
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = loop
-        self._frames: deque[codec.BatchFrame] = deque()
+        self._frames: deque[frames.BatchFrame] = deque()
         self._queued = 0  # messages in ``_frames``
         self._notices: dict[bytes, bool] = {}
         self._control: deque[bytes] = deque()
@@ -80,11 +80,11 @@ class BusWriter:
         payload); False (not taken) if too many wait already."""
         if self._queued >= TO_BUS_MESSAGES:
             return False
-        frames = self._frames
-        if not frames or not frames[-1].add(head, payload):
-            frame = codec.BatchFrame(FRAME_BYTES)
+        queue = self._frames
+        if not queue or not queue[-1].add(head, payload):
+            frame = frames.BatchFrame(FRAME_BYTES)
             frame.add(head, payload)
-            frames.append(frame)
+            queue.append(frame)
             self._schedule()
         self._queued += 1
         return True
@@ -126,7 +126,7 @@ class BusWriter:
         if self._stats is not None:
             sock.send(self._stats)
             self._stats = None
-        frames = self._frames
-        while frames:
-            sock.send(frames[0].frame())  # (what the socket refuses waits for it to drain)
-            self._queued -= frames.popleft().count
+        queue = self._frames
+        while queue:
+            sock.send(queue[0].frame())  # (what the socket refuses waits for it to drain)
+            self._queued -= queue.popleft().count

@@ -135,38 +135,6 @@ def encode_batch(packets: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-class BatchFrame:
-    """A packed batch built message by message, each given as its packet's
-    head (``msg_head``) and its payload, so that no packet is made on the way:
-    at most ``BATCH_MESSAGES`` messages and ``limit`` bytes (a message larger
-    than that goes alone).  ``frame()`` is what to send: the batch, or the lone
-    MSG packet of a batch of one."""
-
-    __slots__ = ("count", "data", "limit")
-
-    def __init__(self, limit: int = MAX_PACKET) -> None:
-        self.data = bytearray(BATCH_HEAD)
-        self.count = 0
-        self.limit = limit
-
-    def add(self, head: bytes, payload: bytes) -> bool:
-        """Add one message; False (nothing added) when the frame is full."""
-        size = len(head) + len(payload)
-        if self.count and (self.count >= BATCH_MESSAGES or len(self.data) + 4 + size > self.limit):
-            return False
-        data = self.data
-        data += _U32.pack(size)
-        data += head
-        data += payload
-        self.count += 1
-        return True
-
-    def frame(self) -> bytes:
-        if self.count == 1:
-            return bytes(self.data[len(BATCH_HEAD) + 4 :])
-        return bytes(self.data)
-
-
 def pack_batches(packets: list[bytes]) -> list[bytes]:
     """MSG ``packets`` as few packed batches as the bounds allow (``BATCH_MESSAGES``
     per frame, a frame within ``MAX_PACKET``); a packet that fits no frame with

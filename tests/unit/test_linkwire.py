@@ -104,16 +104,16 @@ def test_a_batch_built_message_by_message_is_the_packed_batch_of_its_packets() -
     from sbus_relay.protocol import frames
     from sbus_relay.protocol.limits import BATCH_MESSAGES
 
-    one = codec.BatchFrame()
+    one = frames.BatchFrame()
     assert one.add(codec.msg_head(b"k"), b"v")
     assert one.frame() == codec.encode_msg(b"k", b"v")  # a batch of one: the lone packet
-    full = codec.BatchFrame()
+    full = frames.BatchFrame()
     packets = []
     while full.add(codec.msg_head(b"k/%d" % len(packets)), b"p"):
         packets.append(codec.encode_msg(b"k/%d" % len(packets), b"p"))
     assert full.count == len(packets) == BATCH_MESSAGES
     assert full.frame() == codec.encode_batch(packets)
     assert frames.unpack(full.frame())[0] == packets
-    small = codec.BatchFrame(limit=100)
+    small = frames.BatchFrame(limit=100)
     assert small.add(codec.msg_head(b"a"), b"x" * 500)  # alone, whatever its size
     assert not small.add(codec.msg_head(b"b"), b"y")
