@@ -163,7 +163,8 @@ class Bridge:
         self._closing = True
         if self.connected:
             await self.gossip.goodbye()
-        await self.engine.close(CLOSE_TIMEOUT)
+        # (away from NATS, nothing is held for it: no flush to wait for)
+        await self.engine.close(CLOSE_TIMEOUT if self.connected else 0)
         self.connected = False
         self.state = "closed"
         self.log.info("nats.closed", sent=self.confirm.sent, received=self.inbound.received)

@@ -102,7 +102,8 @@ class NatsCEngine:
 
     async def close(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._client.flush, timeout)
+        if timeout > 0:
+            await loop.run_in_executor(None, self._client.flush, timeout)
         loop.remove_reader(self._client.fileno())
         await loop.run_in_executor(None, self._client.close)
 
