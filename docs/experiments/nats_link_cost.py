@@ -17,7 +17,9 @@ Prints, per side, the bus's and the link process's CPU time per message
 (from /proc, every thread), what arrived, and the load average.  With
 ``PROFILE=1`` in the environment, py-spy (``--native``) records the link
 process during each side, into ``link-receiving.txt`` and ``link-sending.txt``
-(collapsed stacks) in the working directory.
+(collapsed stacks) in the working directory.  ``ENGINE=nats-py`` (or
+``nats.c``) in the environment runs that engine (``nats.engine`` in a config
+file the masters are given).
 """
 
 from __future__ import annotations
@@ -170,7 +172,12 @@ def main() -> None:
         sys.exit("natsload was not built: install libnats-dev")
     tmp = Path(tempfile.mkdtemp(prefix="sbus-natscost-"))
     server = NatsServer(tmp, "n0", free_port(), free_port(), [])
-    host = Host(tmp, "hosta", server.url, relay=False)
+    extra: list[str] = []
+    if os.environ.get("ENGINE"):
+        config = tmp / "engine.yaml"
+        config.write_text(f"nats:\n  servers: [{server.url}]\n  engine: {os.environ['ENGINE']}\n")
+        extra = ["-C", str(config)]
+    host = Host(tmp, "hosta", server.url, *extra, relay=False)
     other = Host(tmp, "hostb", server.url, relay=False)
     try:
         wait_until(lambda: host.link()["settled"] and other.link()["settled"], 30, "joined")
