@@ -27,7 +27,7 @@ $(PY):
 # per set of extras).  A checkout edited since runs pure Python until then.
 PXD := $(wildcard sbus_relay/*/_c_*.pxd)
 COMPILED_SOURCES := $(PXD) $(foreach p,$(PXD),$(dir $(p))$(patsubst _c_%.pxd,%.py,$(notdir $(p))))
-BUILT := pyproject.toml setup.py sbus_relay/accel.py sbus_relay/bus/_batchio.c $(COMPILED_SOURCES)
+BUILT := pyproject.toml setup.py sbus_relay/accel.py sbus_relay/bus/_batchio.c sbus_relay/link/_natsc.pyx $(COMPILED_SOURCES)
 $(VENV)/.installed: $(BUILT) | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
@@ -46,8 +46,10 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/sbus-relay serve -C configs/default.yaml -f
 
-# The suite but the tests marked slow runs on the compiled hot path; then the
-# protocol, the server and the relays once more on the pure-Python path; then
+# The suite but the tests marked slow runs on the compiled hot path (and the
+# NATS link on nats.c, where libnats is); then the protocol, the server, the
+# relays and the NATS fleet once more on the pure-Python path (the link on
+# nats-py); then
 # the two slow Spark tests (the standalone cluster, the class archive).
 test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sbus_relay tests grafana docs/overview.py
@@ -55,7 +57,8 @@ test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/mypy sbus_relay
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
-	SBUS_PURE_PYTHON=1 $(VENV)/bin/pytest -m "not slow" tests/unit tests/server tests/relay
+	SBUS_PURE_PYTHON=1 $(VENV)/bin/pytest -m "not slow" tests/unit tests/server tests/relay \
+	  tests/nats/test_fleet.py tests/nats/test_identities.py tests/nats/test_link_process.py
 	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, a few minutes
 
 # Every test marked slow: the bench's quick run of every scenario, the

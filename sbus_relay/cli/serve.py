@@ -383,9 +383,6 @@ def _take_over(
     linger once this process hands the bus on in its turn."""
     from sbus_relay.ops.handover import take_over
 
-    if config.nats is not None:
-        import nats  # noqa: F401  (now, not while the old process waits frozen)
-
     web_sock = None
     if from_new_side and config.metrics:
         from sbus_relay.ops.metrics_server import bind_metrics

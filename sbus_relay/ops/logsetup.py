@@ -371,3 +371,30 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def configure_relay(level: str, send: Any) -> None:
+    """Configure structlog in a helper process whose lines its parent bus writes
+    (the NATS link process): each record at ``level`` or above goes to
+    ``send(level, event, fields)``, and nothing is written here."""
+    global _level
+    _level = LEVELS[level.lower()]
+
+    def relay(_logger: Any, method: str, event: structlog.typing.EventDict) -> Any:
+        name = "error" if method == "exception" else method
+        message = str(event.pop("event", ""))
+        event.pop("level", None)
+        send(name, message, event)
+        raise structlog.DropEvent
+
+    structlog.configure(
+        processors=[
+            _below_level,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.format_exc_info,
+            relay,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        logger_factory=structlog.PrintLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )

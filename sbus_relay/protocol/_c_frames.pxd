@@ -21,3 +21,14 @@ cdef tuple _walk(bytes frame, bint payloads)
 @cython.locals(packets=list, keys=list)
 cpdef tuple unpack(bytes frame)
 cpdef tuple unpack_full(bytes frame)
+
+cdef object _LENGTH
+
+cdef class BatchFrame:
+    cdef public bytearray data
+    cdef public Py_ssize_t count
+    cdef public Py_ssize_t limit
+
+    @cython.locals(size=Py_ssize_t, data=bytearray)
+    cpdef bint add(self, bytes head, bytes payload)
+    cpdef bytes frame(self)

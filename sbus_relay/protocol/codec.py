@@ -21,7 +21,9 @@ into an event (``Subscribe``, ``Unsubscribe``, ``Publish``, ``Control``);
 the readers of the two kinds that come on every message are ``frames``'
 (compiled, re-exported here: ``msg_key``, ``msg_parts``, ``msg_in``,
 ``unpack``, ``unpack_full``, ``is_msg``, ``is_batch``).  Writing: one
-``encode_*`` per kind, ``pack`` for packed batches, and a request's payload
+``encode_*`` per kind (and ``msg_head``, a MSG's packet but its payload),
+``pack`` for packed batches (``frames.BatchFrame`` builds one message by
+message), and a request's payload
 (``encode_request``, ``split_request``: the client library's convention).
 Anything received that is not a packet raises ``PeerError`` -- the only
 error bad input can raise; a caller's mistake (a NUL in a key) is a
@@ -131,6 +133,13 @@ def msg_length(key: bytes, payload: bytes) -> int:
     return len(MSG) + len(key) + len(NUL) + len(payload)
 
 
+def msg_head(key: bytes) -> bytes:
+    """``MSG <key>\\0``: what every message packet of ``key`` begins with (a
+    packet is its head and its payload: ``head + payload``), checked once."""
+    _check_field(key)
+    return MSG + key + NUL
+
+
 def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     """``CMSG <key>[\\0<payload>]``; servers always pass a payload (docs/protocol.md, "Packets")."""
     _check_field(key)
@@ -216,6 +225,7 @@ __all__ = [
     "encode_unsub",
     "is_batch",
     "is_msg",
+    "msg_head",
     "msg_in",
     "msg_key",
     "msg_length",

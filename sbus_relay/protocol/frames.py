@@ -1,7 +1,9 @@
-"""The readers of received packets: one per frame kind, bounds-checked.  No I/O.
+"""The readers of received packets, one per frame kind, bounds-checked, and a
+packed batch built on the hot path.  No I/O.
 
-What it owns: how a MSG and a packed batch are read.  What it may touch:
-nothing (pure functions over the bytes given).
+What it owns: how a MSG and a packed batch are read, and how a packed batch
+is built message by message (``BatchFrame``).  What it may touch: nothing
+(pure functions over the bytes given, and the frame it builds).
 
 Every byte the project receives is read here or in ``codec.decode`` (which
 reads ``SUB``, ``UNSUB`` and ``CMSG`` with the help of these), and nowhere
@@ -14,7 +16,9 @@ every message, so they are read here, compiled with the rest of the hot path
                                        ``msg_parts`` (key and payload: a client),
                                        ``msg_in`` (from a buffer of one's own: the recorder)
     CMSG batch\\0(<length><MSG>)...     ``unpack`` (the packets and keys: the bus),
-                                       ``unpack_full`` (and the payloads: a client)
+                                       ``unpack_full`` (and the payloads: a client);
+                                       ``BatchFrame``: one built message by message
+                                       (the NATS link's way to the bus)
 
 (docs/protocol.md, "Packets" and "Packed batches").  Each kind has one set
 of rules, applied by one private reader (``_msg_nul``, ``_walk``) that the
@@ -23,6 +27,8 @@ public functions share.  Bad input raises ``PeerError("protocol_error",
 """
 
 from __future__ import annotations
+
+import struct
 
 from sbus_relay.accel import load_compiled
 
@@ -34,6 +40,8 @@ _MSG = b"MSG "
 _NUL = 0
 #: The head of a packed batch (``codec.BATCH_HEAD``, which packs them).
 _BATCH = b"CMSG batch\0"
+#: A packed message's length: 4 bytes, big-endian.
+_LENGTH = struct.Struct(">I").pack
 
 
 def _msg_nul(packet: bytes) -> int:
@@ -140,6 +148,38 @@ def msg_in(
     key = bytes(view[4:nul])
     body = bytes(view[nul + 1 : length]) if payload else None
     return key, length - nul - 1, body
+
+
+class BatchFrame:
+    """A packed batch built message by message, each given as its packet's
+    head (``codec.msg_head``) and its payload, so that no packet is made on the way:
+    at most ``BATCH_MESSAGES`` messages and ``limit`` bytes (a message larger
+    than that goes alone).  ``frame()`` is what to send: the batch, or the lone
+    MSG packet of a batch of one."""
+
+    __slots__ = ("count", "data", "limit")
+
+    def __init__(self, limit: int = MAX_PACKET) -> None:
+        self.data = bytearray(_BATCH)
+        self.count = 0
+        self.limit = limit
+
+    def add(self, head: bytes, payload: bytes) -> bool:
+        """Add one message; False (nothing added) when the frame is full."""
+        size = len(head) + len(payload)
+        if self.count and (self.count >= BATCH_MESSAGES or len(self.data) + 4 + size > self.limit):
+            return False
+        data = self.data
+        data += _LENGTH(size)
+        data += head
+        data += payload
+        self.count += 1
+        return True
+
+    def frame(self) -> bytes:
+        if self.count == 1:
+            return bytes(self.data[len(_BATCH) + 4 :])
+        return bytes(self.data)
 
 
 load_compiled(globals(), "sbus_relay.protocol._c_frames")

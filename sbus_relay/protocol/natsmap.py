@@ -154,6 +154,8 @@ class SubjectMap:
         key = b"/".join([decode_token(t) for t in body.split(b".")])
         if is_secret(key) != subject.startswith(self._secret):
             raise MappingError("key in the wrong domain")
+        if b"\0" in key:
+            raise MappingError("a NUL, which no key holds")
         return key
 
     def subscription(self, pattern: bytes) -> bytes | None:
@@ -197,15 +199,14 @@ def exact(pattern: bytes) -> bool:
     return relaxed(pattern) == canonical(pattern)
 
 
-def pack_long(key: bytes, payload: bytes) -> bytes:
-    """The payload of a message on ``<prefix>._l`` (a key whose subject would be
-    too long for NATS): the key, a NUL, the payload (a key holds no NUL)."""
+def long_payload(key: bytes, payload: bytes) -> bytes:
+    """What goes on ``<prefix>._l`` for a key whose subject is too long: the
+    key, a NUL, the payload."""
     return key + b"\0" + payload
 
 
-def unpack_long(data: bytes) -> tuple[bytes, bytes] | None:
-    """The key and the payload ``pack_long`` made; None if ``data`` is not one
-    (no NUL, or an empty key)."""
+def split_long(data: bytes) -> tuple[bytes, bytes] | None:
+    """(key, payload) of a message on ``<prefix>._l``; None if it is not one."""
     key, nul, payload = data.partition(b"\0")
     if not nul or not key:
         return None

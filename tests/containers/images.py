@@ -41,9 +41,12 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 #: That release's Python: the wheels downloaded here are for it, whatever runs the tests.
 BASE_PYTHON = "3.11"
-#: What the tests need of a base: Python with venv; a C compiler and Python's
-#: headers for the builds made in it (the stripped images remove them).
-BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev")
+#: What the tests need of a base: Python with venv; a C compiler, Python's
+#: headers, libnats (the C NATS client) and pkg-config for the builds made in it
+#: (the hot path, the NATS link's nats.c engine; the stripped images remove them).
+BASE_PACKAGES = (
+    "python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "libnats-dev", "pkg-config",
+)  # fmt: skip
 BASE_NAME = "localhost/sbus-relay-test-base"
 IMAGE_NAME = "localhost/sbus-relay-test"
 #: Kept between runs: the dependencies' wheels, one directory per set.

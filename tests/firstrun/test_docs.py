@@ -119,6 +119,8 @@ def _resolves(dotted: str) -> bool:
         base = ROOT.joinpath(*parts[:cut])
         if base.with_suffix(".c").is_file() and cut == len(parts):
             return True  # a compiled module, built from its C source
+        if base.with_suffix(".pyx").is_file() and cut == len(parts):
+            return True  # a compiled module, built from its Cython source (link/_natsc.pyx)
         if base.with_suffix(".pxd").is_file() and cut == len(parts):
             return True  # the compiled build of a Python module (sbus_relay.accel)
         module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else None

@@ -4,7 +4,7 @@
   a paragraph ``What it owns: ... What it may touch: ...`` within the first
   two of its docstring (after its one-line summary).
 * **Nothing waits on the hub.**  The code gevent's hub runs -- the bus
-  (``bus/``, but for the NATS bridge's own thread), the parts of ``ops/``
+  (``bus/``), the parts of ``ops/``
   the bus calls while it serves, and a bus's process life -- never calls what
   blocks the thread: ``time.sleep``, anything of ``threading``, ``select``
   or ``subprocess`` that waits, a socket given a timeout or made blocking.
@@ -29,11 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(__file__).resolve().parents[2] / "sbus_relay"
 HEADER = re.compile(r"What it owns: .+ What it may touch: .+", re.S)
 #: Modules whose header is another stream's to write (they are being rewritten).
-HEADER_PENDING = {
-    "bus/natsbridge.py": "the NATS link's rewrite cuts it along its jobs and heads each part",
-    "bus/natslink.py": "the NATS link's rewrite",
-    "bus/natstobus.py": "the NATS link's rewrite",
-}
+HEADER_PENDING: dict[str, str] = {}
 
 
 def module_paths() -> Iterator[tuple[str, Path]]:
@@ -78,8 +74,8 @@ HUB = [f"bus/{p.name}" for p in sorted((PACKAGE / "bus").glob("*.py"))] + [
     "ops/handover.py",
     "ops/lifecycle.py",
 ]
-#: Not on the hub: the NATS bridge runs in a thread (and loop) of its own.
-OFF_HUB = {"bus/natsbridge.py", "bus/natstobus.py"}
+#: Not on the hub (none now: the NATS link is a process of its own, link/).
+OFF_HUB: set[str] = set()
 #: (module, what) -> why it does not wait, or why it may.
 WAIT_ALLOWED: dict[tuple[str, str], str] = {
     ("ops/logsetup.py", "import select"): "polls with a timeout of 0: never waits",
@@ -89,9 +85,8 @@ WAIT_ALLOWED: dict[tuple[str, str], str] = {
         " accepted while its state goes to the new process; each step is bounded by"
         " UPGRADE_TIMEOUT"
     ),
-    ("bus/natslink.py", "bridge.stop"): (
-        "NatsBridge.stop waits up to 5 s for the bridge's thread: the NATS link's rewrite"
-        " (a process of its own) ends that wait"
+    ("bus/natslink.py", "import subprocess"): (
+        "Popen starts the link process and poll() reaps it: it is never waited for"
     ),
     ("ops/lifecycle.py", "import subprocess"): "Popen starts the successor: it never waits",
 }
@@ -128,10 +123,8 @@ def waits(tree: ast.Module) -> Iterator[tuple[int, str]]:
                 yield node.lineno, "setblocking"
             elif func.attr == "waitpid" and owner_name == "os" and not _nohang(node.args):
                 yield node.lineno, "os.waitpid"
-            elif (
-                func.attr == "stop" and isinstance(owner, ast.Attribute) and "bridge" in owner.attr
-            ):
-                yield node.lineno, "bridge.stop"
+            elif func.attr == "wait" and "proc" in owner_name:
+                yield node.lineno, "wait for a process"
 
 
 def _zero(args: list[ast.expr]) -> bool:
@@ -171,7 +164,7 @@ def test_nothing_waits_on_the_hub() -> None:
         ("sock.settimeout(5)", "settimeout"),
         ("sock.setblocking(True)", "setblocking"),
         ("os.waitpid(pid, 0)", "os.waitpid"),
-        ("self.bridge.stop()", "bridge.stop"),
+        ("proc.wait()", "wait for a process"),
     ],
 )
 def test_the_walk_finds_each_wait(code: str, what: str) -> None:
@@ -194,9 +187,8 @@ def test_the_walk_passes_what_yields(code: str) -> None:
 
 # --- errors seen -------------------------------------------------------------------
 
-#: The NATS bridge's broad handlers are its rewrite's to narrow (with its wrapper
-#: of nats-py's private APIs and its own count of errors).
-BROAD_PENDING = {"bus/natsbridge.py": "the NATS link's rewrite"}
+#: Modules whose broad handlers are another stream's to narrow (none now).
+BROAD_PENDING: dict[str, str] = {}
 BROAD = {"Exception", "BaseException"}
 
 
