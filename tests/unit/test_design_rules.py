@@ -242,3 +242,35 @@ def test_no_broad_handler_hides_a_bug() -> None:
 )
 def test_the_walk_tells_a_hidden_error(code: str, hides: bool) -> None:
     assert bool(list(broad_handlers(ast.parse(code)))) == hides
+
+
+# --- every limit defined once ---------------------------------------------------------
+
+
+def assigned(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, name) of each UPPER_CASE name a module assigns at its top level."""
+    for node in ast.parse(path.read_text()).body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id.isupper():
+                yield node.lineno, target.id
+
+
+def test_every_limit_is_defined_once() -> None:
+    """A bound of ``protocol/limits.py`` (a named constant with its reason) is
+    defined nowhere else: another module that needs another value names it for
+    what it is (``RECORDER_READ_BATCH``, not a second ``READ_BATCH``), and one
+    that needs the same value imports it."""
+    limits = {name for _, name in assigned(PACKAGE / "protocol" / "limits.py")}
+    found = [
+        f"{name}:{line}: {what}"
+        for name, path in module_paths()
+        if name != "protocol/limits.py"
+        for line, what in assigned(path)
+        if what in limits
+    ]
+    assert found == [], "limits defined again outside protocol/limits.py:\n" + "\n".join(found)
