@@ -1,5 +1,8 @@
 """sbus_relay: a local sbus message bus on gevent, with slave relays.
 
+What it owns: the package's version and this map of its layers.  What it may
+touch: nothing.
+
 Layers, each importing only those below it:
 
 * ``protocol``: the sans-I/O core (codec, keys, index, interest, flood control);

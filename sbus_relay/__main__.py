@@ -1,4 +1,7 @@
-"""``python -m sbus_relay`` is ``sbus-relay``."""
+"""``python -m sbus_relay`` is ``sbus-relay``.
+
+What it owns: nothing; it runs ``cli.main``.  What it may touch: the CLI.
+"""
 
 import sys
 

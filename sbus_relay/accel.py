@@ -1,5 +1,9 @@
 """The hot path compiled where it was built, pure Python everywhere else.
 
+What it owns: the choice between the compiled and the pure-Python hot path,
+made once per process.  What it may touch: the environment, the build's
+record, the modules it loads.
+
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
 ``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session``,
 ``bus.connection`` and the NATS link's ``link.inbound``) are

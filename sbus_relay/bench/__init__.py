@@ -1,5 +1,8 @@
 """``sbus-relay bench``: throughput, latency, CPU and memory of the bus, measured.
 
+What it owns: nothing but this map of the benchmark's modules.  What it may
+touch: nothing.
+
 The load comes from ``loadgen.c``, compiled on first use with the system
 ``gcc -O2`` (``build``); the reference C sbusd it is compared with is found or
 built by ``reference``.  ``runner`` starts every server it measures as a real

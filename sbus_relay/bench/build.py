@@ -1,4 +1,8 @@
-"""Compile the benchmark's C programs with the system gcc, once per source version."""
+"""Compile the benchmark's C programs with the system gcc, once per source version.
+
+What it owns: compiling the benchmark's C programs and where the binaries are
+kept.  What it may touch: gcc, the cache directory (ops.cachedir).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """``bench --only client``: the client library measured beside nats-py on a real
 nats-server, in one run, interleaved.
 
+What it owns: the client scenario's runs and figures.  What it may touch: the
+processes it starts (procs), nats-server, our buses.
+
 * **subscriber**: one Python subscriber's received messages per second, with
   ``Client`` and ``AsyncClient``, plain and batched, on our sbusd fed by the C
   load generator's publisher; and a nats-py subscriber on a nats-server fed
@@ -286,6 +289,7 @@ def run(
     entry["cpu_us_per_delivery_2to4"] = {
         name: report.median(values) for name, values in fanout.items() if values
     }
+    entry["cpu_runs_2to4"] = {name: values for name, values in fanout.items() if values}
     best = max(entry["rates"][name] for name, _, _ in VARIANTS)
     entry["best_python_rate"] = best
     nats_rate = entry["rates"].get(NATS)
@@ -293,6 +297,14 @@ def run(
     entry["batched_sub_ratio"] = report.ratio(entry["rates"]["Client batched"], nats_rate)
     cpu = entry["cpu_us_per_delivery_2to4"]
     entry["cpu_ratio_2to4"] = report.ratio(cpu.get("ours"), cpu.get(NATS))
+    if binary is not None:  # each repeat's own figures, for their spread
+        ours_best = [max(rates[name][i] for name, _, _ in VARIANTS) for i in range(repeat)]
+        entry["per_run"] = {
+            "sub_ratio": [b / n for b, n in zip(ours_best, rates[NATS], strict=True) if n],
+            "cpu_ratio_2to4": [
+                o / n for o, n in zip(fanout["ours"], fanout[NATS], strict=True) if n
+            ],
+        }
     r = entry["restart"]
     say(
         f"  restart: gap {r['gap_ms']} ms, {r['lost']} of {r['published']} lost, "

@@ -1,5 +1,8 @@
 """The Python clients of ``bench --only client``, one role per process.
 
+What it owns: one client role per process and the JSON line it prints.  What
+it may touch: the client library, nats-py, its own stdin and stdout.
+
     python -m sbus_relay.bench.clientload sub    -a ADDRESS -n N [--kind client|async] [--batch]
     python -m sbus_relay.bench.clientload natssub --url URL -n N
     python -m sbus_relay.bench.clientload natspub --url URL -n N [-i ID]

@@ -1,5 +1,8 @@
 """A standalone Spark cluster (one master, one worker) from the installed pyspark.
 
+What it owns: a standalone Spark master and worker, their ports and logs.
+What it may touch: java, pyspark's jars, the processes it starts.
+
     with standalone_cluster(cores=2, memory="2g") as cluster:
         ... analyze --master cluster.url ...
 

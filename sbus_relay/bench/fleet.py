@@ -5,6 +5,10 @@ them a batched sbus client (``publish_many``) through the buses, and
 nats-server's own rate between two C clients (``bench/csrc/natsload.c``, on
 libnats), the limit.
 
+What it owns: the fleet scenario: its NATS cluster, its two hosts' buses, its
+runs and figures.  What it may touch: the processes it starts (procs),
+nats-server.
+
 A 3-node NATS cluster runs on free loopback ports; host A's master is joined
 to one member, host B's to another.  Each side is measured with the same
 payloads, one publisher process and one subscriber process:
@@ -260,6 +264,9 @@ def run(
         entry["sides"][side] = figures
     ours, native = entry["sides"]["buses"], entry["sides"]["native"]
     entry["ratio"] = round(ours["median"] / native["median"], 3) if native["median"] else None
+    # each interleaved pair's own ratio: the spread of the figure (report.per_run)
+    pairs = zip(ours["rates"], native["rates"], strict=False)
+    entry["per_run"] = {"ratio": [b / n for b, n in pairs if n]}
     entry["p99_added_us"] = round(ours["p99_us"] - native["p99_us"], 1)
     entry["p99_added_ms"] = round(entry["p99_added_us"] / 1000, 3)
     entry["cpu_us_per_msg_max"] = max(ours["cpu_us_per_msg"])

@@ -1,5 +1,8 @@
 """The ``fleet`` scenario's publisher and subscriber processes (bench/fleet.py).
 
+What it owns: the fleet scenario's publisher and subscriber roles.  What it
+may touch: the client library, nats-py, its own stdin and stdout.
+
 Each prints ``ready`` once it can take part, a publisher waits for ``go`` on
 its stdin, and each prints one JSON line of figures at the end.  A payload's
 first 8 bytes are its send time on CLOCK_MONOTONIC, one clock for every

@@ -1,5 +1,8 @@
 """The analysis in DuckDB: the benchmark's peer, computing everything ``analyze`` writes.
 
+What it owns: the DuckDB analysis that checks analyze's tables.  What it may
+touch: the capture files it reads, the output directory it writes.
+
     python -m sbus_relay.bench.peer CAPTURE_DIR OUT_DIR
 
 The same inputs (the capture files, their footers giving the span and so the

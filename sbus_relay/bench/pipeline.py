@@ -1,5 +1,9 @@
 """The analysis benchmark: DuckDB, Spark local, Spark Connect, a cluster and --follow.
 
+What it owns: the analysis benchmark's runs, timings and printed figures.
+What it may touch: the captures it generates, Spark, DuckDB, the processes it
+starts.
+
     python -m sbus_relay.bench.pipeline --rows 10000000 100000000 --runs 3
     python -m sbus_relay.bench.pipeline --recorder 1000000    # the recorder (``recording``)
     python -m sbus_relay.bench.pipeline --follow-only --runs 3   # --follow alone

@@ -1,5 +1,8 @@
 """Processes of one benchmark run: started, watched, and always cleaned up.
 
+What it owns: the processes of one benchmark run, started and always cleaned
+up.  What it may touch: those processes (ops.children).
+
 Every child is registered in a ``ProcessSet`` that terminates, then kills, all
 of them on exit, whatever the exit (error, Ctrl-C, SIGTERM turned into
 ``KeyboardInterrupt`` by the runner).  As a second line of defence each child

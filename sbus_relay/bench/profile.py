@@ -1,5 +1,8 @@
 """Profile the server's hot path with py-spy during a 1 -> 1 run, distinct keys.
 
+What it owns: the profiled 1 -> 1 run and the summary of its samples.  What it
+may touch: py-spy, our sbusd, the files it writes.
+
 py-spy samples the running ``sbusd`` from outside.  On the compiled hot path
 it reads the native stacks (``--native``: Cython's functions carry their
 Python source lines, so ``connection.py:412`` still names the line; the

@@ -1,5 +1,8 @@
 """The recorder benchmark: ``sbus-relay record`` against a flood, and a ``kill -9``.
 
+What it owns: the recorder benchmark: its flood, its kill -9 run and their
+figures.  What it may touch: a bus and a recorder it starts, their files.
+
     python -m sbus_relay.bench.pipeline --recorder 1000000
 
 A fresh bus (``sbusd``) on a private socket: one, then two publishers
@@ -37,16 +40,19 @@ def flood(address: str, count: int, tag: str) -> None:
     """Publish ``count`` messages with distinct keys, as fast as the socket takes them."""
     import socket
 
-    from sbus_relay.protocol.codec import encode_cmsg
+    from sbus_relay.protocol.codec import encode_msg
+    from sbus_relay.protocol.control import WHOAMI_PACKET
 
     payload = b"p" * FLOOD_PAYLOAD
-    packets = [b"MSG flood/%s/%d/%d\0" % (tag.encode(), i % 100, i) + payload for i in range(count)]
+    packets = [
+        encode_msg(b"flood/%s/%d/%d" % (tag.encode(), i % 100, i), payload) for i in range(count)
+    ]
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.connect(address)
         send = s.send
         for p in packets:
             send(p)
-        s.send(encode_cmsg(b"!/cred/whoami"))  # returns once the bus has routed them all
+        s.send(WHOAMI_PACKET)  # answered once the bus has routed them all
         s.recv(4096)
 
 
@@ -54,13 +60,15 @@ def steady(address: str, rate: int, seconds: float) -> int:
     """Publish at ``rate`` msgs/s for ``seconds``; return how many were sent."""
     import socket
 
+    from sbus_relay.protocol.codec import encode_msg
+
     sent = 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.connect(address)
         t0 = time.monotonic()
         while (now := time.monotonic() - t0) < seconds:
             while sent < now * rate:
-                s.send(b"MSG steady/%d\0%d" % (sent % 10, sent))
+                s.send(encode_msg(b"steady/%d" % (sent % 10), b"%d" % sent))
                 sent += 1
             time.sleep(0.005)
     return sent

@@ -1,5 +1,8 @@
 """The reference C ``sbusd``, measured live beside ours: found, built, or left out.
 
+What it owns: finding or building the reference sbusd.  What it may touch: its
+source tree (read only), gcc, the cache directory.
+
 The reference is the daemon of the sbus project (``UPSTREAM``): a clone of it
 is all the benchmark needs.  ``--reference PATH`` names a built binary;
 ``--reference-src DIR`` (or ``$SBUS_REFERENCE_SRC``) names a source tree, such

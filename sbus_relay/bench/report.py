@@ -1,9 +1,20 @@
-"""Targets, ratios and the printed tables of ``sbus-relay bench``.
+"""Targets, ratios, spreads and the printed tables of ``sbus-relay bench``.
+
+What it owns: the targets and how a figure is judged and printed.  What it may
+touch: the results it is given (plain data).
 
 Every figure compared here was measured in the same run: ours against the C
 reference sbusd (interleaved), the relay path against the direct path, the
 stalled-subscriber run against the clean one, the run with subscription churn
 against the calm one.  Nothing is quoted.
+
+A figure is shown with its spread: the lowest and highest of the figure the
+repeats gave one by one (``per_run``: each interleaved pair's own ratio, each
+run's own bytes...).  A figure whose spread is wider than its distance to its
+target's bound is called noise: the repeats disagree on which side of the
+bound it lies, so it judges nothing (``verdict``).  A scenario may give its
+own per-run figures (``entry["per_run"]``); the throughput and memory
+scenarios' are derived from their runs.
 """
 
 from __future__ import annotations
@@ -104,6 +115,48 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+#: Per-run figures derived from the sides' runs: metric -> (what a run gives,
+#: whether it is ours over the other side's, run by run).
+_PAIRED = {
+    "ratio": "rate",
+    "cpu_ratio": "cpu_us_per_delivery",
+    "p99_ratio": "lat_p99_us",
+}
+
+
+def per_run(name: str, entry: dict[str, Any], metric: str) -> list[float]:
+    """The figure ``metric`` as each repeat gave it, for its spread: the
+    scenario's own (``entry["per_run"]``), else each interleaved pair's ratio
+    (ours' run i over the other side's run i), else each run's own figure."""
+    given = entry.get("per_run", {}).get(metric)
+    if given is not None:
+        return [float(v) for v in given]
+    sides = entry.get("sides", {})
+    ours = sides.get("ours", {}).get("runs", [])
+    if name == "memory":
+        return [float(r[metric]) for r in ours if r.get(metric) is not None]
+    other = sides.get(entry.get("compare", ""), {}).get("runs", [])
+    key = _PAIRED.get("ratio" if metric == "overhead" else metric)
+    if key is None or not ours or not other:
+        return []
+    pairs = [float(o[key]) / float(t[key]) for o, t in zip(ours, other, strict=False) if t[key]]
+    return [1.0 - p for p in pairs] if metric == "overhead" else pairs
+
+
+def spread(values: Sequence[float]) -> tuple[float, float] | None:
+    """The lowest and highest of the repeats' figures; None with fewer than two."""
+    return (min(values), max(values)) if len(values) > 1 else None
+
+
+def rate_spread(side: dict[str, Any]) -> float | None:
+    """A side's deliveries/s spread, as a share of its median: (highest -
+    lowest) / median over its runs; None with fewer than two runs."""
+    rates = [float(r["rate"]) for r in side.get("runs", [])]
+    span = spread(rates)
+    middle = side.get("median")
+    return (span[1] - span[0]) / middle if span and middle else None
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -141,6 +194,14 @@ def evaluate(name: str, entry: dict[str, Any]) -> None:
         entry["p99_ratio"] = ratio(ours.get("p99_us"), other.get("p99_us")) if usable else None
         if name == "stalled" and entry["ratio"] is not None:
             entry["overhead"] = 1.0 - entry["ratio"]
+    spreads = {}
+    for t in TARGETS:
+        if t.scenario == name:
+            span = spread(per_run(name, entry, t.metric))
+            if span is not None:
+                spreads[t.metric] = [round(span[0], 6), round(span[1], 6)]
+    if spreads:
+        entry["spread"] = spreads
     verdicts = [verdict(t, entry) for t in TARGETS if t.scenario == name]
     loaded = entry.get("load_max")
     if loaded is not None and loaded > LOAD_MAX and entry.get("status") == "ok":
@@ -168,6 +229,7 @@ def verdict(target: Target, entry: dict[str, Any] | None) -> dict[str, Any]:
         "met": None,
         "verdict": UNMEASURED,
         "note": "",
+        "spread": None if entry is None else (entry.get("spread") or {}).get(target.metric),
     }
     if value is None:
         if entry is None:
@@ -182,6 +244,15 @@ def verdict(target: Target, entry: dict[str, Any] | None) -> dict[str, Any]:
     if not _possible(target, float(value)):
         result["verdict"] = NOISE
         result["note"] = _noise_note(target, entry or {}, float(value))
+        return result
+    span = result["spread"]
+    margin = abs(float(value) - target.bound)
+    if span is not None and span[1] - span[0] > margin:
+        result["verdict"] = NOISE
+        result["noise"] = "spread"
+        result["note"] = (
+            "its spread is wider than its margin to the bound; more --repeat on a quieter machine"
+        )
         return result
     met = _met(target, float(value))
     result["met"] = met
@@ -268,8 +339,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _side_line(title: str, side: str, s: dict[str, Any], note: str) -> str:
     rate = "stalls" if s.get("stalled") else _fmt(s.get("median"), ",.0f")
+    share = rate_spread(s)
+    wide = "-" if share is None or s.get("stalled") else f"{share * 100:.0f}%"
     return (
-        f"{title:<46} {side:<9} {rate:>10} {_fmt(s.get('p50_us'), ',.0f'):>8} "
+        f"{title:<46} {side:<9} {rate:>10} {wide:>6} {_fmt(s.get('p50_us'), ',.0f'):>8} "
         f"{_fmt(s.get('p99_us'), ',.0f'):>8} {_fmt(s.get('cpu_us_per_delivery'), '.2f'):>8} "
         f"{_fmt(s.get('load_cpu_us_per_delivery'), '.2f'):>8} "
         f"{s.get('rss_bytes', 0) / 2**20:>7.1f}  {note}"
@@ -280,7 +353,7 @@ def format_table(results: dict[str, Any]) -> str:
     """The figures per scenario and side, then the targets."""
     scenarios: dict[str, Any] = results["scenarios"]
     head = (
-        f"{'scenario':<46} {'side':<9} {'deliv/s':>10} {'p50 us':>8} {'p99 us':>8} "
+        f"{'scenario':<46} {'side':<9} {'deliv/s':>10} {'spread':>6} {'p50 us':>8} {'p99 us':>8} "
         f"{'cpu us':>8} {'load us':>8} {'RSS MiB':>7}  ours/other"
     )
     #: scenarios with a line of their own, below the table
@@ -322,7 +395,7 @@ def format_table(results: dict[str, Any]) -> str:
                 lines.append(
                     f"memory {side:<9} {figures['per_client_bytes']:>9,.0f} B per idle client "
                     f"({mem['clients']:,} clients), {figures['per_pattern_bytes']:>6,.0f} B per "
-                    f"pattern ({mem['patterns']:,} patterns)"
+                    f"pattern ({mem['patterns']:,} patterns){_memory_spread(figures)}"
                 )
             if mem.get("reference_left_out") in left_out:
                 lines.append(f"memory reference left out: {mem['reference_left_out']}")
@@ -341,10 +414,13 @@ def format_table(results: dict[str, Any]) -> str:
     runs = f"Medians of {meta['repeat']} interleaved runs" if meta["repeat"] != 1 else "One run"
     lines += [
         "",
-        f"deliv/s: deliveries per second at the reading subscribers; p50/p99: send-to-receive "
+        f"deliv/s: deliveries per second at the reading subscribers; spread: its highest run "
+        f"less its lowest, over the median; p50/p99: send-to-receive "
         f"latency; cpu us: server CPU time per delivery; load us: the load generators' CPU "
         f"time per delivery (they share the cores); RSS: server memory after the run. "
-        f"{runs}, {meta['payload_bytes']}-byte payloads.",
+        f"{runs}, {meta['payload_bytes']}-byte payloads.  A target's spread is the lowest and "
+        f"highest its repeats gave one by one; wider than its margin to the bound, the "
+        f"figure is noise.",
     ]
     if meta.get("hot_path"):
         lines.append(f"Our servers ran the {meta['hot_path']} hot path.")
@@ -354,6 +430,18 @@ def format_table(results: dict[str, Any]) -> str:
             f" and {meta.get('load_after', meta['load_before']):g} after it."
         )
     return "\n".join(lines)
+
+
+def _share(values: Sequence[float], middle: float) -> str:
+    """A figure's spread over its runs as a share of its median ("-" for one run)."""
+    span = spread(values)
+    return "-" if span is None or not middle else f"{(span[1] - span[0]) / middle * 100:.0f}%"
+
+
+def _memory_spread(figures: dict[str, Any]) -> str:
+    per_client = [float(r["per_client_bytes"]) for r in figures.get("runs", [])]
+    span = spread(per_client)
+    return "" if span is None else f", per client {span[0]:,.0f} - {span[1]:,.0f} B over its runs"
 
 
 def format_continuity(entry: dict[str, Any]) -> str:
@@ -380,11 +468,17 @@ def format_client(entry: dict[str, Any]) -> list[str]:
         return [f"{entry['title']}: {entry['status'].upper()}: {entry.get('reason', '')}"]
     lines = [f"{entry['title']} ({entry['messages']:,} messages):"]
     nats = entry["rates"].get("nats-py")
+    rate_runs = entry.get("rate_runs", {})
     for name, rate in entry["rates"].items():
         versus = f"  {rate / nats:.2f}x nats-py" if nats and name != "nats-py" else ""
-        lines.append(f"  {name:<22} {rate:>12,.0f} msg/s{versus}")
+        wide = _share(rate_runs.get(name, []), rate)
+        lines.append(f"  {name:<22} {rate:>12,.0f} msg/s {wide:>6}{versus}")
+    cpu_runs = entry.get("cpu_runs_2to4", {})
     for side, cpu in entry["cpu_us_per_delivery_2to4"].items():
-        lines.append(f"  2 -> 4 batched, {side:<7} {cpu:>8.2f} us server CPU per delivery")
+        wide = _share(cpu_runs.get(side, []), cpu)
+        lines.append(
+            f"  2 -> 4 batched, {side:<7} {cpu:>8.2f} us server CPU per delivery {wide:>6}"
+        )
     if entry.get("nats_left_out"):
         lines.append(f"  NATS left out: {entry['nats_left_out']}")
     r = entry["restart"]
@@ -414,7 +508,8 @@ def format_fleet(entry: dict[str, Any]) -> list[str]:
         s = entry["sides"].get(side)
         if s is None:
             continue
-        line = f"  {title:<48} {s['median']:>10,.0f} msg/s"
+        wide = _share(s.get("rates", []), s["median"])
+        line = f"  {title:<48} {s['median']:>10,.0f} msg/s {wide:>6}"
         if "p99_us" in s:
             line += (
                 f"  p50/p99 at 10,000/s {_fmt(s['p50_us'], ',.0f')}/{_fmt(s['p99_us'], ',.0f')} us"
@@ -463,21 +558,27 @@ def format_footprint(foot: dict[str, Any]) -> list[str]:
 def format_targets(results: dict[str, Any]) -> list[str]:
     """One line per target: measured figure, bound, and the verdict (with its note
     when the figure is noise or missing), then the summary line."""
-    lines = [f"{'target':<46} {'measured':>12} {'bound':>12}  met"]
+    lines = [f"{'target':<46} {'measured':>12} {'spread':>17} {'bound':>12}  met"]
     lines.append("-" * len(lines[0]))
     by_label = {t.label: t for t in TARGETS}
     verdicts = results.get("targets") or all_verdicts(results)
     for v in verdicts:
         target = by_label.get(v["label"])
-        if v["verdict"] == NOISE:
-            value = "noise"
+        if v["verdict"] == NOISE and v.get("noise") != "spread":
+            value = "noise"  # a figure no real run gives
         elif v["value"] is None:
             value = "no ref" if v["note"] == "no reference to compare with" else "-"
         else:
             value = _fmt_value(target, v["value"]) if target else f"{v['value']:g}"
         word = VERDICT_WORDS[v["verdict"]]
-        shown = v["verdict"] == NOISE or (v["verdict"] == UNMEASURED and v["value"] is not None)
-        note = f"  ({v['note']})" if shown and v["note"] else ""
-        lines.append(f"{v['label']:<46} {value:>12} {v['target']:>12}  {word}{note}")
+        said = v["verdict"] == NOISE or (v["verdict"] == UNMEASURED and v["value"] is not None)
+        note = f"  ({v['note']})" if said and v["note"] else ""
+        span = v.get("spread")
+        shown = (
+            f"{_fmt_value(target, span[0])} - {_fmt_value(target, span[1])}"
+            if span is not None and target is not None
+            else "-"
+        )
+        lines.append(f"{v['label']:<46} {value:>12} {shown:>17} {v['target']:>12}  {word}{note}")
     lines += ["", summary_line(summarize(verdicts))]
     return lines

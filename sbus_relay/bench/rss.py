@@ -1,5 +1,9 @@
 """Resident memory of benchmark processes: peaks sampled from /proc, and an
-idle relay's floor (what the libraries it imports cost in a fresh interpreter)."""
+idle relay's floor (what the libraries it imports cost in a fresh interpreter).
+
+What it owns: how resident memory is sampled and an idle relay's floor
+measured.  What it may touch: /proc, the interpreters it starts.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The benchmark's building blocks: servers, one load run, the relay warm-up, memory.
 
+What it owns: one load run, the servers it runs against, the relay warm-up and
+the memory measurement.  What it may touch: loadgen and server processes,
+/proc.
+
 A *load* is some loadgen processes against one or two addresses: optional idle
 clients holding non-matching patterns, optional clients that subscribe and
 unsubscribe all along (churn), optional stalled subscribers, reading

@@ -1,5 +1,8 @@
 """Where a Spark run's time went, from Spark's own metrics: its event log.
 
+What it owns: reading Spark's event log into stage times.  What it may touch:
+the event log files (read only).
+
 A run started with ``EVENT_LOG_CONF`` (``spark.eventLog.*``) leaves one JSON
 line per event in the directory; ``stages`` reads the completed stages whose
 submission falls within a run's wall-clock interval (a Connect server's log

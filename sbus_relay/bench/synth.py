@@ -1,5 +1,8 @@
 """Synthetic captures: realistic-looking traffic for benchmarks and demos.
 
+What it owns: the synthetic traffic's laws and the capture files they are
+written to.  What it may touch: the output directory.
+
     python -m sbus_relay.bench.synth --messages 10000000 --out /tmp/synth
 
 Key families follow a Zipf-like popularity, payload sizes a log-normal law capped

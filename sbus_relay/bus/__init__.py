@@ -1,5 +1,8 @@
 """The bus on gevent: the server, its client connections and the upstream link.
 
+What it owns: nothing but this map of the bus's modules.  What it may touch:
+nothing.
+
 ``connection`` moves a connection's bytes (its protocol state is a
 ``protocol.session.Session``) and routes each message (``Router``);
 ``server`` accepts clients and carries out what their non-MSG packets ask;

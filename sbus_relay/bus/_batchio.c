@@ -20,8 +20,9 @@
  *       The same packets in packed batches (docs/protocol.md, "Packed
  *       batches"): each frame is `head` then, per MSG packet, its length in
  *       4 bytes (big-endian) and the packet, at most BATCH_MESSAGES packets
- *       and MAX_PACKET bytes a frame; a packet that is not a MSG goes alone,
- *       as it is.  The frames are gathered from the packets themselves (one
+ *       and MAX_PACKET bytes a frame; a packet that is not a MSG, and a MSG
+ *       that no other joins, goes alone, as it is (the frames codec.pack
+ *       writes).  The frames are gathered from the packets themselves (one
  *       iovec each), nothing is copied.  Returns how many packets went, in
  *       whole frames.
  *
@@ -263,6 +264,11 @@ send_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 			memset(&msgs[frames].msg_hdr, 0, sizeof(msgs[frames].msg_hdr));
 			msgs[frames].msg_hdr.msg_iov = iov[frames];
 			msgs[frames].msg_hdr.msg_iovlen = (size_t)(1 + 2 * n);
+			if (n == 1) {
+				/* a MSG that no other joins goes as it is (codec.pack) */
+				iov[frames][0] = iov[frames][2];
+				msgs[frames].msg_hdr.msg_iovlen = 1;
+			}
 			counts[frames] = n;
 		}
 		sent = sendmmsg(fd, msgs, (unsigned)frames, MSG_DONTWAIT | MSG_NOSIGNAL);

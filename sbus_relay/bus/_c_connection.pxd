@@ -42,16 +42,30 @@ cdef class Router:
     @cython.locals(conn=Connection, dirty=list)
     cpdef flush(self, Connection sender)
 
-cdef class _Rare:
+cdef class Notices:
+    cdef public dict owed
+    cdef public bint ready_owed
+
+    cpdef add(self, bytes pattern, bint present)
+
+cdef class Waiters:
+    cdef public list held
+
+    @cython.locals(keep=list, held=list)
+    cpdef bint wake(self, CQueue q) except -1
+
+cdef class Warnings:
     cdef public CEpisode dropping
     cdef public CEpisodes episodes
-    cdef public object log
-    cdef public dict notices
-    cdef public list stash
     cdef public object tick
-    cdef public list waiters
+
+cdef class _Rare:
+    cdef public object log
+    cdef public Notices notices
+    cdef public list stash
+    cdef public Waiters waiters
+    cdef public Warnings warnings
     cdef public object write_watcher
-    cdef public bint ready_owed
     cdef public bint retry
     cdef public bint writing
 
@@ -98,6 +112,10 @@ cdef class Connection(Session):
     cdef _count_drop(self, str reason)
     @cython.locals(rare=_Rare)
     cpdef drop(self, str reason)
+    cdef Notices _owed(self)
+    @cython.locals(rare=_Rare)
+    cdef CEpisode _dropping(self)
+    cdef Warnings _warnings(self)
     cpdef freeze(self)
     cpdef thaw(self)
     cpdef let_go(self)
@@ -107,5 +125,5 @@ cdef class Connection(Session):
     cdef CQueue _queue(self)
     @cython.locals(sent=Py_ssize_t, i=Py_ssize_t, now=double)
     cdef _send_queued(self, CQueue q)
+    @cython.locals(rare=_Rare)
     cdef _room_made(self, CQueue q)
-    cdef _wake_waiters(self, _Rare rare)

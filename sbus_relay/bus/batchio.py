@@ -1,5 +1,8 @@
 """Many packets per system call: ``recvmmsg``/``sendmmsg`` when compiled, else one by one.
 
+What it owns: how many packets go in one system call, and the compiled
+helper's choice.  What it may touch: the descriptors it is given.
+
 The bus reads a client's waiting packets as one batch and sends each
 recipient what a batch routed to it in one call.  A connection keeps only
 its socket's file descriptor (a socket object would cost every idle client
@@ -11,8 +14,9 @@ its size), so each function takes the descriptor:
 * ``send_all(fd, packets)``: send in order until the socket would
   block; how many it took;
 * ``send_packed(fd, packets, head)``: the same in packed batches
-  (``codec.encode_batch``; the compiled helper gathers them from the packets
-  without copying); how many packets went, in whole batches;
+  (``codec.pack``; the compiled helper gathers the same frames from the
+  packets without copying, ``head`` being ``codec.BATCH_HEAD``); how many
+  packets went, in whole batches;
 * ``send_one(fd, packet)``: one packet; BlockingIOError when the socket is full.
 
 The compiled helper
@@ -34,10 +38,8 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from sbus_relay.accel import pure_python_requested
-from sbus_relay.protocol.codec import BATCH_HEAD, MSG, encode_batch
-from sbus_relay.protocol.limits import BATCH_MESSAGES, MAX_PACKET
-
-_MSG = MSG
+from sbus_relay.protocol.codec import pack
+from sbus_relay.protocol.limits import MAX_PACKET
 
 _compiled: ModuleType | None = None
 if not pure_python_requested():
@@ -98,30 +100,10 @@ def _send_all_py(fd: int, packets: list[bytes]) -> int:
 
 
 def _send_packed_py(fd: int, packets: list[bytes], head: bytes) -> int:
-    """``packets`` in packed batches until the socket would block; how many
-    went.  A packet that is not a MSG goes alone, as it is."""
-    del head  # always codec.BATCH_HEAD (encode_batch)
-    frames: list[bytes] = []
-    counts: list[int] = []
-    start = 0
-    while start < len(packets):
-        if not packets[start].startswith(_MSG):
-            frames.append(packets[start])
-            counts.append(1)
-            start += 1
-            continue
-        size = len(BATCH_HEAD)
-        end = start
-        while end < len(packets) and end - start < BATCH_MESSAGES:
-            if not packets[end].startswith(_MSG):
-                break
-            size += 4 + len(packets[end])
-            if end > start and size > MAX_PACKET:
-                break
-            end += 1
-        frames.append(encode_batch(packets[start:end]))
-        counts.append(end - start)
-        start = end
+    """``packets`` in packed batches (``codec.pack``) until the socket would
+    block; how many went.  A packet that is not a MSG goes alone, as it is."""
+    del head  # always codec.BATCH_HEAD, which codec.pack writes
+    frames, counts = pack(packets)
     went = _send_all_py(fd, frames)
     return sum(counts[:went])
 

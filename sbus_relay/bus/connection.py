@@ -1,5 +1,12 @@
 """One connection of the bus, in and out, and the router that joins them.
 
+What it owns: one socket's bytes in and out (its descriptor, watchers,
+pending, queue, pauses, counters) with its side jobs in the rare part
+(Notices, Waiters, Warnings), and the routing of each message (Router).  What
+it may touch: its own state, its Session part through that class's methods,
+the recipients it offers to and the publishers it holds back, its handler
+through Handler alone.
+
 Theory of operation.  No greenlet exists per connection: the gevent hub calls
 ``Connection._on_readable`` when a socket has packets and ``_on_writable``
 when a socket with a backlog can take more.  A connection is a client the
@@ -44,13 +51,6 @@ pattern in ``notices`` and go before the queue.  That, the publishers it
 holds back, a stash of packets read while paused, its write watcher, its
 episodes and its logger live in a ``_Rare`` part made on first need: an
 idle client has none of them.
-
-What it owns: one socket's bytes in and out (its descriptor, watchers,
-``pending``, queue, pauses, held publishers, notices, counters, episodes'
-timer and logger) and the routing of each message (``Router``).  What it may
-touch: its own state; its ``Session`` part through that class's methods; the
-recipients it offers to (``offer``) and the publishers it holds back
-(``pause``/``resume``); its handler through ``Handler`` alone.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import gevent
 
 from sbus_relay.accel import compiled, load_compiled
-from sbus_relay.protocol import codec, episodes
+from sbus_relay.protocol import codec, control, episodes
 from sbus_relay.protocol.episodes import Episode, Episodes
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import (
@@ -109,9 +109,6 @@ _BATCH = codec.BATCH_HEAD
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _READ = 1
 _WRITE = 2
-_ADD = b"interest/add"
-_REMOVE = b"interest/remove"
-_READY = b"interest/ready"
 _QUEUE = Action.QUEUE
 _WAIT_EMPTY = Action.QUEUE_AND_WAIT_EMPTY
 _WAIT_BELOW = Action.QUEUE_AND_WAIT_BELOW
@@ -187,23 +184,170 @@ class Router:
                 conn.flush(sender)
 
 
+class Notices:
+    """The interest notices a connection owes its peer, coalesced per pattern
+    (the net change: a pattern added then removed is nothing to say), and
+    ``interest/ready`` once those owed with it have gone.  To a relay below
+    each is ``CMSG interest/add|remove``, to the upstream ``SUB``/``UNSUB``.
+    Made when the first is owed; its connection drops it once all went."""
+
+    __slots__ = ("owed", "ready_owed")
+
+    def __init__(self, owed: dict[bytes, bool] | None = None, ready_owed: bool = False) -> None:
+        #: pattern -> present, in the order they became owed
+        self.owed: dict[bytes, bool] = {} if owed is None else owed
+        #: ``interest/ready`` goes once ``owed`` is empty
+        self.ready_owed = ready_owed
+
+    def add(self, pattern: bytes, present: bool) -> None:
+        """``pattern`` came (``present``) or went, coalesced with what is owed of it."""
+        owed = self.owed
+        if pattern in owed:
+            del owed[pattern]  # add then remove (or remove then add): nothing to say
+        else:
+            owed[pattern] = present
+
+    def send(self, fd: int, upward: bool) -> bool:
+        """Send what is owed, at most ``NOTICE_BATCH`` a call (a large snapshot
+        goes out between other work); True once nothing is left."""
+        owed = self.owed
+        for _ in range(NOTICE_BATCH):
+            if not owed:
+                break
+            pattern, present = owed.popitem()
+            if upward:
+                packet = codec.encode_subscription(pattern, present)
+            else:
+                packet = control.interest(pattern, present)
+            try:
+                send_one(fd, packet)
+            except BlockingIOError:
+                owed[pattern] = present
+                return False
+        if owed:
+            return False
+        if self.ready_owed:
+            try:
+                send_one(fd, control.INTEREST_READY_PACKET)
+            except BlockingIOError:
+                return False
+            self.ready_owed = False
+        return True
+
+
+class Waiters:
+    """The publishers a connection holds back: each paused (``pause``) by an
+    action of its flood control until its queue has room again
+    (``flood.still_blocked``), once per publisher and action."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Connection, Action]] = []
+
+    def add(self, publisher: Connection, action: Action) -> bool:
+        """Hold ``publisher`` back for ``action``; False if it is already."""
+        for held, why in self.held:
+            if held is publisher and why is action:
+                return False
+        self.held.append((publisher, action))
+        return True
+
+    def wake(self, q: OutboundQueue) -> bool:
+        """Resume those ``q`` no longer blocks; True once none is held."""
+        held = self.held
+        keep = [(p, a) for p, a in held if p.alive and still_blocked(a, q)]
+        if len(keep) == len(held):
+            return not keep
+        self.held = keep
+        for publisher, action in held:
+            if publisher.alive and not still_blocked(action, q):
+                publisher.resume()
+        return not keep
+
+    def release(self) -> None:
+        """Resume every one of them (their holder closes)."""
+        held, self.held = self.held, []
+        for publisher, _ in held:
+            if publisher.alive:
+                publisher.resume()
+
+
+class Warnings:
+    """A connection's episodes (``protocol.episodes``): its drop episode, its
+    repeated warnings, and the timer that reports them every
+    ``EPISODE_QUIET`` seconds while any is open.  Made at the first; the
+    lines go to its connection's logger (``report``)."""
+
+    __slots__ = ("dropping", "episodes", "tick")
+
+    def __init__(self) -> None:
+        self.episodes = Episodes()
+        self.dropping: Episode | None = None  # the open drop episode, if any
+        self.tick: Any = None  # the timer, while any episode is open
+
+    def begin(self, event: str, tell_end: bool, loop: Any, on_tick: Any) -> Episode | None:
+        """An occurrence of ``event``: its episode if one begins now (say it),
+        None if one is open (counted); the timer runs from now on."""
+        if self.tick is None:
+            self.tick = loop.timer(EPISODE_QUIET, EPISODE_QUIET)
+            self.tick.start(on_tick)
+        return self.episodes.begin(event, _monotonic(), tell_end=tell_end)
+
+    def due(self) -> list[tuple[str, Episode]]:
+        """What a tick reports; the timer stops once no episode is open."""
+        reports = self.episodes.tick(_monotonic())
+        if not self.episodes:
+            self.stop()
+        return reports
+
+    def close(self) -> list[tuple[str, Episode]]:
+        """Every open episode ends (its connection closes); what to report."""
+        reports = self.episodes.close()
+        self.stop()
+        return reports
+
+    def report(self, log: Any, reports: list[tuple[str, Episode]]) -> None:
+        """One line per report; the drop episode is over once it ended."""
+        now = _monotonic()
+        for what, episode in reports:
+            if episode is self.dropping and what is _ENDED:
+                self.dropping = None
+            log.warning(
+                episode.event + "." + what,
+                count=episode.count,
+                seconds=round(now - episode.since, 3),
+            )
+
+    def stop(self) -> None:
+        if self.tick is not None:
+            self.tick.close()
+            self.tick = None
+
+    def freeze(self) -> None:
+        if self.tick is not None:
+            self.tick.stop()
+
+    def thaw(self, on_tick: Any) -> None:
+        if self.tick is not None:
+            self.tick.start(on_tick)
+
+
 class _Rare:
     """What a connection needs only once it has more to do than deliver at
-    once: packets read while it was paused, a backlog to write, publishers it
-    holds back, notices to send, episodes to report, a logger.  Made on first
-    need (``Connection._more``) and written by its connection alone, so that
-    an idle client carries one pointer for all of it."""
+    once: packets read while it was paused, a backlog to write, and its side
+    jobs -- notices to send (``Notices``), publishers it holds back
+    (``Waiters``), episodes to report (``Warnings``) -- and a logger.  Made
+    on first need (``Connection._more``) and written by its connection alone,
+    so that an idle client carries one pointer for all of it."""
 
     __slots__ = (
-        "dropping",
-        "episodes",
         "log",
         "notices",
-        "ready_owed",
         "retry",
         "stash",
-        "tick",
         "waiters",
+        "warnings",
         "write_watcher",
         "writing",
     )
@@ -216,14 +360,9 @@ class _Rare:
         self.retry = False  # the packet being handled is handled again on resume
         self.write_watcher: Any = None
         self.writing = False  # the write watcher is started
-        #: publishers paused on this connection, with the action that paused them
-        self.waiters: list[tuple[Connection, Action]] | None = None
-        #: notices not yet sent: pattern -> present (the net change, coalesced)
-        self.notices: dict[bytes, bool] | None = None
-        self.ready_owed = False  # interest/ready goes after the pending notices
-        self.episodes: Episodes | None = None
-        self.dropping: Episode | None = None  # the open drop episode, if any
-        self.tick: Any = None  # the episodes' timer while any is open
+        self.waiters: Waiters | None = None
+        self.notices: Notices | None = None
+        self.warnings: Warnings | None = None
 
 
 class Connection(Session):
@@ -394,13 +533,20 @@ class Connection(Session):
     @property
     def dropping(self) -> bool:
         """Whether messages for it are being dropped now (an open drop episode)."""
-        return self._rare is not None and self._rare.dropping is not None
+        return self._dropping() is not None
+
+    def _dropping(self) -> Episode | None:
+        """Its open drop episode, if any."""
+        rare = self._rare
+        if rare is None or rare.warnings is None:
+            return None
+        return rare.warnings.dropping
 
     @property
     def waiters(self) -> list[tuple[Connection, Action]]:
         """The publishers it holds back, with the action that paused each."""
         rare = self._rare
-        return [] if rare is None or rare.waiters is None else list(rare.waiters)
+        return [] if rare is None or rare.waiters is None else list(rare.waiters.held)
 
     def _has_notices(self) -> bool:
         rare = self._rare
@@ -430,7 +576,6 @@ class Connection(Session):
         rare = self._rare
         if rare is not None:
             rare.notices = None
-            rare.ready_owed = False
             rare.stash = None
         self._close_socket()
 
@@ -458,9 +603,10 @@ class Connection(Session):
             self._read_watcher.stop()
         rare = self._rare
         if rare is not None:
-            for watcher in (rare.write_watcher, rare.tick):
-                if watcher is not None:
-                    watcher.stop()
+            if rare.write_watcher is not None:
+                rare.write_watcher.stop()
+            if rare.warnings is not None:
+                rare.warnings.freeze()
 
     def thaw(self) -> None:
         """Undo ``freeze``: the hand-over failed and this process serves on."""
@@ -471,8 +617,8 @@ class Connection(Session):
             return
         if rare.writing and rare.write_watcher is not None:
             rare.write_watcher.start(self._on_writable)
-        if rare.tick is not None:
-            rare.tick.start(self._on_tick)
+        if rare.warnings is not None:
+            rare.warnings.thaw(self._on_tick)
 
     def let_go(self) -> None:
         """The connection lives on in a newer process: close this process's copy
@@ -497,9 +643,11 @@ class Connection(Session):
             packets += queued
             times += waited
         rare = self._rare or _Rare(None)
-        notices = None if rare.notices is None else dict(rare.notices)
+        owed = rare.notices
+        notices = None if owed is None else dict(owed.owed)
         stash = None if rare.stash is None else list(rare.stash)
-        return packets, times, notices, stash, rare.ready_owed, rare.retry
+        ready_owed = owed is not None and owed.ready_owed
+        return packets, times, notices, stash, ready_owed, rare.retry
 
     def hold_again(self, held: Held) -> None:
         """Take back what ``held`` gave (in a newer process): its flood-control
@@ -512,9 +660,9 @@ class Connection(Session):
                 q.push(packets[i], times[i])
         if ready_owed or retry or notices is not None or stash is not None:
             rare = self._more()
-            rare.ready_owed = ready_owed
             rare.retry = retry
-            rare.notices = notices
+            if ready_owed or notices is not None:
+                rare.notices = Notices(notices, ready_owed)
             rare.stash = stash
         if self.queued[0] or self._has_notices():
             self._want_write()
@@ -577,8 +725,9 @@ class Connection(Session):
             self.fail(e.reason, e.detail)
         except OSError as e:
             self.fail("io_error", str(e))
-        except Exception as e:  # a bug of ours: cost this one connection, never the server
-            self.log.exception("client.internal_error")
+        except Exception as e:  # a bug of ours: costs this one connection, never the server
+            if router.stats.bug("read_loop"):  # logged once, counted always
+                self.log.exception("client.internal_error")
             self.fail("internal_error", repr(e))
         finally:
             router.flush(self)
@@ -730,16 +879,13 @@ class Connection(Session):
 
     def hold_back(self, publisher: Connection, action: Action) -> None:
         """Pause ``publisher`` until this connection's queue has room again
-        (``flood.still_blocked``), once per publisher and action."""
+        (``flood.still_blocked``), once per publisher and action (``Waiters``)."""
         rare = self._more()
         waiters = rare.waiters
         if waiters is None:
-            waiters = rare.waiters = []
-        for held, why in waiters:
-            if held is publisher and why is action:
-                return
-        waiters.append((publisher, action))
-        publisher.pause()
+            waiters = rare.waiters = Waiters()
+        if waiters.add(publisher, action):
+            publisher.pause()
 
     def reply(self, packet: bytes) -> None:
         """Send a server-made reply (whoami, drops/count): never a reason to disconnect."""
@@ -765,23 +911,21 @@ class Connection(Session):
         """A notice about ``pattern``; coalesced with any pending one for it."""
         if not self.alive:
             return
-        rare = self._more()
-        notices = rare.notices
-        if notices is None:
-            notices = rare.notices = {}
-        if pattern in notices:
-            del notices[pattern]  # add then remove (or remove then add): nothing to say
-        else:
-            notices[pattern] = present
+        self._owed().add(pattern, present)
         self._want_write()
 
     def owe_ready(self) -> None:
         """Send ``interest/ready`` once the notices pending now have gone."""
-        rare = self._more()
-        rare.ready_owed = True
-        if rare.notices is None:
-            rare.notices = {}
+        self._owed().ready_owed = True
         self._want_write()
+
+    def _owed(self) -> Notices:
+        """Its notices, made now if it owed none."""
+        rare = self._more()
+        notices = rare.notices
+        if notices is None:
+            notices = rare.notices = Notices()
+        return notices
 
     def _want_write(self) -> None:
         if not self.open:
@@ -832,10 +976,12 @@ class Connection(Session):
         end now ends, and the publishers it held back go on."""
         if self.shed is not None and shedding_ends(self.shed, q):
             self.shed = None
-            if self._rare is not None and self._rare.dropping is not None:
-                self._rare.dropping.held = False
-        if self._rare is not None and self._rare.waiters:
-            self._wake_waiters(self._rare)
+            dropping = self._dropping()
+            if dropping is not None:
+                dropping.held = False
+        rare = self._rare
+        if rare is not None and rare.waiters is not None and rare.waiters.wake(q):
+            rare.waiters = None
 
     def _send_queued(self, q: OutboundQueue) -> None:
         """Send a batch of the queue in one call; what the socket refuses goes back."""
@@ -855,48 +1001,15 @@ class Connection(Session):
             for i in range(sent):
                 stats.observe_queue_wait(now - times[i])
 
-    def _notice(self, pattern: bytes, present: bool) -> bytes:
-        if self.upward:
-            return (codec.SUB if present else codec.UNSUB) + pattern
-        return codec.encode_cmsg(_ADD if present else _REMOVE, pattern)
-
     def _send_notices(self) -> bool:
-        """Send pending notices; True once none is left."""
+        """Send what notices it owes (``Notices.send``); True once none is left."""
         rare = self._more()
         notices = rare.notices
         assert notices is not None and self.fd >= 0
-        for _ in range(NOTICE_BATCH):
-            if not notices:
-                break
-            pattern, present = notices.popitem()
-            try:
-                send_one(self.fd, self._notice(pattern, present))
-            except BlockingIOError:
-                notices[pattern] = present
-                return False
-        if notices:
-            return False  # a large snapshot: the rest on the next wake-up
-        if rare.ready_owed:
-            try:
-                send_one(self.fd, codec.encode_cmsg(_READY, b""))
-            except BlockingIOError:
-                return False
-            rare.ready_owed = False
+        if not notices.send(self.fd, self.upward):
+            return False
         rare.notices = None
         return True
-
-    def _wake_waiters(self, rare: _Rare) -> None:
-        """Resume the publishers this connection no longer holds back."""
-        waiters = rare.waiters
-        assert waiters is not None
-        q = self._queue()
-        keep = [(p, a) for p, a in waiters if p.alive and still_blocked(a, q)]
-        if len(keep) == len(waiters):
-            return
-        rare.waiters = keep or None
-        for publisher, action in waiters:
-            if publisher.alive and not still_blocked(action, q):
-                publisher.resume()
 
     # --- drops and warnings: one episode mechanism -------------------------------------
 
@@ -908,16 +1021,17 @@ class Connection(Session):
         """One message for this connection was not delivered: counted, and
         the drop episode begins (logged at once) or goes on."""
         self._count_drop(reason)
-        rare = self._rare
-        if rare is not None and rare.dropping is not None:
-            rare.dropping.count += 1
+        dropping = self._dropping()
+        if dropping is not None:
+            dropping.count += 1
         else:
             self._begin_dropping(reason)
 
     def _begin_dropping(self, reason: str) -> None:
-        episode = self._open_episodes().begin(DROPPING, _monotonic(), tell_end=True)
+        warnings = self._warnings()
+        episode = warnings.begin(DROPPING, True, self.router.loop, self._on_tick)
         assert episode is not None
-        self._more().dropping = episode
+        warnings.dropping = episode
         q = self._queue()
         self.log.warning(
             DROPPING,
@@ -933,54 +1047,35 @@ class Connection(Session):
         ``flood.shedding_ends``; the episode lasts as long."""
         self.drop(reason)
         self.shed = reason
-        rare = self._more()  # drop() made it
-        if rare.dropping is not None:
-            rare.dropping.held = True
+        dropping = self._warnings().dropping  # drop() opened it
+        if dropping is not None:
+            dropping.held = True
         self._want_write()  # the drained socket (soft) or queue (hard) ends it
 
     def warn(self, event: str, **fields: Any) -> None:
         """A misbehaviour worth a line: the first at once, then a count per interval."""
-        episode = self._open_episodes().begin(event, _monotonic())
-        if episode is not None:
+        if self._warnings().begin(event, False, self.router.loop, self._on_tick) is not None:
             self.log.warning(event, **fields)
         else:
             self.router.stats.log_lines_suppressed += 1
 
-    def _open_episodes(self) -> Episodes:
+    def _warnings(self) -> Warnings:
+        """Its episodes, made now if it had none."""
         rare = self._more()
-        eps = rare.episodes
-        if eps is None:
-            eps = rare.episodes = Episodes()
-        if rare.tick is None:
-            rare.tick = self.router.loop.timer(EPISODE_QUIET, EPISODE_QUIET)
-            rare.tick.start(self._on_tick)
-        return eps
+        warnings = rare.warnings
+        if warnings is None:
+            warnings = rare.warnings = Warnings()
+        return warnings
 
     def _on_tick(self) -> None:
         """Every ``EPISODE_QUIET`` seconds while an episode is open."""
-        eps = self._more().episodes
-        assert eps is not None
-        self._report(eps.tick(_monotonic()))
-        if not eps:
-            self._stop_ticking()
+        warnings = self._warnings()
+        warnings.report(self.log, warnings.due())
 
     def _stop_ticking(self) -> None:
         rare = self._rare
-        if rare is not None and rare.tick is not None:
-            rare.tick.close()
-            rare.tick = None
-
-    def _report(self, reports: list[tuple[str, Episode]]) -> None:
-        rare = self._more()
-        now = _monotonic()
-        for what, episode in reports:
-            if episode is rare.dropping and what is _ENDED:
-                rare.dropping = None
-            self.log.warning(
-                episode.event + "." + what,
-                count=episode.count,
-                seconds=round(now - episode.since, 3),
-            )
+        if rare is not None and rare.warnings is not None:
+            rare.warnings.stop()
 
     # --- closing ---------------------------------------------------------------------
 
@@ -1006,9 +1101,8 @@ class Connection(Session):
             with contextlib.suppress(OSError):
                 send_one(self.fd, notice)
         rare = self._rare
-        if rare is not None and rare.episodes is not None:
-            self._report(rare.episodes.close())
-        self._stop_ticking()
+        if rare is not None and rare.warnings is not None:
+            rare.warnings.report(self.log, rare.warnings.close())
         level = self.log.info if reason in _ORDINARY else self.log.warning
         level(
             "upstream.closed" if self.upward else "client.disconnected",
@@ -1016,15 +1110,13 @@ class Connection(Session):
             detail=detail,
             lost=lost,
         )
-        waiters = None
         rare = self._rare
         if rare is not None:
             rare.notices = None
             rare.stash = None
             waiters, rare.waiters = rare.waiters, None
-        for publisher, _ in waiters or ():
-            if publisher.alive:
-                publisher.resume()
+            if waiters is not None:
+                waiters.release()
         self.handler.forget(self)
         self._close_socket()
 

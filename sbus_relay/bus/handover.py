@@ -2,7 +2,10 @@
 
 What it owns: the hand-over record (what each connection, the upstream link
 and the server put in it, and how a newer process rebuilds the bus from it)
-and the exchange's orchestration on both sides:
+and the exchange's orchestration on both sides.  What it may touch: what Bus
+lists of the server, the public state of its connections and of its
+UpstreamLink, while the bus is frozen or not started; the wire through
+ops.handover.
 
 * the running process answers ``CMSG upgrade/take-over`` (``hand_over``):
   it freezes the bus (``Server.freeze``: nothing read, written or
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sbus_relay import __version__
 from sbus_relay.ops import handover as wire
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import control
 from sbus_relay.protocol.errors import UpgradeError
 from sbus_relay.protocol.flood import Action
 from sbus_relay.protocol.index import SubscriptionIndex
@@ -251,7 +254,7 @@ def hand_over(server: Bus, conn: Connection) -> None:
     quietly; if it fails, serve on."""
     if not wire.allowed(conn.uid):
         conn.warn("upgrade.refused", reason="not the bus's own user")
-        conn.reply(codec.encode_cmsg(b"upgrade/refused", b"not the bus's own user"))
+        conn.reply(control.upgrade_refused("not the bus's own user"))
         return
     log = server.log
     others = len(server.clients) - 1

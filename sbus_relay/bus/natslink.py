@@ -1,5 +1,9 @@
 """The bus's side of its NATS link (docs/nats.md, "How it is built").
 
+What it owns: the link process's life, the link's holds, what the link last
+reported. What it may touch: its ``Connection`` and, through ``UpstreamHost``,
+its bus.
+
 Theory of operation.  The link is a process of its own, the bus's child
 (``python -m sbus_relay.cli.link``, its code in ``sbus_relay/link/``), joined
 to the bus by one ``SOCK_SEQPACKET`` socket pair: nothing else is shared, so
@@ -26,10 +30,6 @@ client's does, and as the upstream link's it is never paused.
   starts after a back-off (``RESTART_MIN`` doubling to ``RESTART_MAX``),
   logged.  It dies with the bus (``PR_SET_PDEATHSIG``, and the EOF of its
   socket when the bus closes its end); nothing here ever waits for it.
-
-What it owns: the link process's life, the link's holds, what the link last
-reported.  What it may touch: its ``Connection`` and, through
-``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """The sbus server: accepting clients, and everything but the routing of MSG.
 
+What it owns: the listening socket and accepting, the set of clients and their
+accounts, the subscription index and interest listeners, the identity prefix,
+reloads, and carrying out what a client's session decides.  What it may touch:
+its connections through their methods, the upstream and NATS links through
+theirs, protocol's decisions.
+
 Theory of operation.  One gevent hub runs everything, and no greenlet exists
 per client: the hub calls a connection's callbacks when its socket is ready.
 A published message never passes through this class: ``Connection`` reads
@@ -15,13 +21,6 @@ parent bus (docs/protocol.md, "Relays"): the index's first/last callbacks
 feed it SUB/UNSUB, its connection is one more recipient in the index
 (holding what the upstream wants), and it calls back through the
 ``UpstreamHost`` methods at the end of this class.
-
-What it owns: the listening socket and accepting, the set of clients and
-their accounts, the subscription index and interest listeners, the identity
-prefix, reloads, and carrying out what a client's session decides.  What it
-may touch: its connections through their public methods, the upstream link
-through its own; the hand-over (``bus.handover``) and the metrics views
-(``bus.views``) are modules of their own, which it calls.
 """
 
 from __future__ import annotations
@@ -41,10 +40,10 @@ from gevent.event import Event
 from sbus_relay import accel
 from sbus_relay.ops.addresses import peer_ucred, socket_mode
 from sbus_relay.ops.config import Reload, ServerConfig, plan_reload
-from sbus_relay.protocol import accounting, codec, quota, session
+from sbus_relay.protocol import accounting, codec, control, quota, session
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.index import SubscriptionIndex, canonical
-from sbus_relay.protocol.interest import ADD, InterestTracker
+from sbus_relay.protocol.interest import InterestTracker
 from sbus_relay.protocol.keys import CRED, WHOAMI, Credentials, check_pattern
 from sbus_relay.protocol.limits import (
     ACCEPT_BACKOFF_MAX,
@@ -98,8 +97,8 @@ class Server:
             config.hard_limit_bytes,
             config.hard_limit_messages,
         )
-        #: traffic of the clients that have gone (``views.traffic``), for the totals
-        self.gone = [0, 0, 0, 0]
+        #: traffic of the clients that have gone, for the totals
+        self.departed = views.Traffic()
         self.client_limits = config.client_limits()
         self._quotas = dict(config.user_quotas)
         self._default_quota = config.user_quota()
@@ -289,7 +288,7 @@ class Server:
             self.log.warning("client.refused", reason=why, uid=uid, gid=gid, pid=pid)
             with contextlib.suppress(OSError):  # say why, best effort (docs/protocol.md)
                 sock.setblocking(False)
-                sock.send(codec.encode_cmsg(b"disconnect", why.encode()))
+                sock.send(control.disconnect(why))
             sock.close()
             return
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -322,8 +321,7 @@ class Server:
     def forget(self, conn: Connection) -> None:
         """A connection closed: drop its patterns, interest and quota use."""
         self.clients.pop(conn.cid, None)
-        for i, n in enumerate(views.traffic(conn)):
-            self.gone[i] += n
+        self.departed.add(conn)
         if conn.interest:
             del self.interest.listeners[conn]
         for pattern in list(self.index.patterns_of(conn)):
@@ -449,7 +447,7 @@ class Server:
         # Each listener coalesces its own notices and sends them when its socket
         # can take them: a slow relay is never dropped for falling behind.
         for listener, verb, pattern in list(notices):
-            listener.notify(pattern, verb == ADD)
+            listener.notify(pattern, verb == control.INTEREST_ADD)
 
     def _control(self, conn: Connection, action: Any, packet: bytes) -> None:
         """Carry out what a CMSG asks beyond its session's own state change."""
@@ -477,11 +475,11 @@ class Server:
                 conn.log.info("client.relay_named", name=action.name)
         elif kind is session.BatchOn:
             # our packed batches extension: say yes (what goes to it is packed now)
-            conn.reply(codec.encode_cmsg(codec.BATCH_ON, b""))
+            conn.reply(codec.encode_cmsg(control.BATCH_ON, b""))
         elif kind is session.TakeOver:
             handover.hand_over(self, conn)
         elif kind is session.DropsCount:
-            conn.reply(codec.encode_cmsg(session.DROPS_COUNT_KEY, b"%d" % conn.dropped))
+            conn.reply(control.drops_count(conn.dropped))
 
     def _relabel(self, conn: Connection, label: str) -> None:
         """A client's relay label changes; what it counted so far stays with the old one."""
@@ -606,7 +604,7 @@ class Server:
         """Its own counters and identity as plain data (part of the hand-over record)."""
         return {
             "stats": dataclasses.asdict(self.stats),
-            "gone": list(self.gone),
+            "gone": self.departed.export(),
             "next_cid": self._next_cid,
             "started": self.started,
             "prefix": self.prefix,
@@ -619,7 +617,7 @@ class Server:
         """Take back what ``totals`` gave (an earlier process's)."""
         for name, value in state["stats"].items():
             setattr(self.stats, name, value)
-        self.gone = list(state["gone"])
+        self.departed = views.Traffic.adopt(state["gone"])
         self._next_cid = state["next_cid"]
         self.started = state["started"]
         self.prefix = state["prefix"]

@@ -1,5 +1,9 @@
 """The relay's link to its upstream bus (docs/protocol.md, "Relays").
 
+What it owns: connecting and reconnecting to the upstream, its timers, and
+carrying out what its LinkSession decides.  What it may touch: its connection
+(conn) through its methods, its bus through UpstreamHost.
+
 Theory of operation.  A relay is a full local bus that is also a client of
 its parent.  The link's traffic is carried by one ``Connection`` (``conn``),
 made once and kept across reconnects, so what it queues survives an outage.
@@ -38,11 +42,6 @@ its own bus only through ``UpstreamHost``.
   ``WHOAMI_TIMEOUT`` (a relay cycle never answers: publishes wait for the
   answer, so nothing can storm round it), and an identity chain that begins
   with this relay's own earlier identity is refused as a cycle.
-
-What it owns: connecting and reconnecting to the upstream, its timers, and
-carrying out what its ``protocol.session.LinkSession`` decides (the
-handshake, identity and interest state is that session's).  What it may
-touch: its own ``Connection`` and, through ``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from gevent.event import Event
 
 from sbus_relay.ops.addresses import connect, parse_address, peer_ucred
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import control
 from sbus_relay.protocol.errors import AddressError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.keys import CRED, Credentials
@@ -243,7 +242,7 @@ class UpstreamLink:
         self.conn.set_limits(config.upstream_queue_bytes, config.upstream_queue_messages)
         if config.instance != self._name:
             self._name = config.instance
-            name = codec.encode_cmsg(b"relay/name", config.instance.encode("utf-8", "replace"))
+            name = control.relay_name(config.instance)
             if self.connected and self.conn.fd >= 0:
                 # straight to the socket, never into the queue, whose packets
                 # may go packed (a packed batch holds only MSG); a full socket

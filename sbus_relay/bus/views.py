@@ -1,21 +1,20 @@
 """What the bus shows of itself: the metrics gauges, the per-who rows, ``/clients``.
 
 What it owns: how the server's live state is summed and shaped for the
-Prometheus collector (``gauges``: ``ops.collector`` reads it), for the
-bounded per-relay and per-user series (``who``: ``protocol.accounting``'s
-rows) and for the ``/clients`` endpoint (``client_rows``:
-docs/observability.md).  Each is one pass over the clients, paid when
-scraped, never on the hot path.
+collector (gauges), the per-who series (who) and /clients (client_rows).  What
+it may touch: what Shown lists of the server, read only.
 
 What it may touch: it only reads -- the server's clients, index, accounts,
 tallies, upstream link and the traffic of the clients that have gone
-(``Server.gone``), and each connection's public counters and modes.  It
+(``Server.departed``), and each connection's public counters and modes.  It
 writes nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sbus_relay.protocol.accounting import Tally
@@ -37,7 +36,7 @@ class Shown(Protocol):
     by_relay: Tally
     by_user: Tally
     prefix: bytes | None
-    gone: list[int]
+    departed: Traffic
 
 
 def counters(conn: Connection) -> tuple[int, ...]:
@@ -46,9 +45,29 @@ def counters(conn: Connection) -> tuple[int, ...]:
     return (conn.msgs_in, conn.msgs_out, conn.bytes_in, conn.bytes_out, conn.dropped, ended)
 
 
-def traffic(conn: Connection) -> tuple[int, int, int, int]:
-    """What one connection read and was sent: messages and bytes each way."""
-    return (conn.msgs_in, conn.bytes_in, conn.msgs_out, conn.bytes_out)
+@dataclass(slots=True)
+class Traffic:
+    """What connections read and were sent, summed: messages and bytes each way."""
+
+    msgs_in: int = 0
+    bytes_in: int = 0
+    msgs_out: int = 0
+    bytes_out: int = 0
+
+    def add(self, conn: Connection) -> None:
+        """Add one connection's own counts."""
+        self.msgs_in += conn.msgs_in
+        self.bytes_in += conn.bytes_in
+        self.msgs_out += conn.msgs_out
+        self.bytes_out += conn.bytes_out
+
+    def export(self) -> list[int]:
+        """As a hand-over record keeps it (its layout of old: four numbers)."""
+        return [self.msgs_in, self.bytes_in, self.msgs_out, self.bytes_out]
+
+    @classmethod
+    def adopt(cls, exported: list[int]) -> Traffic:
+        return cls(*exported)
 
 
 def gauges(server: Shown) -> Gauges:
@@ -59,12 +78,11 @@ def gauges(server: Shown) -> Gauges:
     a shared counter.
     """
     queued = qbytes = big = bigbytes = blocked = dropping = 0
-    totals = list(server.gone)
+    totals = dataclasses.replace(server.departed)  # and every live connection's
     soft: dict[str, int] = {}
     hard: dict[str, int] = {}
     for conn in server.clients.values():
-        for i, n in enumerate(traffic(conn)):
-            totals[i] += n
+        totals.add(conn)
         dropping += conn.dropping
         count, nbytes = conn.queued
         queued += count
@@ -78,10 +96,10 @@ def gauges(server: Shown) -> Gauges:
     up = server.upstream
     link = up.conn if up is not None else None
     return Gauges(
-        messages_in=totals[0],
-        bytes_in=totals[1],
-        delivered=totals[2],
-        bytes_out=totals[3],
+        messages_in=totals.msgs_in,
+        bytes_in=totals.bytes_in,
+        delivered=totals.msgs_out,
+        bytes_out=totals.bytes_out,
         dropping_clients=dropping,
         clients=len(server.clients),
         users=len(server.accounts),

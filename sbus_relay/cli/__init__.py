@@ -1,5 +1,8 @@
 """Command-line entry points: the only code that reads argv or exits.
 
+What it owns: the command table and its dispatch, argv and the exit status.
+What it may touch: every command module, loaded on demand.
+
 ``sbusd`` is a drop-in for the reference daemon and takes exactly its flags
 (docs/protocol.md).  ``sbus-relay`` is a family of subcommands listed in ``COMMANDS``;
 a command's module is imported only when it is run (or for ``--help``).

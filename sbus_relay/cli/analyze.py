@@ -1,5 +1,8 @@
 """``sbus-relay analyze CAPTURES... --out DIR``: traffic statistics and a report (PySpark).
 
+What it owns: the analyze command's arguments and what it prints.  What it may
+touch: pipeline.runner and pipeline.follow.
+
 This module parses and prints; the run itself is ``sbus_relay.pipeline.runner``
 (and ``follow`` for ``--follow``).  pyspark, pyarrow and matplotlib are imported
 inside ``run`` only: they are the optional ``spark`` extra, and

@@ -1,5 +1,8 @@
 """``sbus-relay bench``: measure the bus live against the reference C sbusd, same run.
 
+What it owns: the bench command's arguments, its printed report and its exit
+status.  What it may touch: bench.runner and bench.report.
+
 Starts every server it measures (our ``sbusd -f``, ``sbus-relay serve
 --upstream`` and the reference ``sbusd -f``), drives them with the C load
 generator in interleaved runs, prints the figures and the targets, and

@@ -1,5 +1,8 @@
 """The process a terminal started a bus with, once it has handed the bus over.
 
+What it owns: the entry point of the process that keeps a terminal's
+foreground.  What it may touch: ops.foreground.
+
 ``serve`` replaces itself with this (``python -m sbus_relay.cli.foreground``,
 not a command of ``sbus-relay``) when a live upgrade found it in its
 terminal's foreground: a fresh interpreter that holds none of the bus's

@@ -1,14 +1,14 @@
 """``python -m sbus_relay.cli.link --fd N``: a bus's NATS link process (docs/nats.md).
 
+What it owns: the process's argv, its log setup and its exit status.  What it
+may touch: the socket it is given, and sbus_relay.link (which does the work).
+
 Started by its bus (``bus/natslink.py``), never by a person: it reads its
 settings from the socket pair's first packet (``link/hello``: secrets never
 cross argv), sends its log records to the bus, which writes them where it
 logs, runs the engine chosen (``link/engine.py``) and ends when the bus
 closes its end, when SIGTERM comes, or when its parent dies (the bus set
 ``PR_SET_PDEATHSIG``).  Exit status 0 after a stop, 2 for a bad start.
-
-What it owns: the process's argv, its log setup and its exit status.  What it
-may touch: the socket it is given, and ``sbus_relay.link`` (which does the work).
 """
 
 from __future__ import annotations

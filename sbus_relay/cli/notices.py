@@ -2,6 +2,9 @@
 its bus: plain lines on stderr, ``sbus-relay CMD: ...``, each saying what
 happened and what the command does next.
 
+What it owns: the plain lines a client command says about its bus.  What it
+may touch: stderr.
+
 Not log lines: the structured log (JSON off a terminal, timestamps and levels)
 is for the buses (``serve``), which a machine reads; a person reads these.
 """

@@ -1,5 +1,8 @@
 """Options that several commands share, each defined once here.
 
+What it owns: the options several commands share and the logging set up from
+them.  What it may touch: argparse parsers, ops.logsetup.
+
 * ``-a ADDRESS``: the bus a client command uses (``$SBUS_ADDRESS``, else the
   default), or where a server listens;
 * ``-C CONFIG``: the server's YAML file;

@@ -1,5 +1,8 @@
 """Publish one message: sbus-relay pub KEY [PAYLOAD | -].
 
+What it owns: the pub command: its arguments, its lines and its exit status.
+What it may touch: the client library, stdin.
+
 Like ``mosquitto_pub -t KEY -m PAYLOAD`` or ``nats pub KEY PAYLOAD``.  ``-``
 reads the payload from stdin (bytes, unchanged).  A forgotten payload is
 refused with a hint; an empty message is asked for with ``-n`` (as
@@ -269,9 +272,10 @@ def _item(line: bytes, key: bytes | None, number: int) -> tuple[bytes, bytes]:
 
 
 def _fits(key: bytes, payload: bytes) -> tuple[bytes, bytes]:
+    from sbus_relay.protocol.codec import msg_length
     from sbus_relay.protocol.errors import UsageError
 
-    size = len(b"MSG ") + len(key) + 1 + len(payload)
+    size = msg_length(key, payload)
     if size > MAX_PACKET:
         raise UsageError(f"a message of {size} bytes is over the {MAX_PACKET}-byte packet limit")
     return key, payload

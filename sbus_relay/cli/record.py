@@ -1,5 +1,8 @@
 """Record bus traffic to rotating Parquet files: sbus-relay record [PATTERN...] --out DIR.
 
+What it owns: the record command: its arguments, its progress line and its
+exit status.  What it may touch: pipeline.recorder and its writer.
+
 Subscribes to the patterns (default ``""``: everything that is not secret; the
 server never delivers ``!/cred/`` keys through it, docs/protocol.md) and writes zstd
 Parquet files (receive time in ns, key, payload size, payload, instance),

@@ -1,5 +1,8 @@
 """The ``sbusd`` drop-in: exactly the reference daemon's flags, plus ``-h``.
 
+What it owns: the reference daemon's flags, parsed as getopt does.  What it
+may touch: cli.serve, which runs the bus.
+
     sbusd [-a ADDRESS] [-f | -p PIDFILE] [-u USER]... [-cgor]
 
 Short flags combine as in getopt (``-fc``, ``-cgor``, ``-fa/tmp/s``).

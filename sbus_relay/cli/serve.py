@@ -1,5 +1,9 @@
 """Run a bus: a master, or a relay with --upstream (also what ``sbusd`` runs).
 
+What it owns: the serve command: its flags, its config and the order a bus
+starts in.  What it may touch: ops (config, addresses, daemon, logging,
+handover, lifecycle) and bus.server.
+
 The order matters (docs/protocol.md, Addresses): resolve the listener and bind it *before*
 daemonising, so an address in use is reported on the terminal with a non-zero
 status; print a random abstract address before stdout is closed; fork before
@@ -7,10 +11,11 @@ anything starts gevent's hub; and remove the socket file and pid file however
 the server stops -- unless a newer process took the bus over.
 
 A live upgrade (docs/deploy.md, "Upgrade"): on SIGUSR2 a bus starts the
-installed version of itself, the same command line with ``$SBUS_TAKE_OVER``
-set to the address it serves; that process, fully initialised, takes the running bus over
-(``ops.handover``: every socket and connection's state) instead of binding,
-tells systemd its pid, and serves on.  A bus run by ``sbus-relay up`` leaves
+installed version of itself (``ops.lifecycle.Successors``), the same command
+line with ``$SBUS_TAKE_OVER`` set to the address it serves; that process,
+fully initialised, takes the running bus over (``ops.handover``: every socket
+and connection's state) instead of binding, tells systemd its pid, and serves
+on.  A bus run by ``sbus-relay up`` leaves
 upgrades to ``up`` (``$SBUS_SUPERVISED``), which starts the new process itself.
 
 ``serve --take-over`` starts the same hand-over from the new side, for a new
@@ -39,12 +44,11 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any, cast
 
-from sbus_relay.ops import children, foreground, logsetup
+from sbus_relay.ops import foreground, logsetup
 from sbus_relay.ops.addresses import (
     answers,
     listen,
@@ -65,10 +69,18 @@ from sbus_relay.ops.daemon import (
     stderr_is_a_file,
     write_pidfile,
 )
-from sbus_relay.ops.handover import SUPERVISED_ENV, TAKE_OVER_ENV, UPGRADE_STDERR_ENV
+from sbus_relay.ops.handover import TAKE_OVER_ENV, UPGRADE_STDERR_ENV
+from sbus_relay.ops.lifecycle import (
+    RELOAD_SIGNAL,
+    STOP_SIGNALS,
+    UPGRADE_SIGNAL,
+    EarlySignals,
+    Successors,
+    keep_the_terminal,
+    linger,
+)
 from sbus_relay.ops.natsconfig import parse_servers
 from sbus_relay.protocol.errors import AddressError, ConfigError
-from sbus_relay.protocol.limits import UPGRADE_STDERR_TAIL, UPGRADE_WAIT
 
 from .options import (
     add_address_argument,
@@ -78,12 +90,6 @@ from .options import (
     configure_logging,
 )
 
-#: Signals that stop the server cleanly (docs/protocol.md, Addresses).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-#: The signal that reloads ``serve``'s config (and stops ``sbusd``).
-RELOAD_SIGNAL = signal.SIGHUP
-#: The signal that upgrades a running bus in place (as nginx's binary upgrade).
-UPGRADE_SIGNAL = signal.SIGUSR2
 #: Reads the config again, file then flags (raises ``ConfigError``).
 Loader = Callable[[], ServerConfig]
 
@@ -263,14 +269,16 @@ def run_server(
     hangup_stops = config.foreground and has_terminal()
     if signal.getsignal(RELOAD_SIGNAL) is signal.SIG_IGN:
         hangup_stops = False  # started under nohup: a hang-up is not ours to act on
-    early = _EarlySignals(reload is not None)
+    early = EarlySignals(reload is not None)
+    successors = Successors()
     serving = os.environ.get(TAKE_OVER_ENV)
     if take_over and not serving and _bus_answers(config.address):
         serving = config.address
     if serving:
         return _take_over(
-            config, serving, log, reload, source, early, hangup_stops, from_new_side=take_over
-        )
+            config, serving, log, reload, source, early, hangup_stops, successors,
+            from_new_side=take_over,
+        )  # fmt: skip
     pidfile = None
     status = 0
     socket_file = None
@@ -303,7 +311,7 @@ def run_server(
         if reload is not None:
             reloading = _Reloading(reload, default_target, source, log, hangup_stops)
         handed_over = _serve(
-            config, log, ready, socket_file, printable, reloading, early, start_dir,
+            config, log, ready, socket_file, printable, reloading, early, start_dir, successors,
             listener=sock, web_sock=web_sock, from_terminal=from_terminal, owed=owed,
         )  # fmt: skip
     except KeyboardInterrupt:
@@ -314,11 +322,11 @@ def run_server(
         if not handed_over:
             _clean_up(socket_file, pidfile)
     if handed_over and take_over:
-        _linger(config, log)
+        linger(config.metrics, log, successors)
     elif handed_over and from_terminal and foreground.holds_terminal():
         # the terminal still waits on us: the bus stays within its reach
         log.info("foreground.kept", pid=os.getpid(), until="the bus stops (Ctrl-C stops it)")
-        _keep_the_terminal(log, owed)
+        keep_the_terminal(log, owed)
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
 
@@ -345,22 +353,6 @@ def _where_it_went(
     return line
 
 
-def _keep_the_terminal(log: Any, owed: list[int]) -> None:
-    """Become the small process that waits for the bus (``cli.foreground``),
-    passing it the signals ``owed`` to the bus; returns only if that cannot
-    start (this one then ends as it would have)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # from now until it waits for them, signals stay pending (through the exec)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, foreground.WAITED)
-    command = [sys.executable, "-P", "-m", "sbus_relay.cli.foreground", *map(str, owed)]
-    try:
-        os.execv(command[0], command)
-    except OSError as exc:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        log.warning("foreground.lost", reason=f"cannot run {command[0]}: {exc}")
-
-
 def _clean_up(socket_file: str | None, pidfile: str | None) -> None:
     """Remove the socket file and pid file this bus owns (not if it handed them over)."""
     if socket_file is not None:
@@ -376,8 +368,9 @@ def _take_over(
     log: Any,
     reload: Loader | None,
     source: str,
-    early: _EarlySignals,
+    early: EarlySignals,
     hangup_stops: bool,
+    successors: Successors,
     *,
     from_new_side: bool = False,
 ) -> int:
@@ -419,7 +412,7 @@ def _take_over(
     try:
         handed_over = _serve(
             config, log, None, socket_file, state["address"], reloading, early, os.getcwd(),
-            adopted=adopted, web_sock=web_sock,
+            successors, adopted=adopted, web_sock=web_sock,
         )  # fmt: skip
     except KeyboardInterrupt:
         pass
@@ -427,7 +420,7 @@ def _take_over(
         if not handed_over:
             _clean_up(socket_file, pidfile)
     if handed_over and from_new_side:
-        _linger(config, log)
+        linger(config.metrics, log, successors)
     log.info("exited", address=state["address"], status=0, handed_over=handed_over)
     return 0
 
@@ -442,33 +435,6 @@ def _log_to(config: ServerConfig, default_target: str | None, source: str) -> No
         fields={"instance": config.instance},
         source=source,
     )
-
-
-class _EarlySignals:
-    """Signals that arrive before gevent's handlers are installed, remembered
-    and acted on once the server runs: a stop signal (SIGHUP too without a
-    reload) stops it at once; with a reload, a SIGHUP reloads it.  (Raising
-    from the handler instead would be lost where Python swallows exceptions,
-    in the middle of an import.)"""
-
-    def __init__(self, reloads: bool) -> None:
-        self.stop_asked = False
-        self.reload_asked = False
-        stops = STOP_SIGNALS if reloads else (*STOP_SIGNALS, RELOAD_SIGNAL)
-        for signum in stops:
-            signal.signal(signum, self._stop)
-        if reloads:
-            signal.signal(RELOAD_SIGNAL, self._reload)
-        # an upgrade asked that early is not yet one this process can do (caught
-        # and let pass: its default action would end it, and an ignored signal
-        # would stay ignored by the loop that handles it later)
-        signal.signal(UPGRADE_SIGNAL, _too_early)
-
-    def _stop(self, _signum: int, _frame: object) -> None:
-        self.stop_asked = True
-
-    def _reload(self, _signum: int, _frame: object) -> None:
-        self.reload_asked = True
 
 
 class _Reloading:
@@ -500,8 +466,11 @@ class _Reloading:
             return
         try:
             server.reconfigure(loaded)
-        except Exception:  # a bug of ours: the bus runs on, and the line says so
-            self.log.exception("config.reload_failed")
+        except Exception:  # a bug of ours: the bus runs on; logged once, counted (reload)
+            if server.stats.bug("reload"):
+                self.log.exception("config.reload_failed")
+            else:
+                self.log.error("config.reload_failed", hint="as before: see the first")
 
 
 def _metrics_listener(config: ServerConfig) -> socket.socket:
@@ -524,10 +493,6 @@ def _metrics_listener(config: ServerConfig) -> socket.socket:
         raise
 
 
-def _too_early(_signum: int, _frame: object) -> None:
-    """SIGUSR2 before the bus serves: nothing to hand over yet."""
-
-
 def _serve(
     config: ServerConfig,
     log: Any,
@@ -535,8 +500,9 @@ def _serve(
     socket_file: str | None,
     printable: str,
     reloading: _Reloading | None,
-    early: _EarlySignals,
+    early: EarlySignals,
     start_dir: str,
+    successors: Successors,
     *,
     listener: socket.socket | None = None,
     web_sock: socket.socket | None = None,
@@ -577,7 +543,7 @@ def _serve(
 
     def upgrade() -> None:
         if not passed_on(UPGRADE_SIGNAL):
-            _upgrade(server, log, start_dir, from_terminal)
+            successors.start(server, log, start_dir, from_terminal)
 
     def hup() -> None:
         if passed_on(RELOAD_SIGNAL):
@@ -639,92 +605,6 @@ def _serve(
     return server.handed_over
 
 
-def _upgrade(server: Any, log: Any, start_dir: str, from_terminal: bool) -> None:
-    """SIGUSR2: start the installed version of this bus, to take it over: the
-    same command line, from the directory this bus was started in (a daemon
-    has left it; relative paths in the command line are relative to it).
-    A bus typed at a terminal that still holds its foreground will wait for
-    its successors (``ops.foreground``): they are to be its children."""
-    if os.environ.get(SUPERVISED_ENV):
-        log.warning(
-            "upgrade.supervised",
-            hint="this bus is run by `sbus-relay up`: upgrade the tree with `sbus-relay upgrade`",
-        )
-        return
-    import subprocess
-
-    import gevent
-
-    env = {**os.environ, TAKE_OVER_ENV: server.address}
-    if from_terminal and foreground.holds_terminal():
-        foreground.become_subreaper()  # its successors' successors stay within our reach
-    # Where our stderr goes nowhere (a daemon), the new process's goes to us
-    # until it serves, so that a failure can say why in our log.
-    listen_to_it = not stderr_is_a_file() and not os.isatty(2)
-    if listen_to_it:
-        env[UPGRADE_STDERR_ENV] = "1"
-    try:
-        child = subprocess.Popen(
-            sys.orig_argv,
-            env=env,
-            cwd=start_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE if listen_to_it else None,
-            close_fds=True,
-        )
-    except OSError as exc:
-        log.warning("upgrade.failed", reason=f"cannot start {sys.orig_argv[0]}: {exc}")
-        return
-    _successors.append(child)
-    log.info("upgrade.started", pid=child.pid, command=" ".join(sys.orig_argv), cwd=start_dir)
-    gevent.spawn(_watch_successor, server, child, log)
-
-
-def _watch_successor(server: Any, child: Any, log: Any) -> None:
-    """Say why, in one line, if the new process ends before it took the bus over."""
-    import gevent
-    from gevent.os import make_nonblocking
-
-    said = b""  # the end of what it wrote to stderr, where that comes to us
-    if child.stderr is not None:
-        make_nonblocking(child.stderr.fileno())
-
-    def hear() -> None:
-        nonlocal said
-        if child.stderr is not None:
-            with contextlib.suppress(BlockingIOError, OSError):
-                while chunk := os.read(child.stderr.fileno(), UPGRADE_STDERR_TAIL):
-                    said = (said + chunk)[-UPGRADE_STDERR_TAIL:]
-
-    try:
-        deadline = time.monotonic() + UPGRADE_WAIT
-        while not server.handed_over and time.monotonic() < deadline:
-            hear()
-            status = child.poll()
-            if status is not None:
-                hear()
-                lines = said.decode(errors="replace").strip().splitlines()
-                why = f": {lines[-1]}" if lines else " (its own log says why)"
-                log.warning(
-                    "upgrade.failed",
-                    reason=f"the new process (pid {child.pid}) {children.how_it_ended(status)} "
-                    f"before taking the bus over; this one serves on{why}",
-                )
-                return
-            gevent.sleep(0.1)
-        if not server.handed_over:
-            child.kill()
-            log.warning(
-                "upgrade.failed",
-                reason=f"the new process (pid {child.pid}) did not take the bus over within "
-                f"{UPGRADE_WAIT:g} s and was killed; this one serves on",
-            )
-    finally:
-        if child.stderr is not None:
-            child.stderr.close()
-
-
 def _bus_answers(address: str) -> bool:
     """Whether a bus answers on the socket file of ``address`` (``serve --take-over``)."""
     try:
@@ -732,43 +612,6 @@ def _bus_answers(address: str) -> bool:
         return parsed.kind == "path" and answers(parsed.path)
     except (AddressError, OSError):
         return False
-
-
-#: Seconds between a lingering bus's looks at whether it was told to stop (a
-#: signal wakes it at once; the timer only keeps gevent's loop from ending).
-LINGER_TICK = 60.0
-#: The processes this one started to take it over (SIGUSR2).  One of them still
-#: running once the bus is handed over is the taker: then this process ends as
-#: always, its successor being no container's restart.
-_successors: list[Any] = []
-
-
-def _linger(config: ServerConfig, log: Any) -> None:
-    """After handing the bus to a process it did not start, a ``--take-over``
-    bus stays until stopped: in a container, its end would start it again, and
-    that start would take the bus back.  It answers ``/healthz`` (200) on its
-    metrics address where that is free (its own network namespace), so that its
-    pod's liveness probe leaves it be until the pod is deleted."""
-    if any(child.poll() is None for child in _successors):
-        return
-    import gevent
-    from gevent.event import Event
-    from prometheus_client import CollectorRegistry
-
-    from sbus_relay.ops.metrics_server import bind_metrics, serve
-
-    web = None
-    if config.metrics:
-        with contextlib.suppress(AddressError):  # taken: the successor answers there
-            web = serve(bind_metrics(config.metrics), 0, CollectorRegistry(), lambda: True)
-    stopped = Event()
-    for signum in STOP_SIGNALS:
-        gevent.signal_handler(signum, stopped.set)
-    log.info("upgrade.lingering", healthz=web is not None, until="SIGTERM")
-    while not stopped.wait(LINGER_TICK):  # a timer keeps the loop alive; signals do not
-        pass
-    if web is not None:
-        web.stop()
 
 
 class _Running:

@@ -1,5 +1,8 @@
 """``sbus-relay spark-server``: a long-lived Spark Connect server for ``analyze --remote``.
 
+What it owns: the spark-server command.  What it may touch: pipeline.connect
+and the process it starts.
+
 Runs in the foreground (under systemd, compose, or a terminal) until SIGINT or
 SIGTERM, which stop the server; prints the URL to give to ``analyze --remote``
 (or ``$SPARK_REMOTE``) once it accepts connections.  Spark's own log (warnings

@@ -1,5 +1,8 @@
 """Print messages: sbus-relay sub PATTERN... [--json] [--count N].
 
+What it owns: the sub command: its arguments, its output lines and its exit
+status.  What it may touch: the client library, stdout.
+
 Like ``mosquitto_sub -t`` or ``nats sub``: one line per message, the key, a
 tab and the payload, with backslash escapes for anything not printable so a
 line is always one message.  ``--json`` prints one object per line instead:

@@ -1,5 +1,7 @@
 """Entry point for ``spark-submit``: the ``analyze`` command as a script.
 
+What it owns: the spark-submit entry point.  What it may touch: cli.analyze.
+
     spark-submit --master spark://host:7077 sbus_relay/cli/submit.py \\
         /shared/captures --out /shared/report
 

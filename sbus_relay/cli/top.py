@@ -1,5 +1,8 @@
 """A live view of buses and their clients: sbus-relay top [HIERARCHY.yaml] [--metrics HOST:PORT].
 
+What it owns: the top command: fetching each bus's figures and drawing the
+screen.  What it may touch: the buses' metrics servers (HTTP), the terminal.
+
 Like ``nats-top`` or ``htop``.  Each interval it polls every bus's metrics
 server, ``/clients`` for the clients and ``/metrics`` for the server's totals,
 and shows a header per bus and a table of its clients with rates, optionally
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -177,6 +181,13 @@ class FetchError(Exception):
     """A bus's metrics server did not give a usable answer; the text says why."""
 
 
+#: What a bus that does not answer, or answers nonsense, raises in a poll: no
+#: answer (OSError: refused, timed out, an HTTP error), a broken one
+#: (HTTPException), one that is not JSON or not UTF-8 (ValueError), or not
+#: ours (FetchError).  Anything else is a bug of ours, and is not hidden.
+_UNANSWERED = (OSError, ValueError, http.client.HTTPException, FetchError)
+
+
 class Watch:
     """One bus: where its metrics server is, and its last snapshot (for rates)."""
 
@@ -196,7 +207,7 @@ class Watch:
         """Fetch a snapshot; the bus's view, with rates against the last one."""
         try:
             current = self._fetch()
-        except Exception as exc:  # any failure is this bus's, shown in its header
+        except _UNANSWERED as exc:  # the bus's failure, shown in its header
             # Named as it last answered: "the-master at ...  down: ...".
             known = self.previous.server if self.previous is not None else {}
             return BusView(self.name, self.address, error=_reason(exc), server=known)
@@ -217,7 +228,7 @@ class Watch:
         clients = tuple(answer["clients"])
         try:
             counters = topview.metric_counters(self._get("/metrics").decode("utf-8"))
-        except Exception:
+        except _UNANSWERED:
             counters = {}  # the clients are still worth showing; the totals line says why not
         return Snapshot(
             server=answer["server"],

@@ -1,5 +1,8 @@
 """The pure part of ``sbus-relay top``: rates, sorting, grouping and the text it shows.
 
+What it owns: what top computes and shows from two snapshots.  What it may
+touch: nothing (pure functions).
+
 Nothing here does I/O.  ``cli/top.py`` fetches each bus's ``/clients`` and
 ``/metrics`` into a ``Snapshot`` and draws the lines; everything in between is
 a function of two snapshots and a ``ViewState``, tested with tables in

@@ -1,5 +1,8 @@
 """Start and supervise a hierarchy of buses: sbus-relay up HIERARCHY.yaml.
 
+What it owns: the up command's arguments and lines.  What it may touch:
+ops.hierarchy and ops.supervisor.
+
 For development and demos on one machine: ``sbus-relay up
 configs/dev-hierarchy.yaml`` starts a master and its relays, restarts any that
 dies, and stops them all (relays first) on Ctrl-C or SIGTERM, exiting 0.

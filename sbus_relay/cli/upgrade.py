@@ -1,5 +1,8 @@
 """Upgrade running buses in place: sbus-relay upgrade [-a ADDRESS | TREE.yaml].
 
+What it owns: the upgrade command: which buses it signals and how it waits for
+them.  What it may touch: the buses' processes (signals), their addresses.
+
 Nobody is disconnected (docs/deploy.md, "Upgrade"): the bus is sent SIGUSR2
 and starts the installed version of itself, which takes every socket and
 connection over.  A bus run by ``sbus-relay up`` is upgraded by its ``up``,

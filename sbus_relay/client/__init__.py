@@ -1,6 +1,8 @@
 """The sbus client library: ``Client`` (blocking, or cooperative under gevent)
 and ``AsyncClient`` (asyncio), over one protocol core (``session``).
 
+What it owns: the library's public names.  What it may touch: nothing.
+
 docs/client.md is its guide.
 """
 

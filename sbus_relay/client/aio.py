@@ -1,5 +1,9 @@
 """The asyncio client: ``AsyncClient``, over the protocol core (``session.py``).
 
+What it owns: the asyncio face's I/O: its socket, its loop's reader and
+writer, its futures and its reconnect task.  What it may touch: its Session
+and its bookkeeping (client.session), client.sockets.
+
 Native asyncio, no thread: the connection's socket is non-blocking and
 watched with ``loop.add_reader``; what arrives is read in bursts, taken in by
 the session, and queued for ``receive``/``messages`` (bounded: past
@@ -21,43 +25,41 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
-from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import AddressError, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.limits import (
     BATCH_MESSAGES,
     CLIENT_BUFFER_BYTES,
     CLIENT_BUFFER_MESSAGES,
     CLIENT_PENDING_MESSAGES,
-    CLIENT_RECONNECT_MAX,
+    CLIENT_READ_BATCH,
     CLIENT_RECONNECT_MIN,
     CLIENT_RESUBSCRIBE_GRACE,
     MAX_PACKET,
-    READ_BATCH,
 )
 
-from .core import _drain_and_close
 from .session import (
     FINAL_REASONS,
+    Backoff,
+    Callbacks,
     Data,
+    Disconnected,
     Event,
     Message,
+    Outages,
     Ready,
+    Reconnected,
+    Requests,
     Session,
     State,
     WhoamiReply,
-    as_bytes,
-    encode_request,
-    split_request,
 )
-from .stats import ClientStats, Outage
+from .sockets import drain_and_close, received
+from .stats import ClientStats
 
-#: MSG_TRUNC as a plain int: ``flags & socket.MSG_TRUNC`` goes through
-#: the enum's ``__and__`` on every packet received.
-_TRUNC = int(socket.MSG_TRUNC)
 #: Packets waiting for the socket past which ``publish`` waits for it to
 #: take them (the writer's high-water mark); resumed below half of it.
 WRITE_QUEUE_HIGH = 4 * BATCH_MESSAGES
@@ -65,11 +67,8 @@ WRITE_QUEUE_HIGH = 4 * BATCH_MESSAGES
 #: Seconds ``close`` gives what is queued to reach the socket.
 CLOSE_FLUSH = 1.0
 
-Disconnected = Callable[[str], None]
-Reconnected = Callable[[Outage], None]
 
-
-class AsyncClient:
+class AsyncClient(Callbacks):
     """A connection to a bus for asyncio programs (``async with AsyncClient(address)``).
 
     The arguments are the blocking ``Client``'s; ``timeout`` applies to
@@ -91,8 +90,7 @@ class AsyncClient:
         self.address = parse_address(address) if isinstance(address, str) else address
         self.timeout = timeout
         self.reconnect = reconnect and self.address.kind != "fd"
-        self.on_disconnected = on_disconnected
-        self.on_reconnected = on_reconnected
+        self.outages = Outages(on_disconnected, on_reconnected)
         self.session = Session(
             batch=batch, buffer_messages=buffer_messages, buffer_bytes=buffer_bytes
         )
@@ -111,10 +109,7 @@ class AsyncClient:
         self._reconnector: asyncio.Task[None] | None = None
         self._closed = False
         self._final: BusClosed | None = None
-        self._down_since = 0.0
-        self._down_reason = ""
-        self._outages: list[Outage] = []
-        self._request_seq = 0
+        self._request_keys = Requests()
 
     # --- lifetime ------------------------------------------------------------
 
@@ -164,7 +159,7 @@ class AsyncClient:
 
     @property
     def stats(self) -> ClientStats:
-        return ClientStats.of(self.session, self._outages)
+        return ClientStats.of(self.session, self.outages.history)
 
     # --- sending -------------------------------------------------------------
 
@@ -293,21 +288,18 @@ class AsyncClient:
         self._check_open()
         limit = self.timeout if timeout is None else timeout
         async with asyncio.timeout(limit):
-            inbox = await self._inbox()
-            self._request_seq += 1
-            reply_to = inbox + b"%d" % self._request_seq
+            reply_to, request = self._request_keys.new(await self._inbox(), payload)
             future: asyncio.Future[Message] = self._get_loop().create_future()
             self._requests[reply_to] = future
             try:
-                await self.publish(key, encode_request(reply_to, as_bytes(payload)))
+                await self.publish(key, request)
                 return await future
             finally:
                 self._requests.pop(reply_to, None)
 
     async def reply(self, request: Message, payload: Data = b"") -> None:
         """Answer a request received with ``receive`` or ``messages``."""
-        reply_to, _ = split_request(request.payload)
-        await self.publish(reply_to, payload)
+        await self.publish(Requests.reply_key(request), payload)
 
     # --- inside: reading ---------------------------------------------------------
 
@@ -335,23 +327,17 @@ class AsyncClient:
         view = self._view
         views = [view]
         try:
-            for _ in range(READ_BATCH):
+            for _ in range(CLIENT_READ_BATCH):
                 try:
                     size, _anc, flags, _addr = sock.recvmsg_into(views)
                 except BlockingIOError:
                     break
-                if size == 0:
-                    raise BusClosed("the bus closed the connection")
-                if flags & _TRUNC:
-                    raise PeerError(
-                        "protocol_error", f"server sent a packet over {MAX_PACKET} bytes"
-                    )
-                packet = bytes(view[:size])
-                events = session.receive(packet)
-                if (packet[:1] == b"M" or packet.startswith(BATCH_HEAD)) and not self._requests:
-                    self._messages.extend(events)  # type: ignore[arg-type]
+                packet = received(view, size, flags)
+                messages = session.messages(packet)
+                if messages is not None and not self._requests:
+                    self._messages.extend(messages)  # the common case
                 else:
-                    self._take(events)
+                    self._take(session.receive(packet) if messages is None else messages)
                     if self._sock is not sock:
                         return  # lost or closed while taking what it meant
                 if len(self._messages) >= CLIENT_PENDING_MESSAGES:
@@ -368,7 +354,7 @@ class AsyncClient:
         if flush:
             self._flush()
 
-    def _take(self, events: list[Event]) -> None:
+    def _take(self, events: Sequence[Event]) -> None:
         for event in events:
             if isinstance(event, Message):
                 future = self._requests.get(event.key) if self._requests else None
@@ -383,21 +369,9 @@ class AsyncClient:
                         waiter.set_result(event.identity)
                         break
             elif isinstance(event, Ready):
-                self._on_ready(event)
+                self.outages.ready(event, time.monotonic())
             else:
-                said = f"{event.reason}: {event.detail}" if event.detail else event.reason
-                self._lost(
-                    BusClosed(f"the bus closed the connection: {said}", event.reason),
-                    final=event.final,
-                )
-
-    def _on_ready(self, event: Ready) -> None:
-        if self.session.connections > 1 and self._down_since:
-            outage = Outage(self._down_reason, time.monotonic() - self._down_since, event.renamed)
-            self._outages.append(outage)
-            self._down_since = 0.0
-            if self.on_reconnected is not None:
-                self.on_reconnected(outage)
+                self._lost(event.error(), final=event.final)
 
     def _stop_reading(self) -> None:
         if self._reading and self._sock is not None:
@@ -472,7 +446,7 @@ class AsyncClient:
         self._read_again()
         self._flush()
         if ready is not None:
-            self._on_ready(ready)
+            self.outages.ready(ready, time.monotonic())
 
     def _release(self, sock: socket.socket | None = None) -> None:
         """Send what was buffered while away (its grace is over, or a flush or a
@@ -490,7 +464,7 @@ class AsyncClient:
             loop.remove_reader(sock.fileno())
         loop.remove_writer(sock.fileno())
         self._reading = False
-        _drain_and_close(sock)
+        drain_and_close(sock)
         self.session.put_back(list(self._writes))
         self._writes.clear()
         self.session.connection_lost()
@@ -503,21 +477,17 @@ class AsyncClient:
         if final or not self.reconnect:
             self._shut(exc)
             return
-        self._down_since = time.monotonic()
-        self._down_reason = exc.reason or "closed"
-        if self.on_disconnected is not None:
-            self.on_disconnected(self._down_reason)
+        self.outages.lost(exc.reason, time.monotonic())
         self._wake_drain_all()
         self._reconnector = self._get_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        backoff = CLIENT_RECONNECT_MIN
+        backoff = Backoff()
         while not self._closed and self._sock is None:
             try:
                 sock = connect(self.address)
             except AddressError:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, CLIENT_RECONNECT_MAX)
+                await asyncio.sleep(backoff.failed(time.monotonic()))
                 continue
             self._attach(sock)
 

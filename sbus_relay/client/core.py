@@ -1,5 +1,9 @@
 """The blocking client: ``Client``, over the protocol core (``session.py``).
 
+What it owns: the blocking face's I/O: its socket, its timeouts and its waits.
+What it may touch: its Session and its bookkeeping (client.session),
+client.sockets.
+
 Blocking with the stdlib ``socket``.  Cooperative under gevent either when
 gevent has monkey-patched ``socket`` and ``time`` (``addresses.connect`` then
 builds a gevent socket) or with ``Client(..., cooperative=True)``.
@@ -23,11 +27,10 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 
 from sbus_relay.ops.addresses import Address, connect, parse_address
-from sbus_relay.protocol.codec import BATCH_HEAD
 from sbus_relay.protocol.errors import (
     AddressError,
     BusClosed,
@@ -40,44 +43,38 @@ from sbus_relay.protocol.limits import (
     CLIENT_BUFFER_BYTES,
     CLIENT_BUFFER_MESSAGES,
     CLIENT_PENDING_MESSAGES,
-    CLIENT_RECONNECT_MAX,
-    CLIENT_RECONNECT_MIN,
     CLIENT_RESUBSCRIBE_GRACE,
     MAX_PACKET,
+    NOTICE_SCAN_PACKETS,
 )
 
 from .session import (
     FINAL_REASONS,
     FLOOD_MODES,
+    Backoff,
+    Callbacks,
     Closing,
     Data,
+    Disconnected,
     Message,
+    Outages,
     Ready,
+    Reconnected,
+    Requests,
     Session,
     State,
     WhoamiReply,
-    as_bytes,
-    encode_request,
-    split_request,
 )
-from .stats import ClientStats, Outage
+from .sockets import drain_and_close, received
+from .stats import ClientStats
 
 __all__ = ["FLOOD_MODES", "WHOAMI_KEY", "Client", "Message"]
 
 #: The credentials request and reply key (docs/protocol.md, "Credentials").
 WHOAMI_KEY = WHOAMI
-#: MSG_TRUNC as a plain int: ``flags & socket.MSG_TRUNC`` goes through
-#: the enum's ``__and__`` on every packet received.
-_TRUNC = int(socket.MSG_TRUNC)
-#: Packets read, without waiting, to find the server's disconnect notice after
-#: a failed send: it is behind at most the messages already queued to us.
-NOTICE_SCAN_PACKETS = 64
-
-Disconnected = Callable[[str], None]
-Reconnected = Callable[[Outage], None]
 
 
-class Client:
+class Client(Callbacks):
     """A connection to a bus that comes back by itself.
 
     ``timeout`` (seconds, None = forever) applies to every send and to
@@ -105,8 +102,7 @@ class Client:
         self.cooperative = cooperative
         # An inherited descriptor cannot be connected again.
         self.reconnect = reconnect and self.address.kind != "fd"
-        self.on_disconnected = on_disconnected
-        self.on_reconnected = on_reconnected
+        self.outages = Outages(on_disconnected, on_reconnected)
         self.session = Session(
             batch=batch, buffer_messages=buffer_messages, buffer_bytes=buffer_bytes
         )
@@ -122,13 +118,9 @@ class Client:
         #: why the client closed for good, when the bus decided it
         self._final: BusClosed | None = None
         self._sock: socket.socket | None = None
-        self._backoff = CLIENT_RECONNECT_MIN
-        self._next_try = 0.0
+        self._backoff = Backoff()
         self._release_at = 0.0
-        self._down_since = 0.0
-        self._down_reason = ""
-        self._outages: list[Outage] = []
-        self._request_seq = 0
+        self._requests = Requests()
         self._attach(connect(self.address))
 
     # --- sending -------------------------------------------------------------
@@ -257,10 +249,8 @@ class Client:
         this client's own secret inbox (docs/client.md, "Request and reply")."""
         self._check_open()
         deadline = self._deadline(timeout)
-        inbox = self._inbox(deadline)
-        self._request_seq += 1
-        reply_to = inbox + b"%d" % self._request_seq
-        self.publish(key, encode_request(reply_to, as_bytes(payload)))
+        reply_to, request = self._requests.new(self._inbox(deadline), payload)
+        self.publish(key, request)
         while True:
             for i, message in enumerate(self._pending):
                 if message.key == reply_to and not message.control:
@@ -270,8 +260,7 @@ class Client:
 
     def reply(self, request: Message, payload: Data = b"") -> None:
         """Answer a request received with ``receive``."""
-        reply_to, _ = split_request(request.payload)
-        self.publish(reply_to, payload)
+        self.publish(Requests.reply_key(request), payload)
 
     @property
     def buffered(self) -> int:
@@ -281,7 +270,7 @@ class Client:
     @property
     def stats(self) -> ClientStats:
         """What happened to this client so far (reconnects, outages, buffered, lost)."""
-        return ClientStats.of(self.session, self._outages)
+        return ClientStats.of(self.session, self.outages.history)
 
     # --- inside ------------------------------------------------------------------
 
@@ -324,16 +313,16 @@ class Client:
                 self._release(True)
                 return
             raise
-        events = self.session.receive(packet)
-        if packet[:1] == b"M" or packet.startswith(BATCH_HEAD):  # messages only
-            self._pending.extend(events)  # type: ignore[arg-type]
+        messages = self.session.messages(packet)
+        if messages is not None:  # the common case: nothing but messages
+            self._pending.extend(messages)
             if waiting and len(self._pending) > CLIENT_PENDING_MESSAGES:
                 raise UsageError(
                     f"over {CLIENT_PENDING_MESSAGES} messages arrived while waiting for"
                     " a reply; receive() them first"
                 )
             return
-        self._take(events, waiting)
+        self._take(self.session.receive(packet), waiting)
 
     def _take(self, events: list[Message | WhoamiReply | Ready | Closing], waiting: bool) -> None:
         for event in events:
@@ -347,23 +336,10 @@ class Client:
             elif isinstance(event, WhoamiReply):
                 self._answers.append(event.identity)
             elif isinstance(event, Ready):
-                self._ready(event)
+                self.outages.ready(event, time.monotonic())
             else:
-                said = BusClosed(f"the bus closed the connection: {_said(event)}", event.reason)
-                self._lost(said, final=event.final)
+                self._lost(event.error(), final=event.final)
         self._flush()
-
-    def _ready(self, event: Ready) -> None:
-        if self.session.connections > 1 and self._down_since:
-            outage = Outage(
-                reason=self._down_reason,
-                seconds=time.monotonic() - self._down_since,
-                renamed=event.renamed,
-            )
-            self._outages.append(outage)
-            self._down_since = 0.0
-            if self.on_reconnected is not None:
-                self.on_reconnected(outage)
 
     def _release(self, due: bool) -> None:
         """Send what was buffered while away, once its grace is over."""
@@ -386,8 +362,8 @@ class Client:
         while self._sock is None:
             self._check_open()
             now = time.monotonic()
-            if now < self._next_try:
-                wait = self._next_try - now
+            if now < self._backoff.next_try:
+                wait = self._backoff.next_try - now
                 if deadline is not None and now + wait > deadline:
                     self._sleep(max(0.0, deadline - now))
                     raise TimeoutError("the bus is away; still trying to connect")
@@ -397,13 +373,13 @@ class Client:
 
     def _try_now(self) -> None:
         """One connection attempt if the back-off allows it now."""
-        if self._sock is not None or time.monotonic() < self._next_try or self._closed:
+        now = time.monotonic()
+        if self._sock is not None or now < self._backoff.next_try or self._closed:
             return
         try:
             sock = connect(self.address)
         except AddressError:
-            self._next_try = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, CLIENT_RECONNECT_MAX)
+            self._backoff.failed(now)
             return
         self._attach(sock)
 
@@ -414,13 +390,12 @@ class Client:
             sock = gsocket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
         self._sock = sock
         self._sock_timeout = -1.0
-        self._backoff = CLIENT_RECONNECT_MIN
-        self._next_try = 0.0
+        self._backoff.connected()
         ready = self.session.connection_made()
         self._release_at = time.monotonic() + CLIENT_RESUBSCRIBE_GRACE
         self._flush()
         if ready is not None:
-            self._ready(ready)
+            self.outages.ready(ready, time.monotonic())
 
     def _flush(self) -> None:
         """Send what the session queued; a failure is a lost connection."""
@@ -457,11 +432,8 @@ class Client:
         if final or not self.reconnect:
             self._give_up(exc)
             raise exc
-        self._down_since = time.monotonic()
-        self._down_reason = exc.reason or "closed"
-        self._next_try = 0.0
-        if self.on_disconnected is not None:
-            self.on_disconnected(self._down_reason)
+        self._backoff.lost()
+        self.outages.lost(exc.reason, time.monotonic())
 
     def _give_up(self, why: BusClosed | None = None) -> None:
         if self._final is None:
@@ -480,13 +452,11 @@ class Client:
             for _ in range(NOTICE_SCAN_PACKETS):
                 for event in self.session.receive(self._recv(sock, 0.0)):
                     if isinstance(event, Closing):
-                        return BusClosed(
-                            f"the bus closed the connection: {_said(event)}", event.reason
-                        )
+                        return event.error()
                     if isinstance(event, Message) and len(self._pending) < CLIENT_PENDING_MESSAGES:
                         self._pending.append(event)
         except (OSError, PeerError, BusClosed):
-            pass
+            pass  # no notice to be had: the send's error says what there is
         return BusClosed(f"the bus closed the connection: {error}")
 
     def _recv(self, sock: socket.socket, timeout: float | None) -> bytes:
@@ -516,12 +486,7 @@ class Client:
                 size = 0
             if size == 0:
                 raise BusClosed(f"the bus closed the connection: {exc}") from exc
-        if size == 0:
-            # The server never sends empty packets, so 0 bytes is end of stream.
-            raise BusClosed("the bus closed the connection")
-        if flags & _TRUNC or size > MAX_PACKET:
-            raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
-        return bytes(self._view[:size])
+        return received(self._view, size, flags)
 
     def _set_timeout(self, sock: socket.socket, timeout: float | None) -> None:
         if self._sock_timeout != timeout:
@@ -563,7 +528,7 @@ class Client:
                 with contextlib.suppress(OSError, SbusError):
                     self._release(True)  # connected: the buffered ones go, not lost
             if self._sock is not None:
-                _drain_and_close(self._sock)
+                drain_and_close(self._sock)
                 self._sock = None
             self._give_up()
 
@@ -583,23 +548,6 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _said(event: Closing) -> str:
-    return f"{event.reason}: {event.detail}" if event.detail else event.reason
-
-
-def _drain_and_close(sock: socket.socket) -> None:
-    """Close, reading first what already arrived: a socket closed with unread
-    packets resets its peer, which the bus would log as an I/O error."""
-    try:
-        sock.settimeout(0.0)
-        for _ in range(NOTICE_SCAN_PACKETS):
-            if not sock.recv(MAX_PACKET):
-                break
-    except OSError:
-        pass
-    sock.close()
 
 
 def _left(deadline: float | None) -> float | None:

@@ -1,6 +1,10 @@
 """The client's protocol core: what to send, what a received packet means, and
 what the client asked of its bus, kept across connections.  No I/O.
 
+What it owns: one client's protocol state across its connections, and what
+both faces share of outages, reconnects and requests.  What it may touch:
+nothing but itself; the wire only through protocol.codec and protocol.control.
+
 Both faces of the library, the blocking ``Client`` (``core.py``) and the
 asyncio ``AsyncClient`` (``aio.py``), drive one ``Session``: they hand it
 what the caller asks and every packet that arrives, and send what it queued
@@ -40,28 +44,35 @@ A session outlives its connections.  Its state moves
   a packed batch), the answer to the caller's whoami, the end of the
   handshake, or the bus's notice of why it is closing us.  Anything the
   protocol forbids from a server raises ``PeerError``.
+
+Beside the session, what both faces keep the same way and only their I/O
+differs on: ``Outages`` (when the bus went away and why, the outages so far,
+the caller's callbacks), ``Backoff`` (when to try to connect again) and
+``Requests`` (each request's reply key and payload).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
-from sbus_relay.protocol import codec
-from sbus_relay.protocol.errors import BufferFull, PeerError, UsageError
+from sbus_relay.protocol import codec, control
+from sbus_relay.protocol.codec import encode_request, split_request
+from sbus_relay.protocol.errors import BufferFull, BusClosed, PeerError, UsageError
 from sbus_relay.protocol.keys import CRED, WHOAMI, is_secret
 from sbus_relay.protocol.limits import (
     CLIENT_BUFFER_BYTES,
     CLIENT_BUFFER_MESSAGES,
+    CLIENT_RECONNECT_MAX,
+    CLIENT_RECONNECT_MIN,
     MAX_PACKET,
     MAX_PATTERNS_PER_CLIENT,
 )
 
-#: The server's notice, just before it closes us, of why (docs/protocol.md).
-DISCONNECT_KEY = b"disconnect"
 #: Flood-control modes a client may ask for (docs/protocol.md, Flood control).
 FLOOD_MODES = frozenset(
     {
@@ -155,6 +166,11 @@ class Closing:
         """Connecting again would be refused the same way."""
         return self.reason in FINAL_REASONS
 
+    def error(self) -> BusClosed:
+        """What the caller is told: the bus's reason, and its detail."""
+        said = f"{self.reason}: {self.detail}" if self.detail else self.reason
+        return BusClosed(f"the bus closed the connection: {said}", self.reason)
+
 
 Event = Message | WhoamiReply | Ready | Closing
 
@@ -220,7 +236,7 @@ class Session:
             if self.identity is None and is_secret(raw) and _LEARN not in self._whoamis:
                 # learn the identity it was made for, to rename it if that changes
                 self._whoamis.append(_LEARN)
-                self._outbox.append(codec.encode_cmsg(WHOAMI))
+                self._outbox.append(control.WHOAMI_PACKET)
 
     def unsubscribe(self, pattern: Data) -> None:
         """``UNSUB pattern``: drops one hold of it."""
@@ -266,7 +282,7 @@ class Session:
         """Receive our own publishes (or not), on every connection."""
         self.echo = on
         if self.state is not State.DISCONNECTED:
-            self._outbox.append(codec.encode_cmsg(b"echo/on" if on else b"echo/off"))
+            self._outbox.append(_echo(on))
 
     def set_flood(self, mode: str) -> None:
         """A flood-control mode, e.g. ``"blocking/soft/discard"``, on every connection."""
@@ -298,7 +314,7 @@ class Session:
             self._reask += 1
             return
         self._whoamis.append(_CALLER)
-        self._outbox.append(codec.encode_cmsg(WHOAMI))
+        self._outbox.append(control.WHOAMI_PACKET)
 
     # --- connections ---------------------------------------------------------------
 
@@ -320,16 +336,16 @@ class Session:
         out.clear()
         self._batch_asked = self.batch
         if self.batch:
-            out.append(codec.encode_cmsg(codec.BATCH_ON))
+            out.append(codec.encode_cmsg(control.BATCH_ON))
         if self.echo is not None:
-            out.append(codec.encode_cmsg(b"echo/on" if self.echo else b"echo/off"))
+            out.append(_echo(self.echo))
         out.extend(codec.encode_cmsg(mode.encode()) for mode in self.flood.values())
         out.extend(codec.encode_sub(p) for p in self.patterns if not is_secret(p))
         self._whoamis = deque()
         ready = None
         if self.batch or self.identity is not None or any(map(is_secret, self.patterns)):
             self._whoamis.append(_HANDSHAKE)
-            out.append(codec.encode_cmsg(WHOAMI))
+            out.append(control.WHOAMI_PACKET)
         else:
             self.state = State.READY
             ready = Ready(b"", False, 0)
@@ -366,10 +382,10 @@ class Session:
         self._whoamis.clear()
         unsent: list[bytes] = []
         for packet in self._outbox:
-            if packet.startswith(codec.MSG):
+            if codec.is_msg(packet):
                 unsent.append(packet)
-            elif packet.startswith(codec.BATCH_HEAD):
-                unsent.extend(codec.unpack_batch(packet))
+            elif codec.is_batch(packet):
+                unsent.extend(codec.unpack(packet)[0])
         self._outbox.clear()
         self._buffer.extendleft(reversed(unsent))
         self._buffer_bytes += sum(len(p) for p in unsent)
@@ -387,14 +403,25 @@ class Session:
 
     # --- what arrives --------------------------------------------------------------
 
+    def messages(self, packet: bytes) -> list[Message] | None:
+        """The messages one packet from the bus carries (a MSG, or each of a
+        packed batch's), in order; None if it is not one of those (then
+        ``receive`` says what it means)."""
+        parts = codec.msg_parts(packet)
+        if parts is not None:
+            return [Message(False, parts[0], parts[1], packet)]
+        if codec.is_batch(packet):
+            packets, keys, payloads = codec.unpack_full(packet)
+            return list(map(Message, repeat(False, len(keys)), keys, payloads, packets))
+        return None
+
     def receive(self, packet: bytes) -> list[Event]:
         """The events one packet from the bus means, in order."""
         if len(packet) > MAX_PACKET:
             raise PeerError("protocol_error", f"server sent a packet over {MAX_PACKET} bytes")
-        if packet.startswith(codec.MSG):
-            return [_message(packet)]
-        if packet.startswith(codec.BATCH_HEAD):
-            return codec.split_batch(packet, Message)
+        messages = self.messages(packet)
+        if messages is not None:
+            return messages  # type: ignore[return-value]
         event = codec.decode(packet)
         if not isinstance(event, codec.Control):
             raise PeerError("protocol_error", "server sent a SUB or UNSUB packet")
@@ -402,14 +429,13 @@ class Session:
         key = event.key
         if key == WHOAMI and self._whoamis:
             return self._whoami_answered(payload)
-        if key == codec.BATCH_ON and self._batch_asked:
+        if key == control.BATCH_ON and self._batch_asked:
             self._batch_asked = False
             self.packing = True
             self.batch_refused = False
             return []
-        if key == DISCONNECT_KEY:
-            reason, _, detail = payload.decode("utf-8", "replace").partition(": ")
-            return [Closing(reason, detail)]
+        if key == control.DISCONNECT:
+            return [Closing(*control.parse_disconnect(payload))]
         return [Message(True, key, payload, packet)]
 
     def outgoing(self) -> list[bytes]:
@@ -419,19 +445,7 @@ class Session:
         out, self._outbox = self._outbox, []
         if not self.packing or len(out) < 2:
             return out
-        packed: list[bytes] = []
-        run: list[bytes] = []
-        for packet in out:
-            if packet.startswith(codec.MSG):
-                run.append(packet)
-                continue
-            if run:
-                packed.extend(codec.pack_batches(run))
-                run = []
-            packed.append(packet)
-        if run:
-            packed.extend(codec.pack_batches(run))
-        return packed
+        return codec.pack(out)[0]
 
     def put_back(self, packets: list[bytes]) -> None:
         """Packets taken by ``outgoing`` that the socket did not take: first out next."""
@@ -484,7 +498,7 @@ class Session:
     def _send_reasked(self) -> None:
         for _ in range(self._reask):
             self._whoamis.append(_CALLER)
-            self._outbox.append(codec.encode_cmsg(WHOAMI))
+            self._outbox.append(control.WHOAMI_PACKET)
         self._reask = 0
 
     def _refresh(self, identity: bytes) -> None:
@@ -531,6 +545,129 @@ class Session:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """One time the bus went away and came back."""
+
+    #: why the connection ended: the bus's ``CMSG disconnect`` reason, or
+    #: ``closed`` when it gave none (it died, or was restarted)
+    reason: str
+    #: from noticing the loss to the bus holding every subscription again
+    seconds: float
+    #: secret subscriptions renamed because our identity changed
+    renamed: int
+
+
+Disconnected = Callable[[str], None]
+Reconnected = Callable[[Outage], None]
+
+
+class Outages:
+    """When the bus went away and why, the outages so far, and the caller's
+    callbacks (``on_disconnected``, ``on_reconnected``): what both faces note
+    of a connection lost and made again."""
+
+    def __init__(
+        self, on_disconnected: Disconnected | None, on_reconnected: Reconnected | None
+    ) -> None:
+        self.on_disconnected = on_disconnected
+        self.on_reconnected = on_reconnected
+        #: every outage so far, in order
+        self.history: list[Outage] = []
+        self._since = 0.0  # when the one under way began (0: none is)
+        self._reason = ""
+
+    def lost(self, reason: str, now: float) -> None:
+        """The connection is gone and the client will connect again: note when
+        and why (``closed`` when the bus said nothing), and tell the caller."""
+        self._since = now
+        self._reason = reason or "closed"
+        if self.on_disconnected is not None:
+            self.on_disconnected(self._reason)
+
+    def ready(self, event: Ready, now: float) -> None:
+        """A connection's handshake is done: if it ends an outage, the outage
+        is kept and the caller told."""
+        if not self._since:
+            return
+        outage = Outage(self._reason, now - self._since, event.renamed)
+        self.history.append(outage)
+        self._since = 0.0
+        if self.on_reconnected is not None:
+            self.on_reconnected(outage)
+
+
+class Callbacks:
+    """A face's callbacks, kept in its ``outages`` and settable after it is made
+    (``client.on_reconnected = ...``): both faces are one."""
+
+    outages: Outages
+
+    @property
+    def on_disconnected(self) -> Disconnected | None:
+        """Called with the reason each time the connection is lost (the client connects again)."""
+        return self.outages.on_disconnected
+
+    @on_disconnected.setter
+    def on_disconnected(self, callback: Disconnected | None) -> None:
+        self.outages.on_disconnected = callback
+
+    @property
+    def on_reconnected(self) -> Reconnected | None:
+        """Called with the ``Outage`` each time the bus holds every subscription again."""
+        return self.outages.on_reconnected
+
+    @on_reconnected.setter
+    def on_reconnected(self, callback: Reconnected | None) -> None:
+        self.outages.on_reconnected = callback
+
+
+class Backoff:
+    """When to try to connect again: at once after a loss, then from
+    ``CLIENT_RECONNECT_MIN`` doubling to ``CLIENT_RECONNECT_MAX`` after each
+    failed try, from the start again once connected."""
+
+    def __init__(self) -> None:
+        self.delay = CLIENT_RECONNECT_MIN
+        #: when the next try is due (monotonic seconds; 0: now)
+        self.next_try = 0.0
+
+    def failed(self, now: float) -> float:
+        """A try failed: how long to wait before the next."""
+        wait = self.delay
+        self.next_try = now + wait
+        self.delay = min(wait * 2, CLIENT_RECONNECT_MAX)
+        return wait
+
+    def connected(self) -> None:
+        """A try succeeded: the next outage starts from the shortest wait."""
+        self.delay = CLIENT_RECONNECT_MIN
+        self.next_try = 0.0
+
+    def lost(self) -> None:
+        """The connection is gone: the next try is due at once."""
+        self.next_try = 0.0
+
+
+class Requests:
+    """Requests and their replies (docs/client.md, "Request and reply"): each
+    request gets a reply key of its own under the client's inbox."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def new(self, inbox: bytes, payload: Data) -> tuple[bytes, bytes]:
+        """The reply key of a new request, and its payload as published."""
+        self.sent += 1
+        reply_to = inbox + b"%d" % self.sent
+        return reply_to, encode_request(reply_to, as_bytes(payload))
+
+    @staticmethod
+    def reply_key(request: Message) -> bytes:
+        """Where the answer to a request received goes (``UsageError`` if it is none)."""
+        return split_request(request.payload)[0]
+
+
 def prefix_of(identity: bytes) -> bytes:
     """What comes before our own ``!/cred/<gid>/<uid>/<pid>``: empty on a
     master, the relay's identity and ``/`` on a relay."""
@@ -538,27 +675,35 @@ def prefix_of(identity: bytes) -> bytes:
     return identity[:at] if at >= 0 else b""
 
 
-def _message(packet: bytes) -> Message:
-    nul = packet.find(b"\0", 4)
-    if nul < 0:
-        raise PeerError("protocol_error", "MSG without NUL")
-    return Message(False, packet[4:nul], packet[nul + 1 :], packet)
-
-
 def _fits(packet: bytes) -> None:
     if len(packet) > MAX_PACKET:
         raise UsageError(f"packet of {len(packet)} bytes is over the {MAX_PACKET}-byte limit")
 
 
-def encode_request(reply_to: bytes, payload: bytes) -> bytes:
-    """A request's payload: the key to answer on, a NUL, the request itself
-    (a key never holds a NUL, so the first one ends it; docs/client.md)."""
-    return reply_to + b"\0" + payload
+def _echo(on: bool) -> bytes:
+    return codec.encode_cmsg(control.ECHO_ON if on else control.ECHO_OFF)
 
 
-def split_request(payload: bytes) -> tuple[bytes, bytes]:
-    """``(reply_to, request)`` of a request's payload; ``UsageError`` if it is not one."""
-    nul = payload.find(b"\0")
-    if nul <= 0:
-        raise UsageError("not a request: its payload does not start with a reply key and a NUL")
-    return payload[:nul], payload[nul + 1 :]
+__all__ = [
+    "FINAL_REASONS",
+    "FLOOD_MODES",
+    "Backoff",
+    "Callbacks",
+    "Closing",
+    "Data",
+    "Disconnected",
+    "Event",
+    "Message",
+    "Outage",
+    "Outages",
+    "Ready",
+    "Reconnected",
+    "Requests",
+    "Session",
+    "State",
+    "WhoamiReply",
+    "as_bytes",
+    "encode_request",
+    "prefix_of",
+    "split_request",
+]

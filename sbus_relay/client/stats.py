@@ -1,24 +1,17 @@
-"""What happened to a client: its outages and what it could not deliver.  No I/O."""
+"""What happened to a client: its outages and what it could not deliver.  No I/O.
+
+What it owns: the snapshot of a client's counts.  What it may touch: its
+session, read only.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .session import Session
+from .session import Outage, Session
 
-
-@dataclass(frozen=True, slots=True)
-class Outage:
-    """One time the bus went away and came back."""
-
-    #: why the connection ended: the bus's ``CMSG disconnect`` reason, or
-    #: ``closed`` when it gave none (it died, or was restarted)
-    reason: str
-    #: from noticing the loss to the bus holding every subscription again
-    seconds: float
-    #: secret subscriptions renamed because our identity changed
-    renamed: int
+__all__ = ["ClientStats", "Outage"]
 
 
 @dataclass(frozen=True, slots=True)

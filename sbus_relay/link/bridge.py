@@ -26,7 +26,7 @@ from typing import Any
 
 from sbus_relay.protocol import codec, linkwire, natsinterest
 from sbus_relay.protocol.errors import PeerError
-from sbus_relay.protocol.limits import MAX_PACKET
+from sbus_relay.protocol.limits import LINK_READ_BATCH, MAX_PACKET
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
@@ -41,8 +41,6 @@ from .tobus import BusWriter
 #: as known (they answer the snapshot request within a round trip); until
 #: then the bus holds every public key for the link.
 INTEREST_SETTLE = 1.0
-#: Packets read from the bus per wake-up before NATS's own work gets a turn.
-READ_BATCH = 256
 #: Seconds a link that reconnected holds what waited meanwhile before it sends
 #: it: the other hosts of a restarted server reconnect (every RECONNECT_WAIT)
 #: and resubscribe within it, so the held messages reach them.
@@ -250,7 +248,7 @@ class Bridge:
     def _readable(self) -> None:
         out: list[Outgoing] = []
         changed = False
-        for _ in range(READ_BATCH):
+        for _ in range(LINK_READ_BATCH):
             try:
                 packet = self._sock.recv(MAX_PACKET)
             except BlockingIOError:

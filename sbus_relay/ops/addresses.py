@@ -1,5 +1,8 @@
 """Bus addresses: parse them, listen on them, connect to them (docs/protocol.md).
 
+What it owns: what an address means, binding, connecting, stale socket files
+and SO_PEERCRED.  What it may touch: sockets and socket files.
+
 An address is one of
 
     /some/path                    a socket file

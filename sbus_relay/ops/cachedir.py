@@ -1,10 +1,9 @@
 """The one cache directory of sbus_relay: ``$XDG_CACHE_HOME/sbus-relay``
 (``~/.cache/sbus-relay`` by default).
 
-Owns: where everything the package caches goes -- the benchmark's compiled
-programs and reference daemon (``bench/``), analyze's JVM class archives --
-and the move of what an older version cached under ``sbus_relay`` (with an
-underscore) into it.  Touches: those two directories only.
+What it owns: where everything the package caches goes (the benchmark's
+programs and reference, analyze's class archives) and the move of an older
+version's cache into it.  What it may touch: those two directories only.
 
 The move happens on the first look at the cache: each entry of the old
 directory is renamed into the new one where that name is free (a rename:

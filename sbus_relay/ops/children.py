@@ -1,5 +1,8 @@
 """Child processes: started one way, tied to their parent's life, stopped one way.
 
+What it owns: how a child process is started, tied to its parent and stopped.
+What it may touch: the processes it starts.
+
 Every process the package starts -- a bus under ``sbus-relay up``, the
 benchmark's servers and load generators, a standalone Spark master and worker
 -- goes through ``spawn`` and ``stop``:

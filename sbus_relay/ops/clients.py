@@ -1,5 +1,8 @@
 """``/clients``: every connection of a server as JSON, sortable and bounded.
 
+What it owns: the /clients query: its parameters, sorting and bounds.  What it
+may touch: the rows it is given.
+
 The server hands over one row per connection (``Server.client_rows``); this
 module parses the query string, filters, sorts and cuts the list, and never
 returns more than ``MAX_LIMIT`` rows, so the answer's size is bounded however

@@ -1,5 +1,8 @@
 """The Prometheus collector of one server: its counters and gauges as metric families.
 
+What it owns: the metric families of one server.  What it may touch: its Stats
+and the gauges and who functions it is given, read only.
+
 The hot path only bumps plain integers in ``Stats``.  On each scrape
 ``MetricsCollector.collect`` reads those integers and a ``Gauges`` snapshot and
 builds fresh metric families.  Because the scrape runs in a greenlet of the same
@@ -93,10 +96,11 @@ class MetricsCollector(Collector):
         """Yield every ``sbus_`` family; called by the registry on each scrape."""
         try:
             gauges: Gauges | None = self._gauges_fn()
-        except Exception:
+        except Exception:  # a bug of ours: logged once, counted (metrics_gauges)
             # A failing snapshot must not cost the counters: export what we can,
             # and leave the gauges absent rather than reporting a false zero.
-            log.exception("metrics.gauges_failed")
+            if self._stats.bug("metrics_gauges"):
+                log.exception("metrics.gauges_failed")
             gauges = None
         yield from self._counters(self._stats)
         yield self._queue_wait(self._stats)
@@ -110,8 +114,9 @@ class MetricsCollector(Collector):
         if self._who_fn is not None:
             try:
                 who = self._who_fn()
-            except Exception:
-                log.exception("metrics.who_failed")
+            except Exception:  # a bug of ours: logged once, counted (metrics_who)
+                if self._stats.bug("metrics_who"):
+                    log.exception("metrics.who_failed")
             else:
                 yield from self._who(who)
         yield self._build_info(gauges)
@@ -185,6 +190,13 @@ class MetricsCollector(Collector):
             "sbus_log_lines_suppressed_total",
             "Repeated misbehaviour log lines of a client summarised instead of written.",
             stats.log_lines_suppressed,
+        )
+        yield _labelled_counter(
+            "sbus_internal_errors_total",
+            "Bugs of ours caught where they cost only one task (a client, a reload, a scrape),"
+            " by where; each is logged with its traceback the first time.",
+            "where",
+            stats.internal_errors,
         )
         yield _counter(
             "sbus_accept_errors_total",

@@ -1,5 +1,8 @@
 """Server configuration: one frozen object, loaded and validated once.
 
+What it owns: the server's config fields, their checks and what a reload may
+change.  What it may touch: the file it reads (through ops.yamlfile).
+
 ``load_config(path)`` reads YAML whose keys are exactly the fields of
 ``ServerConfig``; flags are applied with ``ServerConfig.merged``.  Validation is
 strict, because a typo that silently falls back to a default is the worst kind

@@ -1,5 +1,8 @@
 """Becoming a daemon, and pid files (docs/protocol.md, Addresses: ``sbusd`` without ``-f``).
 
+What it owns: daemonising, the readiness pipe, sd_notify and pid files.  What
+it may touch: the process (fork, setsid, its descriptors), the pid file.
+
 The classic double fork: fork, ``setsid`` (new session, no controlling
 terminal), fork again (a non-leader can never reacquire one), ``chdir("/")``.
 The original process waits on a pipe until the daemon says it is ready -- the

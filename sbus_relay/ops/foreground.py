@@ -1,11 +1,8 @@
 """A foreground bus's place on its terminal, kept across live upgrades.
 
-Owns: what the process a terminal started a bus with (``make run``,
-``sbus-relay serve -f``) does once it has handed the bus to a newer process
-(docs/deploy.md, "A bus in the foreground of a terminal").  Touches: this
-process's signal mask and dispositions, its children (waits for them, passes
-signals on to them), and the kernel's child-subreaper flag; no socket, no
-argv, no exit.
+What it owns: what the process a terminal started a bus with does once it has
+handed the bus on.  What it may touch: its signal mask and dispositions, its
+children and the child-subreaper flag; no socket, no argv, no exit.
 
 Theory of operation.  A shell (or ``make``) waits for the process it started,
 and the terminal's Ctrl-C goes to that process's group.  A live upgrade

@@ -1,5 +1,9 @@
 """A live upgrade's wire: one process hands its bus to the next (docs/deploy.md, "Upgrade").
 
+What it owns: the exchange of a live upgrade on the wire: the state's parts,
+the descriptors, the answers.  What it may touch: the one connection it is
+given, through protocol.control.
+
 Theory of operation, after HAProxy's seamless reload and Envoy's hot restart,
 but for every *established* connection too.  The new process starts, fully
 initialised, and connects to the running bus as an ordinary client; it sends
@@ -32,7 +36,8 @@ import pickle
 import socket
 from typing import Any
 
-from sbus_relay.protocol.errors import UpgradeError
+from sbus_relay.protocol import codec, control
+from sbus_relay.protocol.errors import PeerError, UpgradeError
 from sbus_relay.protocol.limits import (
     FDS_PER_PACKET,
     UPGRADE_CHUNK,
@@ -50,12 +55,10 @@ UPGRADE_STDERR_ENV = "SBUS_TAKE_OVER_STDERR"
 #: Set by ``sbus-relay up`` in its buses' environment: their upgrades are its to start.
 SUPERVISED_ENV = "SBUS_SUPERVISED"
 
-TAKE_OVER = b"CMSG upgrade/take-over"
-_STATE = b"CMSG upgrade/state\0"
-_PART = b"CMSG upgrade/part\0"
-_DONE = b"CMSG upgrade/done"
+#: What a process that is to take a bus over sends it first.
+TAKE_OVER = control.TAKE_OVER_PACKET
 #: Longest packet of the exchange: a part and its head.
-_LONGEST = UPGRADE_CHUNK + len(_PART)
+_LONGEST = control.UPGRADE_LONGEST
 
 
 class _PlainData(pickle.Unpickler):
@@ -79,10 +82,10 @@ def send_state(sock: socket.socket, state: dict[str, Any], fds: list[int]) -> No
         parts.append(b"")  # one more part to carry descriptors
     sock.settimeout(UPGRADE_TIMEOUT)
     header = {"parts": len(parts), "fds": len(fds), "bytes": len(data)}
-    sock.sendall(_STATE + json.dumps(header).encode())
+    sock.sendall(control.upgrade_state(json.dumps(header).encode()))
     for i, part in enumerate(parts):
         carried = fds[i * FDS_PER_PACKET : (i + 1) * FDS_PER_PACKET]
-        socket.send_fds(sock, [_PART + part], carried)
+        socket.send_fds(sock, [control.upgrade_part(part)], carried)
 
 
 def wait_done(sock: socket.socket) -> None:
@@ -93,8 +96,8 @@ def wait_done(sock: socket.socket) -> None:
         answer = sock.recv(_LONGEST)
     except TimeoutError:
         raise UpgradeError(f"no answer within {UPGRADE_TIMEOUT:g} s") from None
-    if not answer.startswith(_DONE):
-        why = "it closed the connection" if not answer else f"it answered {answer[:60]!r}"
+    if _control(answer)[0] != control.UPGRADE_DONE:
+        why = "it closed the connection" if not answer else f"it answered {_shown(answer)}"
         raise UpgradeError(f"the new process did not take over: {why}")
 
 
@@ -113,16 +116,18 @@ def take_over(address: str) -> tuple[dict[str, Any], list[int], socket.socket]:
         sock.settimeout(UPGRADE_TIMEOUT)
         sock.sendall(TAKE_OVER)
         head = sock.recv(_LONGEST)
-        if not head.startswith(_STATE):
+        key, payload = _control(head)
+        if key != control.UPGRADE_STATE:
             raise UpgradeError(_refusal(head, address))
-        header = json.loads(head[len(_STATE) :])
+        header = json.loads(payload or b"")
         data = io.BytesIO()
         for _ in range(header["parts"]):
             packet, got, _flags, _addr = socket.recv_fds(sock, _LONGEST, FDS_PER_PACKET)
             fds += got
-            if not packet.startswith(_PART):
+            key, payload = _control(packet)
+            if key != control.UPGRADE_PART:
                 raise UpgradeError("the hand-over was cut short")
-            data.write(packet[len(_PART) :])
+            data.write(payload or b"")
         if len(fds) != header["fds"] or data.tell() != header["bytes"]:
             raise UpgradeError("the hand-over was cut short")
         state = _PlainData(io.BytesIO(data.getvalue())).load()
@@ -142,7 +147,7 @@ def confirm(sock: socket.socket) -> bool:
     False if it had already ended: everything is handed over, so this one
     serves on all the same."""
     try:
-        sock.sendall(_DONE)
+        sock.sendall(control.UPGRADE_DONE_PACKET)
     except OSError:
         return False
     finally:
@@ -150,12 +155,33 @@ def confirm(sock: socket.socket) -> bool:
     return True
 
 
+def _control(packet: bytes) -> tuple[bytes | None, bytes | None]:
+    """The key and payload of a control message; (None, None) for anything else."""
+    try:
+        event = codec.decode(packet)
+    except PeerError:
+        return None, None
+    if isinstance(event, codec.Control):
+        return event.key, event.payload
+    return None, None
+
+
+def _shown(packet: bytes) -> str:
+    """The first bytes of an unexpected answer, for an error message."""
+    return repr(bytes(memoryview(packet)[:_SHOWN]))
+
+
+#: Bytes of an unexpected answer an error message shows.
+_SHOWN = 80
+
+
 def _refusal(head: bytes, address: str) -> str:
     if not head:
         return f"the bus on {address} closed the connection (too old to hand itself over?)"
-    text = head.decode("utf-8", "replace")
-    if text.startswith("CMSG upgrade/refused\0"):
-        return f"the bus on {address} refused: {text.split(chr(0), 1)[1]}"
-    if text.startswith("CMSG disconnect\0"):
-        return f"the bus on {address} disconnected us: {text.split(chr(0), 1)[1]}"
-    return f"the bus on {address} answered {text[:80]!r}: it does not hand itself over"
+    key, payload = _control(head)
+    said = (payload or b"").decode("utf-8", "replace")
+    if key == control.UPGRADE_REFUSED:
+        return f"the bus on {address} refused: {said}"
+    if key == control.DISCONNECT:
+        return f"the bus on {address} disconnected us: {said}"
+    return f"the bus on {address} answered {_shown(head)}: it does not hand itself over"

@@ -1,11 +1,8 @@
 """The hierarchy file of ``sbus-relay up``: a tree of buses, validated into frozen objects.
 
-Owns: the file's format (its keys, their types and defaults), the tree rules,
-each bus's ``serve`` flags and log file as the file decides them, and what a
-reload of the file changes (``plan_tree_reload``).  Touches: nothing but the
-file it is given to read (``load_hierarchy``) -- no process, no socket, no
-signal; ``supervisor.py`` runs what this module describes, ``cli/up.py``,
-``cli/upgrade.py`` and ``cli/top.py`` read it.
+What it owns: the hierarchy file's format, its tree rules and what a reload of
+it changes.  What it may touch: nothing but the file it is given to read: no
+process, no socket, no signal.
 
 Theory of operation.  A hierarchy file lists buses (a master and relays, each
 naming its parent by name).  ``load_hierarchy`` validates it once into frozen

@@ -1,5 +1,9 @@
 """structlog configuration: called from the CLI, and nowhere else.
 
+What it owns: the log's configuration and destination, and the dropped-line
+count.  What it may touch: structlog's and the standard library's logging
+configuration, the descriptor it writes to.
+
 JSON lines when the destination is not a terminal (journald, files, tests
 parse them); coloured key=value lines on a terminal, for people.  Loggers are
 bound per connection by the server; here we only choose the renderer, the
@@ -17,6 +21,14 @@ A log line must never cost the bus anything.  Every line is written with one
 that cannot be written (a closed pipe, a full disk, a reader that stopped
 reading) is dropped and counted (``dropped_lines``, exported as
 ``sbus_log_lines_dropped_total``), never raised into the code that logged it.
+
+Any thread may log (the hub, a NATS link's thread, gevent's thread pool), and
+none ever waits for another to do so: what a write uses is the thread's own
+(``_PerThread``: its poll object, CPython refusing one ``poll()`` from two
+threads at once, and its count of dropped lines, summed when read); no lock
+is taken.  A writer a reload replaced is closed only at the reload after, so
+that a thread still writing a line through it never writes into a
+descriptor reused meanwhile.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import os
 import select
 import sys
 import syslog
+import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -65,27 +78,59 @@ _SYSLOG_PRIORITY = {
     "critical": syslog.LOG_CRIT,
 }
 
-_dropped = 0
+
+class _PerThread:
+    """What one thread writes lines with: its own, so that no thread waits for
+    another, nor shares what CPython lets only one thread use at a time."""
+
+    __slots__ = ("dropped", "polls")
+
+    def __init__(self) -> None:
+        #: a poll object per descriptor written to (a thread writes to few)
+        self.polls: dict[int, select.poll] = {}
+        #: lines this thread could not write: written by it alone, read by any
+        self.dropped = 0
+
+
+#: Each thread's ``_PerThread``, by its identifier: one entry per thread that
+#: logged (an identifier is reused once its thread ended, which bounds them).
+_by_thread: dict[int, _PerThread] = {}
+
+
+def _mine() -> _PerThread:
+    """The calling thread's ``_PerThread`` (``dict.setdefault`` is atomic: no lock)."""
+    ident = threading.get_ident()
+    state = _by_thread.get(ident)
+    if state is None:
+        state = _by_thread.setdefault(ident, _PerThread())
+    return state
 
 
 def dropped_lines() -> int:
     """Log lines dropped since start because they could not be written."""
-    return _dropped
+    return sum(state.dropped for state in list(_by_thread.values()))
 
 
 def _count_drop() -> None:
-    global _dropped
-    _dropped += 1
+    _mine().dropped += 1
 
 
 class LineWriter:
-    """Writes whole lines to a descriptor without ever blocking or raising."""
+    """Writes whole lines to a descriptor without ever blocking or raising, from any thread."""
 
     def __init__(self, fd: int, *, owned: bool = False) -> None:
         self.fd = fd
         self._owned = owned
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLOUT)
+
+    def _poll(self) -> select.poll:
+        """This thread's poll object for the descriptor (CPython refuses a
+        ``poll()`` of one object from two threads at once)."""
+        polls = _mine().polls
+        poll = polls.get(self.fd)
+        if poll is None:
+            poll = polls[self.fd] = select.poll()
+            poll.register(self.fd, select.POLLOUT)
+        return poll
 
     def write_line(self, text: str, level: str = "info") -> None:
         """Write ``text`` and a newline, or drop it (counted); ``level`` is for syslog."""
@@ -93,7 +138,7 @@ class LineWriter:
         if len(data) > MAX_LINE:
             data = data[: MAX_LINE - len(_CUT)] + _CUT
         try:
-            ready = self._poll.poll(0)
+            ready = self._poll().poll(0)
             if not ready or not ready[0][1] & select.POLLOUT:
                 _count_drop()  # the reader is not reading: never wait for it
                 return
@@ -106,6 +151,8 @@ class LineWriter:
         if self._owned:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+        for state in list(_by_thread.values()):
+            state.polls.pop(self.fd, None)  # a newer descriptor may get the number
 
 
 class _StreamWriter:
@@ -183,13 +230,17 @@ class _Handler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            _write(self.format(record), record.levelname.lower())
-        except Exception:
-            _count_drop()
+            text = self.format(record)
+        except (TypeError, ValueError, KeyError):
+            _count_drop()  # a record whose message does not format: a library's mistake
+            return
+        _write(text, record.levelname.lower())
 
 
 _Writer = LineWriter | _StreamWriter | _SyslogWriter
 _current: _Writer | None = None
+#: the writer the last reload replaced: closed by the next one
+_retired: _Writer | None = None
 #: the level below which events are dropped (``_below_level``)
 _level = logging.INFO
 #: the processor chain every logger holds; changed in place by ``configure``
@@ -236,12 +287,17 @@ def configure(
     ``level`` is one of ``LEVELS``; ``fields`` are added to every line.
     Raises ``OSError`` if the file cannot be opened (nothing changes then).
     """
-    global _current, _level
+    global _current, _level, _retired
     number = LEVELS[level.lower()]
     writer: _Writer
     if target == SYSLOG:
         # kept across a reload: closing it after opening anew would close both
-        writer = _current if isinstance(_current, _SyslogWriter) else _SyslogWriter(syslog_ident())
+        if isinstance(_current, _SyslogWriter):
+            writer = _current
+        elif isinstance(_retired, _SyslogWriter):
+            writer, _retired = _retired, None
+        else:
+            writer = _SyslogWriter(syslog_ident())
         tty = False
     elif target is not None:
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -256,7 +312,10 @@ def configure(
         tty = _isatty(out)
     previous, _current = _current, writer
     if previous is not None and previous is not writer:
-        previous.close()
+        # closed at the next reload, not now: a thread may be writing through it
+        if _retired is not None and _retired is not writer:
+            _retired.close()
+        _retired = previous
     _level = number
     _FIELDS.clear()
     _FIELDS.update(fields or {})

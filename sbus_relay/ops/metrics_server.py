@@ -1,5 +1,8 @@
 """The metrics HTTP server of one bus: ``/metrics``, ``/healthz`` and ``/clients``.
 
+What it owns: the HTTP server of /metrics, /healthz and /clients.  What it may
+touch: its listening socket, the collector and the rows it is given.
+
 Served by gevent's ``pywsgi`` in the bus's own hub, from a socket bound before
 the bus daemonises (``bind_metrics``).  ``/metrics`` is the registry of
 ``collector``; ``/clients`` lists the connections themselves, bounded per
@@ -75,6 +78,7 @@ def _wsgi_app(
     health_fn: Callable[[], bool],
     clients_fn: ClientsFn | None,
     detail_fn: Callable[[], str] | None = None,
+    stats: Stats | None = None,
 ) -> Callable[[WSGIEnvironment, StartResponse], _Body]:
     metrics_app = make_wsgi_app(registry)
 
@@ -87,8 +91,9 @@ def _wsgi_app(
             doc: Any = clients.answer(query, server, rows)
         except clients.QueryError as e:
             status, doc = "400 Bad Request", {"error": str(e)}
-        except Exception:
-            log.exception("metrics.clients_failed")
+        except Exception:  # a bug of ours: logged once, counted (metrics_clients)
+            if stats is None or stats.bug("metrics_clients"):
+                log.exception("metrics.clients_failed")
             status, doc = "500 Internal Server Error", {"error": "snapshot failed"}
         body = json.dumps(doc, separators=(",", ":")).encode()
         start_response(status, [("Content-Type", "application/json")])
@@ -102,8 +107,9 @@ def _wsgi_app(
         if path == "/healthz":
             try:
                 healthy = bool(health_fn())
-            except Exception:
-                log.exception("metrics.health_failed")
+            except Exception:  # a bug of ours: logged once, counted (metrics_health)
+                if stats is None or stats.bug("metrics_health"):
+                    log.exception("metrics.health_failed")
                 healthy = False
             status = "200 OK" if healthy else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
@@ -152,6 +158,7 @@ def serve(
     health_fn: Callable[[], bool],
     clients_fn: ClientsFn | None = None,
     detail_fn: Callable[[], str] | None = None,
+    stats: Stats | None = None,
 ) -> WSGIServer:
     """Start serving ``/metrics`` and ``/healthz`` in the current gevent hub.
 
@@ -160,7 +167,7 @@ def serve(
     Prometheus scrapes every few seconds and would drown the bus's own events.
     """
     listener: Any = host if isinstance(host, socket.socket) else (host, port)
-    app = _wsgi_app(registry, health_fn, clients_fn, detail_fn)
+    app = _wsgi_app(registry, health_fn, clients_fn, detail_fn, stats)
     server = WSGIServer(listener, app, log=None)
     server.start()
     return server
@@ -184,7 +191,7 @@ def serve_from_config(
     nats = getattr(server, "nats", None)
     nats_state: Callable[[], dict[str, Any]] | None = nats.state if nats is not None else None
     if nats_state is not None:
-        registry.register(NatsCollector(nats_state, lambda: config.instance))
+        registry.register(NatsCollector(nats_state, lambda: config.instance, server.stats))
 
     def detail() -> str:
         if nats_state is None:
@@ -215,7 +222,13 @@ def serve_from_config(
         return block, server.client_rows()
 
     wsgi = serve(
-        listener if listener is not None else host, port, registry, healthy, clients_now, detail
+        listener if listener is not None else host,
+        port,
+        registry,
+        healthy,
+        clients_now,
+        detail,
+        server.stats,
     )
     log.info("metrics.listening", host=host, port=wsgi.server_port)
     return wsgi

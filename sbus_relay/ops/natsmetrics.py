@@ -1,5 +1,8 @@
 """The ``sbus_nats_`` metric families of a bus joined to NATS (docs/observability.md).
 
+What it owns: the sbus_nats_ metric families.  What it may touch: the link's
+state, read only.
+
 Read on each scrape from the link's ``state()`` (plain numbers its bridge
 counts; nothing on the message path takes a lock).
 """
@@ -12,15 +15,23 @@ from typing import Any
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from sbus_relay.protocol.stats import Stats
+
 log = structlog.get_logger("sbus_relay.metrics")
 
 
 class NatsCollector:
     """Families for the NATS link: state, traffic each way, drops, queue, reconnects, rtt."""
 
-    def __init__(self, state_fn: Callable[[], dict[str, Any]], instance: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        state_fn: Callable[[], dict[str, Any]],
+        instance: Callable[[], str],
+        stats: Stats | None = None,
+    ) -> None:
         self._state_fn = state_fn
         self._instance = instance
+        self._stats = stats
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -28,8 +39,9 @@ class NatsCollector:
     def collect(self) -> Iterator[Metric]:
         try:
             s = self._state_fn()
-        except Exception:
-            log.exception("metrics.nats_failed")
+        except Exception:  # a bug of ours: logged once, counted (metrics_nats)
+            if self._stats is None or self._stats.bug("metrics_nats"):
+                log.exception("metrics.nats_failed")
             return
         up = GaugeMetricFamily(
             "sbus_nats_connected", "1 while the link to NATS is up, else 0.", labels=["host"]

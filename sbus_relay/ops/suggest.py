@@ -1,6 +1,9 @@
 """What a config file or query says about a name it does not know: the name
 nearest to it, when one is near enough to be the one meant, and every known one.
 
+What it owns: how the nearest known name is found and said.  What it may
+touch: nothing (pure functions).
+
     >>> unknown("max_client", ("address", "max_clients"))
     "unknown key; did you mean 'max_clients'? (known keys: address, max_clients)"
 """

@@ -1,11 +1,9 @@
 """Run a whole hierarchy of buses on one machine: the processes of ``sbus-relay up``.
 
-Owns: the bus processes ``up`` starts -- their start, watch, restart, live
-upgrade, reload signal and stop -- and what it says about them.  Touches:
-processes (``children.spawn``/``stop``, signals), each bus's address (to see
-who listens there) and log file, and nothing of the file's format: the tree
-it runs is a ``hierarchy.Hierarchy``, read and validated there.  No argv
-parsing and no exits here: ``cli/up.py`` does that.
+What it owns: the bus processes up starts: their start, watch, restart, live
+upgrade, reload signal and stop, and what it says about them.  What it may
+touch: those processes (ops.children, signals), each bus's address and log
+file; nothing of the file's format, no argv, no exit.
 
 Theory of operation.  ``Supervisor`` starts each bus as an ``sbus-relay serve
 -f`` child, parents first, and waits for each socket before starting its

@@ -1,5 +1,8 @@
 """Reading a YAML file strictly: duplicate keys refused, every failure one ``ConfigError``.
 
+What it owns: reading a YAML file strictly.  What it may touch: the file it
+reads.
+
 Apart from ``config`` so that only a process that reads a file imports the
 YAML parser (``config.read_yaml`` imports this module when first called).
 """

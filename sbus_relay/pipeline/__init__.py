@@ -1,5 +1,8 @@
 """The data pipeline: record bus traffic to Parquet, analyse it with Spark.
 
+What it owns: nothing but this map of the pipeline's modules.  What it may
+touch: nothing.
+
 Modules (see ``docs/pipeline.md``):
 
 - ``capture``: the capture format, the crash-safe writer (journal, then Parquet),

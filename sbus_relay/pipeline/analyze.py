@@ -1,5 +1,9 @@
 """The capture analysis job (PySpark), behind ``sbus-relay analyze`` and ``spark-submit``.
 
+What it owns: the Spark job: which sets are computed and how they are read.
+What it may touch: the Spark session it is given, the captures and rollups it
+reads.
+
 Every table derives from three sets, (prefix, window, instance), (prefix,
 size) and key: read from the captures' rollups (``rollup``, re-binned and cut
 by ``reaggregate``) or aggregated from raw rows, whichever ``sources`` chose

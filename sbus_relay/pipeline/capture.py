@@ -1,5 +1,8 @@
 """Capture files: the Parquet schema, the crash-safe writer, recovery and the loss log.
 
+What it owns: the capture format, its writer, recovery and the loss log.  What
+it may touch: the capture directory.
+
 A capture is a directory of Parquet files (zstd), one row per received message:
 
     time_ns   int64   receive time, ns since the Unix epoch (``time.time_ns()``)

@@ -1,5 +1,8 @@
 """A JVM class-data-sharing archive, so that Spark's JVM starts faster.
 
+What it owns: the JVM class-data-sharing archive and when it is rebuilt.  What
+it may touch: java, the cache directory.
+
     python -m sbus_relay.pipeline.classarchive     # build it now (analyze does it itself)
 
 Starting Spark loads some 15,000 classes; reading and verifying them is most

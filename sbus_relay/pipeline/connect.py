@@ -1,5 +1,8 @@
 """A Spark Connect server from the installed pyspark: ``sbus-relay spark-server``.
 
+What it owns: a Spark Connect server's process and settings.  What it may
+touch: pyspark's spark-submit, the process it starts.
+
 No download: pyspark's own ``jars/`` hold the Connect server
 (``spark-connect_*.jar``), and its ``bin/spark-submit`` starts it in the
 foreground (``--class org.apache.spark.sql.connect.service.SparkConnectServer``,

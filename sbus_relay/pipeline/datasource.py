@@ -1,5 +1,8 @@
 """The ``sbus`` Spark data source (PySpark Python Data Source API, Spark 4).
 
+What it owns: the sbus Spark data source's reader and writer.  What it may
+touch: the bus (through the client library), Spark's streaming API.
+
     from sbus_relay.pipeline.datasource import register
     register(spark)
     rows = (spark.readStream.format("sbus")
@@ -17,7 +20,7 @@ time, to a bounded in-memory buffer.  ``read(start)`` takes what is buffered
 offsets are message counts and continue from any checkpointed offset.
 
 If the bus goes away (restart, crash), the listener reconnects and resubscribes
-on its own, waiting RECONNECT_MIN, doubling up to RECONNECT_MAX between tries.
+on its own, waiting SOURCE_RECONNECT_MIN, doubling up to SOURCE_RECONNECT_MAX between tries.
 Each outage is a gap: counted, timed, and logged as a warning with the next
 batch; what was published meanwhile is lost.  Only the very first connection
 must succeed within READY_TIMEOUT, or the query fails (a wrong address).
@@ -80,7 +83,7 @@ BUFFER_MESSAGES = 100_000
 #: Default ``maxBufferBytes``: payload bytes held between batches before dropping.
 BUFFER_BYTES = 64 * 1024 * 1024
 #: Default ``maxBatchMessages``: rows handed to one micro-batch (bounds its memory).
-BATCH_MESSAGES = 100_000
+MICRO_BATCH_MESSAGES = 100_000
 #: Receive timeout of the listener thread, seconds: how soon it notices ``stop``.
 TICK_SECONDS = 0.25
 #: Seconds to wait for the bus to confirm our subscription (whoami round trip).
@@ -88,9 +91,9 @@ READY_TIMEOUT = 10.0
 #: Send timeout of the sink's client, seconds: a bus blocked this long fails the task.
 WRITE_TIMEOUT = 60.0
 #: First wait before reconnecting to a bus that went away, seconds.
-RECONNECT_MIN = 0.1
+SOURCE_RECONNECT_MIN = 0.1
 #: Longest wait between reconnection attempts, seconds.
-RECONNECT_MAX = 5.0
+SOURCE_RECONNECT_MAX = 5.0
 
 # Spark's Python workers must be this interpreter (it has pyarrow and sbus_relay):
 # set before the session's JVM starts, it needs nothing from the user.
@@ -197,7 +200,7 @@ class _Listener:
     def _run(self) -> None:
         from sbus_relay.protocol.errors import BusClosed, SbusError
 
-        wait = RECONNECT_MIN
+        wait = SOURCE_RECONNECT_MIN
         lost_at: int | None = None
         while not self.stopping.is_set():
             try:
@@ -209,11 +212,11 @@ class _Listener:
                     return
                 if lost_at is None or self._connected_since_loss:
                     lost_at = time.time_ns()
-                    wait = RECONNECT_MIN
+                    wait = SOURCE_RECONNECT_MIN
                     log.warning("sbus source lost the bus at %s (%s); reconnecting",
                                 self.address, exc)  # fmt: skip
                 self.stopping.wait(wait)
-                wait = min(wait * 2, RECONNECT_MAX)
+                wait = min(wait * 2, SOURCE_RECONNECT_MAX)
             except BaseException as exc:  # reported to the query by check()
                 self.error = exc
                 self.ready.set()
@@ -273,7 +276,7 @@ class SbusStreamReader(SimpleDataSourceStreamReader):
         self.pattern = options.get("pattern", "")
         self.max_buffer_messages = _positive(options, "maxBufferMessages", BUFFER_MESSAGES)
         self.max_buffer_bytes = _positive(options, "maxBufferBytes", BUFFER_BYTES)
-        self.max_batch = _positive(options, "maxBatchMessages", BATCH_MESSAGES)
+        self.max_batch = _positive(options, "maxBatchMessages", MICRO_BATCH_MESSAGES)
         self._listener: _Listener | None = None
         self._dropped_reported = 0
         self._gaps_reported = 0

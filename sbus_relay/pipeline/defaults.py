@@ -1,5 +1,8 @@
 """Defaults and file-layout constants of the pipeline, with no heavy imports.
 
+What it owns: the pipeline's defaults and file-layout constants.  What it may
+touch: nothing.
+
 The command modules read these for ``--help`` without importing pyarrow or
 pyspark (the optional ``spark`` extra), so ``sbus-relay --help`` works without it.
 """

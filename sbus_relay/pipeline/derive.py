@@ -1,5 +1,8 @@
 """The result tables, derived on the driver from the job's small aggregates (pyarrow).
 
+What it owns: the result tables' definitions, computed from the job's small
+sets.  What it may touch: the arrays it is given (pyarrow).
+
 The Spark job (``analyze.compute``) scans the captures once into per-(prefix,
 window, instance) and per-(prefix, size) counts, whose size depends on the
 number of prefixes, windows, instances and distinct payload sizes (at most

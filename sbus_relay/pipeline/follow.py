@@ -1,5 +1,8 @@
 """``analyze --follow``: the report kept current while ``record`` writes (Structured Streaming).
 
+What it owns: the streaming query of analyze --follow and its report updates.
+What it may touch: Spark, the capture directory (read), the output directory.
+
 The stream is Spark's file source over the capture directory, reading the
 ``*.rollup`` files ``record`` publishes with each capture file it closes (the
 driver rolls up, beside them, capture files that arrive without one); or, when

@@ -1,5 +1,8 @@
 """What ``analyze`` reads and writes: checked captures in, one atomic output directory out.
 
+What it owns: which capture files a run reads, their checks, and the atomic
+output directory.  What it may touch: those files and directories.
+
 Inputs: local paths are resolved here, before Spark starts, into an explicit
 list of capture files.  Journals left by a killed recorder are recovered first
 (``capture.recover``).  Every Parquet file must carry the capture marker

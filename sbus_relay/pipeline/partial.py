@@ -1,5 +1,8 @@
 """Partial sums of raw capture rows, in Spark's Python workers.
 
+What it owns: the partial sums of raw rows in Spark's Python workers.  What it
+may touch: the capture files they read (pyarrow).
+
 ``analyze`` reads raw rows (``--raw``, a deeper ``--depth``, a ``--window``
 the rollups do not divide, captures without rollups).  Of local capture files
 (checked by the driver: ``inputs.resolve``), Spark's Python workers read the

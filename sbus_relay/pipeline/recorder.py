@@ -1,8 +1,12 @@
 """The recorder: a bus client that writes what it receives into capture files.
 
+What it owns: the recording loop, its drop query and what it hands the writer.
+What it may touch: its bus connection (through protocol.codec), its writer and
+loss log.
+
 One loop owns one raw SEQPACKET socket and one ``RotatingCaptureWriter``.  It
 reads in tight non-blocking batches (``recv_into`` one reusable buffer, up to
-READ_BATCH packets or until the socket is empty), keeps the columns in plain
+RECORDER_READ_BATCH packets or until the socket is empty), keeps the columns in plain
 lists and hands each batch to the writer, which builds Arrow arrays once per
 batch: no per-message object beyond the key and payload bytes.  When the socket
 is empty it waits in ``poll`` for at most TICK_SECONDS, so that a stop request,
@@ -27,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sbus_relay.ops.addresses import Address, connect
+from sbus_relay.protocol import codec, control
 from sbus_relay.protocol.codec import encode_cmsg, encode_sub, encode_unsub
-from sbus_relay.protocol.errors import BusClosed
-from sbus_relay.protocol.frames import msg_end
+from sbus_relay.protocol.errors import BusClosed, PeerError
 from sbus_relay.protocol.keys import WHOAMI
-from sbus_relay.protocol.limits import MAX_PACKET
+from sbus_relay.protocol.limits import MAX_PACKET, NOTICE_SCAN_PACKETS, RECORDER_READ_BATCH
 
 from .capture import LossLog, RotatingCaptureWriter
 
@@ -41,8 +45,6 @@ if TYPE_CHECKING:
 #: Longest wait for the socket when it is empty, seconds: how soon a stop
 #: request, a due flush or a drop query is seen.
 TICK_SECONDS = 0.1
-#: Most packets read in one batch before the writer and the clock get a turn.
-READ_BATCH = 4096
 #: Seconds to wait for the whoami reply that proves our SUBs are in place.
 READY_TIMEOUT = 5.0
 #: On stop, wait at most this long (seconds) for the bus to confirm that it has
@@ -54,21 +56,14 @@ DROP_POLL_SECONDS = 1.0
 PROGRESS_INTERVAL = 0.5
 
 #: The drop query (our extension): the reply's payload is the decimal drop total.
-DROPS_KEY = b"drops/count"
-#: The reply to the credentials request (docs/protocol.md): our in-order barrier.
-_WHOAMI_REPLY = b"CMSG " + WHOAMI
-#: The server's notice, just before it closes a client, of why (docs/protocol.md).
-_DISCONNECT = b"CMSG disconnect\0"
-#: Packets read, without waiting, to find that notice after a failed send.
-NOTICE_SCAN_PACKETS = 64
+DROPS_KEY = control.DROPS_COUNT
 
 
-def _refusal(reason: bytes) -> BusClosed:
-    text = reason.decode("utf-8", "backslashreplace")
-    return BusClosed(f"the bus closed the connection: {text}", text.partition(":")[0])
-
-
-_DROPS_REPLY = b"CMSG " + DROPS_KEY + b"\0"
+def _refusal(payload: bytes | None) -> BusClosed:
+    """The bus's notice of why it closes us (``CMSG disconnect``), as the error."""
+    reason, detail = control.parse_disconnect(payload)
+    text = f"{reason}: {detail}" if detail else reason
+    return BusClosed(f"the bus closed the connection: {text}", reason)
 
 
 @dataclass
@@ -210,7 +205,7 @@ class Recorder:
         tick_ms = int(TICK_SECONDS * 1000)
         next_progress = next_query = 0.0
         while not should_stop():
-            budget = READ_BATCH
+            budget = RECORDER_READ_BATCH
             if max_messages is not None:
                 budget = min(budget, max_messages - writer.stats.messages - len(self._times))
                 if budget <= 0:
@@ -253,7 +248,7 @@ class Recorder:
                 self._receive_one(sock, record=record)
             except TimeoutError:
                 break
-            if len(self._times) >= READ_BATCH:
+            if len(self._times) >= RECORDER_READ_BATCH:
                 self._hand_over()
         self._hand_over()
 
@@ -279,13 +274,13 @@ class Recorder:
                 raise self._closed(sock, exc) from None
             if not n:
                 raise BusClosed("the bus closed the connection")
-            i = msg_end(buf, n)  # where its key ends, -1 if not a MSG
-            if i >= 0:
+            msg = codec.msg_in(buf, n, keep)  # None if not a MSG
+            if msg is not None:
                 times.append(now())
-                keys.append(bytes(view[4:i]))
-                sizes.append(n - i - 1)
+                keys.append(msg[0])
+                sizes.append(msg[1])
                 if keep:
-                    payloads.append(bytes(view[i + 1 : n]))
+                    payloads.append(msg[2])  # type: ignore[arg-type]
                     room -= n
                 got += 1
             else:
@@ -300,18 +295,18 @@ class Recorder:
             raise self._closed(sock, exc) from None
         if not n:
             raise BusClosed("the bus closed the connection")
-        packet = bytes(self._buffer[:n])
-        i = msg_end(packet, n)
-        if i >= 0:
+        keep = self.writer.keep_payload
+        msg = codec.msg_in(self._buffer, n, keep)  # None if not a MSG
+        if msg is not None:
             if not record:
                 return
             self._times.append(time.time_ns())
-            self._keys.append(packet[4:i])
-            self._sizes.append(n - i - 1)
-            if self.writer.keep_payload:
-                self._payloads.append(packet[i + 1 :])
+            self._keys.append(msg[0])
+            self._sizes.append(msg[1])
+            if keep:
+                self._payloads.append(msg[2])  # type: ignore[arg-type]
         else:
-            self._control(sock, packet)
+            self._control(sock, bytes(memoryview(self._buffer)[:n]))
 
     def _closed(self, sock: socket.socket, exc: OSError) -> BusClosed:
         """The bus closed us: its reason, from the disconnect notice still waiting
@@ -319,30 +314,40 @@ class Recorder:
         sock.settimeout(0.0)
         for _ in range(NOTICE_SCAN_PACKETS):
             try:
-                n = sock.recv_into(self._buffer)
+                packet = sock.recv(MAX_PACKET)
             except OSError:
                 break
-            if not n:
+            if not packet:
                 break
-            if self._buffer.startswith(_DISCONNECT):
-                return _refusal(bytes(self._buffer[len(_DISCONNECT) : n]))
+            try:
+                event = codec.decode(packet)
+            except PeerError:
+                continue  # not a packet the bus sends: not the notice either
+            if isinstance(event, codec.Control) and event.key == control.DISCONNECT:
+                return _refusal(event.payload)
         return BusClosed(f"the bus closed the connection: {exc.strerror or exc}")
 
     def _control(self, sock: socket.socket, packet: bytes) -> None:
-        if packet.startswith(_DISCONNECT):
-            raise _refusal(packet[len(_DISCONNECT) :])
-        if packet.startswith(_DROPS_REPLY):
+        try:
+            event = codec.decode(packet)
+        except PeerError:
+            event = None  # not a packet a bus sends: counted with the others
+        key = payload = None
+        if isinstance(event, codec.Control):
+            key, payload = event.key, event.payload
+        if key == control.DISCONNECT:
+            raise _refusal(payload)
+        if key == control.DROPS_COUNT:
             self._query_pending = False
-            try:
-                total = int(packet[len(_DROPS_REPLY) :])
-            except ValueError:
+            total = control.parse_drops_count(payload)
+            if total is None:
                 return
             self.status.drop_query = True
             if total > self.status.dropped:
                 if self.loss_log is not None:
                     self.loss_log.write("drops", dropped=total - self.status.dropped, total=total)
                 self.status.dropped = total
-        elif packet.startswith(_WHOAMI_REPLY):
+        elif key == WHOAMI:
             self._whoami_seen = True
         else:
             self.status.control_messages += 1

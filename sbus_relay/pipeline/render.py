@@ -1,5 +1,8 @@
 """A report's charts and page drawn at the same time, in warm worker processes.
 
+What it owns: the warm drawing processes and the parts they draw.  What it may
+touch: those processes, the report's files.
+
 ``--follow`` rewrites the whole report after every capture file, and drawing
 it (matplotlib's PNGs, plotly's page) is most of an update's CPU.  A
 ``Renderer`` keeps RENDER_WORKERS processes that have imported matplotlib and
@@ -21,6 +24,7 @@ directory afterwards.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import signal
 import socket
 import subprocess
@@ -58,7 +62,8 @@ def serve(conn: Connection) -> None:
             conn.send(reply)
         except (OSError, ValueError):  # the driver has gone
             return
-        except Exception:  # an exception that does not pickle: its words do
+        except (pickle.PicklingError, TypeError, AttributeError):
+            # an exception that does not pickle: its words do
             conn.send(RuntimeError(f"drawing {part}: {reply!r}"))
 
 

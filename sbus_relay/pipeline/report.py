@@ -2,6 +2,9 @@
 ``report.html``, one self-contained page (plotly, its JavaScript inlined) that works
 offline, with zoom over time.
 
+What it owns: the report's text, charts and page.  What it may touch: the
+output directory.
+
 Input is the small, already-collected ``AnalysisResult``; nothing here touches
 Spark, so the report can be rebuilt or unit-tested without a session.
 

@@ -1,5 +1,8 @@
 """Rollups: a capture file's traffic aggregated once, when the file is closed.
 
+What it owns: the rollup format and how a capture's sets are summed.  What it
+may touch: the capture and rollup files.
+
 Beside each capture file ``<name>.parquet``, ``<name>.rollup`` (Parquet, zstd)
 holds what every table of ``analyze`` is derived from, at the finest grain a
 report that includes the file can ask for by default:

@@ -1,5 +1,8 @@
 """One ``analyze`` run from start to end: what the command calls once it has parsed.
 
+What it owns: one analyze run's order of steps and its failures.  What it may
+touch: inputs, sources, session, analyze and report, through their functions.
+
 In order: the options and inputs are checked (a refused run starts nothing and
 writes nothing: ``InputError``); captures without a rollup are rolled up
 (``sources``); Spark is started or joined (``session``); the

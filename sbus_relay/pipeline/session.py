@@ -1,5 +1,8 @@
 """The Spark that analyze runs on, and the settings it runs with.
 
+What it owns: which Spark a run uses and the settings it gets.  What it may
+touch: Spark's session and log level, the processes Spark starts.
+
 Three kinds of Spark, one job:
 
 - a JVM that analyze starts itself: ``local[*]`` by default, or a cluster's

@@ -1,5 +1,8 @@
 """What a run reads for each capture file: its rollup, or its raw rows.
 
+What it owns: whether a run reads a capture's rollup or its raw rows.  What it
+may touch: the capture files and the rollups it writes beside them.
+
 Rollups (``rollup``) are read wherever one serves the report: the prefixes at
 a depth it holds, windows that are a multiple of its own.  A capture without
 one (written before rollups, by another tool, or by a recorder killed before

@@ -1,5 +1,8 @@
 """Window lengths: which one a capture gets, and which ones sum into which.
 
+What it owns: window lengths and which sum into which.  What it may touch:
+nothing (pure functions).
+
 Windows are tumbling and aligned on the Unix epoch, so counts kept in windows
 of one length sum exactly into windows of any multiple of it.  A capture's
 window is chosen in two steps: from its span (``auto_window``: a nice length

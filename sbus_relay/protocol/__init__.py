@@ -1,5 +1,8 @@
 """The sbus protocol, sans I/O: bytes in, decisions out.
 
+What it owns: nothing but this map of the protocol's modules.  What it may
+touch: nothing.
+
 Nothing here imports ``socket`` or ``gevent``.  ``codec`` turns packets into
 events and back (and packs batches); ``frames`` parses what the read loop
 meets on every message (a MSG's key, a packed batch's packets); ``session``

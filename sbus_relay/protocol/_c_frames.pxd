@@ -8,11 +8,19 @@ cdef int _NUL
 cdef bytes _BATCH
 
 @cython.locals(nul=Py_ssize_t)
+cdef Py_ssize_t _msg_nul(bytes packet) except -2
+@cython.locals(nul=Py_ssize_t)
 cpdef bytes msg_key(bytes packet)
+@cython.locals(nul=Py_ssize_t)
+cpdef tuple msg_parts(bytes packet)
+cpdef bint is_msg(bytes packet)
 cpdef bint is_batch(bytes packet)
 @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
-               nul=Py_ssize_t, packet=bytes, packets=list, keys=list)
+               nul=Py_ssize_t, packet=bytes, packets=list, keys=list, bodies=list)
+cdef tuple _walk(bytes frame, bint payloads)
+@cython.locals(packets=list, keys=list)
 cpdef tuple unpack(bytes frame)
+cpdef tuple unpack_full(bytes frame)
 
 cdef object _LENGTH
 

@@ -1,5 +1,8 @@
 """Who did it: traffic, drops and queues per child relay and per user, bounded.
 
+What it owns: the bounded per-relay and per-user rows.  What it may touch: the
+counts it is given.
+
 Theory of operation.  Each connection counts its own traffic in plain
 integers (``Connection.msgs_in`` ...).  On a scrape the server groups its
 live connections by a *key* (the relay's name, or the uid) into rows of

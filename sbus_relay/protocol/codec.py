@@ -1,5 +1,8 @@
 """The sbus packet codec: bytes in, events out, and back.  No I/O.
 
+What it owns: the packet layouts and their events.  What it may touch: nothing
+(pure functions).
+
 One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
 
     SUB <pattern>[\\0<ignored>]      Subscribe
@@ -9,29 +12,43 @@ One SOCK_SEQPACKET packet is one message (docs/protocol.md, "Packets"):
 
     CMSG batch\\0(<length><MSG>)...   Packed batch (our extension)
 
-Anything else raises ``PeerError`` -- the only error bad input can raise.
-The server's read loop picks the key out of a ``MSG`` itself (allocating
-only the key); ``decode`` builds an event object and serves everything else.
+This module and ``frames`` are the project's one codec: ``protocol/`` is the
+only place that reads or writes a packet (the control messages' keys and
+payloads are ``control``'s, a NATS envelope ``natsmap``'s), and nothing
+outside it slices a packet, splits on its NUL or spells a verb
+(``tests/unit/test_codec_only.py``).  Reading: ``decode`` turns any packet
+into an event (``Subscribe``, ``Unsubscribe``, ``Publish``, ``Control``);
+the readers of the two kinds that come on every message are ``frames``'
+(compiled, re-exported here: ``msg_key``, ``msg_parts``, ``msg_in``,
+``unpack``, ``unpack_full``, ``is_msg``, ``is_batch``).  Writing: one
+``encode_*`` per kind (and ``msg_head``, a MSG's packet but its payload),
+``pack`` for packed batches (``frames.BatchFrame`` builds one message by
+message), and a request's payload
+(``encode_request``, ``split_request``: the client library's convention).
+Anything received that is not a packet raises ``PeerError`` -- the only
+error bad input can raise; a caller's mistake (a NUL in a key) is a
+``UsageError``.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from .errors import PeerError, UsageError
+from .frames import (
+    is_batch,
+    is_msg,
+    msg_in,
+    msg_key,
+    msg_parts,
+    unpack,
+    unpack_full,
+)
 from .limits import BATCH_MESSAGES, MAX_PACKET
 
 #: The head of a packed batch: then, per MSG packet, its length in 4 bytes
 #: (big-endian) and the packet (docs/protocol.md, "Packed batches").
 BATCH_HEAD = b"CMSG batch\0"
-#: What a peer sends to be sent packed batches, and the answer that says it will be.
-BATCH_ON = b"batch/on"
-T = TypeVar("T")
-#: A packed message's length: 4 bytes, big-endian.
-_U32 = struct.Struct(">I")
 SUB = b"SUB "
 UNSUB = b"UNSUB "
 MSG = b"MSG "
@@ -75,11 +92,9 @@ def decode(packet: bytes) -> Event:
     """Turn one received packet into an event, or raise ``PeerError``."""
     if len(packet) > MAX_PACKET:
         raise PeerError("protocol_error", "packet too long")
-    if packet.startswith(MSG):
-        nul = packet.find(NUL, 4)
-        if nul < 0:
-            raise PeerError("protocol_error", "MSG without NUL")
-        return Publish(packet[4:nul], packet[nul + 1 :], packet)
+    parts = msg_parts(packet)
+    if parts is not None:
+        return Publish(parts[0], parts[1], packet)
     if packet.startswith(SUB):
         return Subscribe(_head(packet, 4))
     if packet.startswith(UNSUB):
@@ -112,6 +127,12 @@ def encode_msg(key: bytes, payload: bytes) -> bytes:
     return MSG + key + NUL + payload
 
 
+def msg_length(key: bytes, payload: bytes) -> int:
+    """The size of ``MSG <key>\\0<payload>`` without building it (is it within
+    ``MAX_PACKET``?)."""
+    return len(MSG) + len(key) + len(NUL) + len(payload)
+
+
 def msg_head(key: bytes) -> bytes:
     """``MSG <key>\\0``: what every message packet of ``key`` begins with (a
     packet is its head and its payload: ``head + payload``), checked once."""
@@ -125,9 +146,15 @@ def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     return CMSG + key if payload is None else CMSG + key + NUL + payload
 
 
+def encode_subscription(pattern: bytes, present: bool) -> bytes:
+    """``SUB <pattern>`` when ``present``, else ``UNSUB <pattern>`` (an interest
+    notice to an upstream, a change of the hosts' union to a bus)."""
+    return encode_sub(pattern) if present else encode_unsub(pattern)
+
+
 def encode_batch(packets: list[bytes]) -> bytes:
     """One packed batch of MSG packets (at most ``BATCH_MESSAGES``, and a frame
-    within ``MAX_PACKET``: the caller splits)."""
+    within ``MAX_PACKET``: ``pack`` splits)."""
     parts = [BATCH_HEAD]
     for packet in packets:
         parts.append(len(packet).to_bytes(4, "big"))
@@ -135,80 +162,76 @@ def encode_batch(packets: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def pack_batches(packets: list[bytes]) -> list[bytes]:
-    """MSG ``packets`` as few packed batches as the bounds allow (``BATCH_MESSAGES``
-    per frame, a frame within ``MAX_PACKET``); a packet that fits no frame with
-    another goes in one of its own, and a lone packet goes as it is."""
+def pack(packets: list[bytes], max_bytes: int = MAX_PACKET) -> tuple[list[bytes], list[int]]:
+    """``packets`` as few frames as the bounds allow, in order, and how many
+    packets each frame carries: every run of MSG packets in packed batches
+    (``BATCH_MESSAGES`` a frame, a frame within ``max_bytes``), anything else
+    alone; a MSG that fits no frame with another goes as it is."""
     frames: list[bytes] = []
+    counts: list[int] = []
     start = 0
-    while start < len(packets):
-        size = len(BATCH_HEAD) + 4 + len(packets[start])
+    total = len(packets)
+    head = len(BATCH_HEAD)
+    while start < total:
+        first = packets[start]
         end = start + 1
-        while end < len(packets) and end - start < BATCH_MESSAGES:
-            size += 4 + len(packets[end])
-            if size > MAX_PACKET:
-                break
-            end += 1
-        group = packets[start:end]
-        frames.append(group[0] if len(group) == 1 else encode_batch(group))
+        if is_msg(first):
+            size = head + 4 + len(first)
+            while end < total and end - start < BATCH_MESSAGES and is_msg(packets[end]):
+                size += 4 + len(packets[end])
+                if size > max_bytes:
+                    break
+                end += 1
+        frames.append(first if end - start == 1 else encode_batch(packets[start:end]))
+        counts.append(end - start)
         start = end
-    return frames
+    return frames, counts
 
 
-def unpack_batch(frame: bytes) -> list[bytes]:
-    """The MSG packets of one packed batch (``CMSG batch\\0...``), in order.
-
-    A malformed frame -- a length past its end, more than ``BATCH_MESSAGES``
-    packets, or anything but a MSG inside -- raises ``PeerError``.
-    """
-    if not frame.startswith(BATCH_HEAD):
-        raise PeerError("protocol_error", "not a packed batch")
-    packets: list[bytes] = []
-    append = packets.append
-    offset = len(BATCH_HEAD)
-    end = len(frame)
-    lengths = _U32.unpack_from
-    while offset < end:
-        if end - offset < 4 or len(packets) == BATCH_MESSAGES:
-            raise PeerError("protocol_error", "malformed packed batch")
-        (size,) = lengths(frame, offset)
-        offset += 4
-        if size > end - offset:
-            raise PeerError("protocol_error", "malformed packed batch")
-        packet = frame[offset : offset + size]
-        offset += size
-        if not packet.startswith(MSG) or packet.find(NUL, 4) < 0:
-            raise PeerError("protocol_error", "a packed batch holds only MSG packets")
-        append(packet)
-    return packets
+def encode_request(reply_to: bytes, payload: bytes) -> bytes:
+    """A request's payload: the key to answer on, a NUL, the request itself
+    (a key never holds a NUL, so the first one ends it; docs/client.md)."""
+    _check_field(reply_to)
+    return reply_to + NUL + payload
 
 
-def split_batch(frame: bytes, make: Callable[[bool, bytes, bytes, bytes], T]) -> list[T]:
-    """``make(False, key, payload, packet)`` for each MSG of a packed batch, in
-    order, in one pass (a client's receiving path); the checks of ``unpack_batch``."""
-    out: list[T] = []
-    append = out.append
-    offset = len(BATCH_HEAD)
-    end = len(frame)
-    lengths = _U32.unpack_from
-    find = frame.find
-    count = 0
-    while offset < end:
-        if end - offset < 4 or count == BATCH_MESSAGES:
-            raise PeerError("protocol_error", "malformed packed batch")
-        (size,) = lengths(frame, offset)
-        start = offset + 4
-        offset = start + size
-        nul = find(NUL, start + 4, offset)
-        if offset > end or nul < 0 or not frame.startswith(MSG, start):
-            if offset > end:
-                raise PeerError("protocol_error", "malformed packed batch")
-            raise PeerError("protocol_error", "a packed batch holds only MSG packets")
-        append(make(False, frame[start + 4 : nul], frame[nul + 1 : offset], frame[start:offset]))
-        count += 1
-    return out
+def split_request(payload: bytes) -> tuple[bytes, bytes]:
+    """``(reply_to, request)`` of a request's payload; ``UsageError`` if it is not one."""
+    nul = payload.find(NUL)
+    if nul <= 0:
+        raise UsageError("not a request: its payload does not start with a reply key and a NUL")
+    return payload[:nul], payload[nul + 1 :]
 
 
 def _check_field(value: bytes) -> None:
     if NUL in value:
         raise UsageError("routing keys and patterns cannot contain NUL")
+
+
+__all__ = [
+    "BATCH_HEAD",
+    "Control",
+    "Event",
+    "Publish",
+    "Subscribe",
+    "Unsubscribe",
+    "decode",
+    "encode_batch",
+    "encode_cmsg",
+    "encode_msg",
+    "encode_request",
+    "encode_sub",
+    "encode_subscription",
+    "encode_unsub",
+    "is_batch",
+    "is_msg",
+    "msg_head",
+    "msg_in",
+    "msg_key",
+    "msg_length",
+    "msg_parts",
+    "pack",
+    "split_request",
+    "unpack",
+    "unpack_full",
+]

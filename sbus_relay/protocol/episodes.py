@@ -1,5 +1,8 @@
 """Reports of things that repeat, at a bounded rate.  No I/O.
 
+What it owns: when an episode begins, goes on and ends, and what each says.
+What it may touch: nothing but its episodes.
+
 One mechanism for everything a connection suffers or does over and over:
 messages dropped because it does not read, a pattern refused, an UNSUB of a
 pattern it never held...  Each kind of event is an *episode*:

@@ -1,5 +1,7 @@
 """The one exception tree of sbus_relay.
 
+What it owns: the one exception tree.  What it may touch: nothing.
+
 Modelled on h11: errors split into "the peer misbehaved" (``PeerError``), which
 only ever closes that one peer, and "we were used wrongly" (``UsageError``,
 ``ConfigError``), which are our callers' fault.  Bad input from the wire may

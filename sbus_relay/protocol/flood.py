@@ -1,5 +1,8 @@
 """Flood control: every decision about a packet that cannot be sent now.  No I/O.
 
+What it owns: every flood-control decision and a client's outbound queue.
+What it may touch: the queue's account (quota).
+
 docs/protocol.md, "Flood control".
 A packet goes straight to a client's socket when the socket can take it and
 nothing is queued before it.  Otherwise this module decides, and the bus only

@@ -1,21 +1,29 @@
-"""The wire format on the hot path: a MSG's key, a packed batch's packets.  No I/O.
+"""The readers of received packets, one per frame kind, bounds-checked, and a
+packed batch built on the hot path.  No I/O.
 
-``codec.decode`` builds an event object per packet; the bus's read loop must
-not pay that for every message, so the two packets it meets on every
-message are parsed here instead, allocating only what is kept (the key, and
-a batch's packets):
+What it owns: how a MSG and a packed batch are read, and how a packed batch
+is built message by message (``BatchFrame``).  What it may touch: nothing
+(pure functions over the bytes given, and the frame it builds).
 
-    MSG <key>\\0<payload>              ``msg_key``: the key, or None for any other packet
-    CMSG batch\\0(<length><MSG>)...     ``unpack``: the MSG packets and their keys;
-                                      ``BatchFrame``: one built message by message
+Every byte the project receives is read here or in ``codec.decode`` (which
+reads ``SUB``, ``UNSUB`` and ``CMSG`` with the help of these), and nowhere
+else (``tests/unit/test_codec_only.py`` walks the source for slicing, NUL
+splitting and packet prefixes outside ``protocol/``).  Two frame kinds come on
+every message, so they are read here, compiled with the rest of the hot path
+(``sbus_relay.accel``), allocating only what is kept:
 
-(docs/protocol.md, "Packets" and "Packed batches").  ``msg_end`` serves a
-reader that receives into a buffer of its own (the recorder).  Bad input
-raises ``PeerError("protocol_error", ...)``, nothing else.  Compiled with the
-rest of the hot path (``sbus_relay.accel``).
+    MSG <key>\\0<payload>              ``msg_key`` (the key: the bus's read loop),
+                                       ``msg_parts`` (key and payload: a client),
+                                       ``msg_in`` (from a buffer of one's own: the recorder)
+    CMSG batch\\0(<length><MSG>)...     ``unpack`` (the packets and keys: the bus),
+                                       ``unpack_full`` (and the payloads: a client);
+                                       ``BatchFrame``: one built message by message
+                                       (the NATS link's way to the bus)
 
-What it owns: how those two packets are parsed, and a packed batch built on
-the hot path.  What it may touch: nothing (pure functions, and the frame it builds).
+(docs/protocol.md, "Packets" and "Packed batches").  Each kind has one set
+of rules, applied by one private reader (``_msg_nul``, ``_walk``) that the
+public functions share.  Bad input raises ``PeerError("protocol_error",
+...)``, nothing else.
 """
 
 from __future__ import annotations
@@ -36,14 +44,37 @@ _BATCH = b"CMSG batch\0"
 _LENGTH = struct.Struct(">I").pack
 
 
-def msg_key(packet: bytes) -> bytes | None:
-    """The key of ``MSG <key>\\0<payload>``; None if ``packet`` is not a MSG."""
+def _msg_nul(packet: bytes) -> int:
+    """Where the key of ``MSG <key>\\0<payload>`` ends (its NUL); -1 if
+    ``packet`` is not a MSG.  The one reading of a MSG's rules."""
     if not packet.startswith(_MSG):
-        return None
+        return -1
     nul = find_byte(packet, _NUL, 4)
     if nul < 0:
         raise PeerError("protocol_error", "MSG without NUL")
+    return nul
+
+
+def msg_key(packet: bytes) -> bytes | None:
+    """The key of ``MSG <key>\\0<payload>``; None if ``packet`` is not a MSG."""
+    nul = _msg_nul(packet)
+    if nul < 0:
+        return None
     return cut(packet, 4, nul)
+
+
+def msg_parts(packet: bytes) -> tuple[bytes, bytes] | None:
+    """The key and the payload of ``MSG <key>\\0<payload>``; None if ``packet``
+    is not a MSG."""
+    nul = _msg_nul(packet)
+    if nul < 0:
+        return None
+    return cut(packet, 4, nul), cut(packet, nul + 1, len(packet))
+
+
+def is_msg(packet: bytes) -> bool:
+    """Whether ``packet`` is a MSG (by its verb; ``msg_key`` checks the rest)."""
+    return packet.startswith(_MSG)
 
 
 def is_batch(packet: bytes) -> bool:
@@ -51,16 +82,19 @@ def is_batch(packet: bytes) -> bool:
     return packet.startswith(_BATCH)
 
 
-def unpack(frame: bytes) -> tuple[list[bytes], list[bytes]]:
-    """A packed batch's MSG packets, in order, and the key of each.
-
-    The whole frame is checked before anything is returned: a malformed one
-    (a length cut short or past its end, a packet that is not a MSG, more
-    than ``BATCH_MESSAGES``) delivers nothing of itself."""
+def _walk(frame: bytes, payloads: bool) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
+    """The one reading of a packed batch: its MSG packets, their keys and (if
+    asked) their payloads.  The whole frame is checked before anything is
+    returned: a malformed one (not a packed batch, a length cut short or past
+    its end, a packet that is not a MSG, more than ``BATCH_MESSAGES``)
+    delivers nothing of itself."""
+    if not frame.startswith(_BATCH):
+        raise PeerError("protocol_error", "not a packed batch")
     offset = len(_BATCH)
     end = len(frame)
     packets: list[bytes] = []
     keys: list[bytes] = []
+    bodies: list[bytes] | None = [] if payloads else None
     count = 0
     while offset < end:
         if end - offset < 4 or count == BATCH_MESSAGES:
@@ -76,19 +110,44 @@ def unpack(frame: bytes) -> tuple[list[bytes], list[bytes]]:
             raise PeerError("protocol_error", "a packed batch holds only MSG packets")
         packets.append(packet)
         keys.append(cut(packet, 4, nul))
+        if bodies is not None:
+            bodies.append(cut(packet, nul + 1, size))
         count += 1
+    return packets, keys, bodies
+
+
+def unpack(frame: bytes) -> tuple[list[bytes], list[bytes]]:
+    """A packed batch's MSG packets, in order, and the key of each (``_walk``)."""
+    packets, keys, _ = _walk(frame, False)
     return packets, keys
 
 
-def msg_end(buffer: bytes | bytearray, length: int) -> int:
-    """Where the key of the MSG in ``buffer[:length]`` ends (its NUL), or -1 if
-    that packet is not a MSG: for a reader that receives into a buffer of its own."""
-    if not buffer.startswith(_MSG):
-        return -1
+def unpack_full(frame: bytes) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """A packed batch's MSG packets, in order, with the key and the payload of
+    each (``_walk``): a client's receiving path."""
+    packets, keys, payloads = _walk(frame, True)
+    assert payloads is not None
+    return packets, keys, payloads
+
+
+def msg_in(
+    buffer: bytes | bytearray, length: int, payload: bool
+) -> tuple[bytes, int, bytes | None] | None:
+    """The MSG in ``buffer[:length]``, for a reader that receives into a buffer
+    of its own (the recorder): its key, its payload's size and (if
+    ``payload``) its payload, copied once each; None if that packet is not a
+    MSG."""
+    if length > MAX_PACKET:
+        raise PeerError("protocol_error", "packet longer than %d bytes" % MAX_PACKET)
+    if length < 4 or not buffer.startswith(_MSG, 0, length):
+        return None  # (what follows ``length`` is an older packet's)
     nul = buffer.find(_NUL, 4, length)
-    if nul < 0 or length > MAX_PACKET:
-        raise PeerError("protocol_error", "malformed or over-long MSG")
-    return nul
+    if nul < 0:
+        raise PeerError("protocol_error", "MSG without NUL")
+    view = memoryview(buffer)
+    key = bytes(view[4:nul])
+    body = bytes(view[nul + 1 : length]) if payload else None
+    return key, length - nul - 1, body
 
 
 class BatchFrame:

@@ -1,5 +1,8 @@
 """The subscription index: which clients want a routing key.  No I/O.
 
+What it owns: which holders want a key: the patterns, the trie and the match
+cache.  What it may touch: the first and last callbacks it is given.
+
 Theory of operation (after nats-server's sublist, docs/protocol.md, "Routing keys and wildcards"):
 
 * Patterns without ``*`` (the common case) live in two flat dicts keyed by

@@ -1,5 +1,8 @@
 """Who needs to hear about which patterns: the interest extension.  No I/O.
 
+What it owns: which notices each interest listener is owed.  What it may
+touch: the index, read only.
+
 docs/protocol.md, "Relays": a client that sends ``CMSG interest/on`` (a relay) is told every
 pattern held by *some other* holder, as it goes 0 -> 1 (``interest/add``) and
 1 -> 0 (``interest/remove``).  On a relay the upstream link is one of those
@@ -17,13 +20,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
+from .control import INTEREST_ADD as ADD
+from .control import INTEREST_REMOVE as REMOVE
 from .index import SubscriptionIndex
 
 C = TypeVar("C", bound=Hashable)
-
-ADD = b"interest/add"
-REMOVE = b"interest/remove"
-READY = b"interest/ready"
 
 
 class InterestTracker(Generic[C]):

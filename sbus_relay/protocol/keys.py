@@ -1,5 +1,8 @@
 """Routing-key and pattern rules: secret keys, credentials, reserved '!'.  No I/O.
 
+What it owns: the rules of keys and patterns: secrets, credentials, the
+reserved '!'.  What it may touch: nothing (pure functions).
+
 docs/protocol.md, "Routing keys and wildcards" and "Credentials and secret keys":
 
 * A key or pattern is split on '/' into segments.  A segment that is exactly

@@ -1,5 +1,7 @@
 """Every limit of sbus_relay, each a named constant with its reason.
 
+What it owns: every bound, each with its reason.  What it may touch: nothing.
+
 Defaults that the config may override are marked (config).
 """
 
@@ -67,6 +69,15 @@ MAX_CLIENTS = 4096
 #: Packets read from one client per wake-up before the others get a turn
 #: (fairness); the loop comes back to it at once if more are waiting.
 READ_BATCH = 128
+#: Packets the recorder reads in one batch before its writer and its clock get
+#: a turn: it serves one socket, so only the batch's bookkeeping is shared.
+RECORDER_READ_BATCH = 4096
+#: Packets an asyncio client reads per wake-up of its loop before the
+#: program's other tasks get a turn.
+CLIENT_READ_BATCH = 128
+#: Packets a bus's NATS link reads from its bus per wake-up before NATS's own
+#: work gets a turn.
+LINK_READ_BATCH = 256
 #: Packets sent from one client's queue per wake-up, for the same reason.
 WRITE_BATCH = 256
 #: Connections accepted per wake-up of the listening socket.
@@ -143,6 +154,9 @@ ABSTRACT_BIND_ATTEMPTS = 8
 STALE_PROBE_TIMEOUT = 1.0
 #: Seconds the daemonising parent waits for the daemon to report it is ready.
 DAEMON_READY_TIMEOUT = 30.0
+#: Packets read, without waiting, to find a bus's disconnect notice after a
+#: failed send: it is behind at most the messages already queued to us.
+NOTICE_SCAN_PACKETS = 64
 #: Messages a Client keeps while it waits for a reply (whoami); more means the
 #: caller is not reading, and the client raises instead of growing without bound.
 CLIENT_PENDING_MESSAGES = 10_000

@@ -1,5 +1,8 @@
 """What the hosts on one NATS system want of each other.  No I/O.
 
+What it owns: what the hosts on one NATS system want of each other, and how
+they say it.  What it may touch: nothing but its own state.
+
 Theory of operation (docs/nats.md, "Only wanted traffic crosses"): a message
 leaves a host only when another host holds a pattern that matches its key,
 so every host tells the others the distinct patterns its own clients (and

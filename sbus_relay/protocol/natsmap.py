@@ -1,5 +1,8 @@
 """sbus keys and patterns as NATS subjects and subscriptions.  No I/O.
 
+What it owns: how keys and patterns map to NATS subjects, and the long-key
+envelope.  What it may touch: nothing (pure functions).
+
 Theory of operation (docs/nats.md, "The mapping"):
 
 * A key is split on '/' into segments, and each segment becomes one NATS

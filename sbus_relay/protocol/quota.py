@@ -1,5 +1,8 @@
 """Quotas: what one connection and one user may hold.  No I/O.
 
+What it owns: every per-user and per-client limit decision, and a user's
+Account.  What it may touch: nothing but its accounts.
+
 Modelled on dbus-broker's per-UID accounting: every user (uid from
 SO_PEERCRED) has an ``Account`` that sums what all its connections hold --
 connections, stored patterns, the bytes of those patterns and the bytes

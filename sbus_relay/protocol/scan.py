@@ -1,5 +1,8 @@
 """Bytes scanned and cut on the hot path, without Python's per-call costs.  No I/O.
 
+What it owns: finding and cutting bytes on the hot path.  What it may touch:
+nothing (pure functions).
+
 ``bytes.find`` parses its arguments on every call and slicing builds a
 slice object; on a path that runs several times per message that is most of
 the cost.  Compiled (``sbus_relay.accel``), these are plain loops and copies

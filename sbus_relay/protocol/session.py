@@ -1,5 +1,9 @@
 """A connection's protocol state, and what each packet does to it.  No I/O.
 
+What it owns: a connection's protocol state and the rules of each packet
+(Session, LinkSession).  What it may touch: nothing but itself -- no socket,
+timer, log or server.
+
 Theory of operation, after h11: a plain object takes the bytes of one packet
 and returns what the bus must do about it, having changed its own state on
 the way.  Nothing here has a socket, a timer or a server; ``bus/`` moves the
@@ -53,9 +57,6 @@ bytes, runs the timers and carries the actions out.  Two sides:
   the upstream was never sent (``unsent``: a relay below renames them
   itself), the upstream's interest (``interest_count``,
   ``interest_complete``), and ``lost`` when the link goes.
-
-What it owns: the state named above and the rules of each packet.  What it
-may touch: nothing but itself -- no socket, timer, log or server.
 """
 
 from __future__ import annotations
@@ -65,33 +66,19 @@ from dataclasses import dataclass
 
 from sbus_relay.accel import load_compiled
 
-from . import codec, frames
+from . import codec, control, frames
 from .accounting import MAX_NAME, relay_name
 from .errors import UsageError
 from .flood import parse_flood_control
-from .interest import ADD, READY, REMOVE
 from .keys import WHOAMI
 
-#: What a process that is to take the bus over sends (``ops.handover``).
-TAKE_OVER_KEY = b"upgrade/take-over"
-#: What a client asks how many of its messages were dropped with.
-DROPS_COUNT_KEY = b"drops/count"
-#: What a relay names itself with (its instance).
-RELAY_NAME_KEY = b"relay/name"
-#: What a relay says in its hello: it takes a new identity in place (``Session.renamed``).
-FOLLOW_KEY = b"identity/follow"
-#: What such a relay is then told: its whole new identity, as whoami would answer.
-CHANGED_KEY = b"identity/changed"
-#: What the bus tells a client it closes, before closing (our extension):
-#: ``CMSG disconnect\\0<reason>[: <detail>]``.
-DISCONNECT_KEY = b"disconnect"
 #: The packets a relay's link begins with, before its name (``LinkSession.hello``).
 HELLO = (
-    codec.encode_cmsg(b"echo/off"),
-    codec.encode_cmsg(WHOAMI),
-    codec.encode_cmsg(b"interest/on"),
-    codec.encode_cmsg(codec.BATCH_ON),
-    codec.encode_cmsg(FOLLOW_KEY),
+    codec.encode_cmsg(control.ECHO_OFF),
+    control.WHOAMI_PACKET,
+    codec.encode_cmsg(control.INTEREST_ON),
+    codec.encode_cmsg(control.BATCH_ON),
+    codec.encode_cmsg(control.FOLLOW),
 )
 
 
@@ -216,34 +203,34 @@ class Session:
     def _control(self, key: bytes, payload: bytes | None) -> SessionAction | None:
         if key == WHOAMI:
             return WHOAMI_ASKED
-        if key == b"echo/off":
+        if key == control.ECHO_OFF:
             self.echo = False
             return None
-        if key == b"echo/on":
+        if key == control.ECHO_ON:
             self.echo = True
             return None
-        if key == b"interest/on":
+        if key == control.INTEREST_ON:
             new_relay = not self.relay
             self.relay = self.interest = True
             return _LISTEN_NEW if new_relay else _LISTEN
-        if key == b"interest/off":
+        if key == control.INTEREST_OFF:
             if not self.interest:
                 return None
             self.interest = False
             return UNLISTEN
-        if key == RELAY_NAME_KEY:
+        if key == control.RELAY_NAME:
             raw = payload or b""
             name = relay_name(raw) if self.relay else None  # only a relay is named
             return NameRelay(name, raw[:MAX_NAME].decode("utf-8", "replace"))
-        if key == codec.BATCH_ON:
+        if key == control.BATCH_ON:
             self.packs = True
             return BATCH_ON
-        if key == FOLLOW_KEY:
+        if key == control.FOLLOW:
             self.follows = True
             return None
-        if key == TAKE_OVER_KEY:
+        if key == control.TAKE_OVER:
             return TAKE_OVER
-        if key == DROPS_COUNT_KEY:
+        if key == control.DROPS_COUNT:
             return DROPS_COUNT
         setting = parse_flood_control(key)
         if setting is None:
@@ -266,15 +253,14 @@ class Session:
         and learns its identity from its next handshake."""
         if not self.follows:
             return None
-        return codec.encode_cmsg(CHANGED_KEY, identity)
+        return control.identity_changed(identity)
 
     def notice(self, reason: str, detail: str = "") -> bytes | None:
         """What it is told as it is closed: ``CMSG disconnect\\0<reason>[: <detail>]``,
         or None when nothing is (its peer closed; the link is never told)."""
         if reason == "closed" or self.upward:
             return None
-        told = reason + (": " + detail if detail else "")
-        return codec.encode_cmsg(DISCONNECT_KEY, told.encode("utf-8", "replace"))
+        return control.disconnect(reason, detail)
 
 
 # --- the relay's side of its link ----------------------------------------------------
@@ -363,7 +349,7 @@ class LinkSession:
         """Connected: the packets to send first (the last names this relay)."""
         self.connected = True
         self.ready = False
-        return (*HELLO, codec.encode_cmsg(RELAY_NAME_KEY, name.encode("utf-8", "replace")))
+        return (*HELLO, control.relay_name(name))
 
     def receive(self, packet: bytes) -> LinkAction | None:
         """What one packet from the upstream (not a ``MSG``) asks of the relay."""
@@ -382,26 +368,26 @@ class LinkSession:
                 return Cycle(payload)
             self.identity = payload
             return Identity(payload)  # ready once our patterns are sent (``synced``)
-        if key == CHANGED_KEY:
+        if key == control.CHANGED:
             if not self.ready or payload == self.identity:
                 return None  # not answered yet: the whoami answer will carry it
             if self.identity is not None and payload.startswith(self.identity + b"/"):
                 return Cycle(payload)  # taken like a whoami answer
             self.identity = payload
             return Renamed(payload)
-        if key == ADD:
+        if key == control.INTEREST_ADD:
             self.interest_count += 1
             return UpstreamInterest(payload, True)
-        if key == REMOVE:
+        if key == control.INTEREST_REMOVE:
             self.interest_count -= 1
             return UpstreamInterest(payload, False)
-        if key == READY:
+        if key == control.INTEREST_READY:
             first = not self.interest_complete
             self.interest_complete = True
             return InterestReady(first)
-        if key == codec.BATCH_ON:
+        if key == control.BATCH_ON:
             return BATCH_ON
-        if key == DISCONNECT_KEY:
+        if key == control.DISCONNECT:
             return Disconnected(payload.decode("utf-8", "replace"))
         return None
 

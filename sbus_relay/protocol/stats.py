@@ -1,5 +1,7 @@
 """Plain-integer counters of one server, read by the metrics collector on scrape.
 
+What it owns: one server's plain counters.  What it may touch: nothing.
+
 Each connection counts its own traffic; what is counted here happens off the
 hot path (drops, disconnects, refusals, control packets), and nothing takes a
 lock.  ``ops.collector`` turns a ``Stats`` plus a ``Gauges`` snapshot (which
@@ -63,6 +65,20 @@ REFUSAL_REASONS = (
     "user_pattern_quota",
 )
 
+#: Where a bug of ours is caught at the edge of the one task it can cost, and
+#: counted (``Stats.bug``): a client's read loop (the client is closed), a
+#: reload (the bus keeps its config), and each part of the metrics server (that
+#: scrape or answer lacks it).
+INTERNAL_ERRORS = (
+    "read_loop",
+    "reload",
+    "metrics_gauges",
+    "metrics_who",
+    "metrics_nats",
+    "metrics_clients",
+    "metrics_health",
+)
+
 #: Upper bounds (seconds) of the queue-wait histogram buckets.
 QUEUE_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
@@ -93,6 +109,18 @@ class Stats:
     reloads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RELOAD_RESULTS, 0))
     #: whether the last reload was taken (True until one is refused)
     last_reload_ok: bool = True
+    #: bugs of ours caught, by where (``INTERNAL_ERRORS``)
+    internal_errors: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(INTERNAL_ERRORS, 0)
+    )
+
+    def bug(self, where: str) -> bool:
+        """A bug of ours was caught at ``where``: counted; True the first time
+        there, when the caller logs it with its traceback (once: the count
+        says how often it happened since)."""
+        seen = self.internal_errors.get(where, 0)
+        self.internal_errors[where] = seen + 1
+        return seen == 0
 
     def observe_queue_wait(self, seconds: float) -> None:
         """Record how long one message waited in a client's queue (slow path only)."""

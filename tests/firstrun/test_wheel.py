@@ -121,7 +121,11 @@ def test_make_dist_builds_an_sdist_and_a_compiled_manylinux_wheel(dist: Path) ->
 def bundled_libraries(wheel: Path) -> list[str]:
     """The shared libraries auditwheel copied into the wheel (sbus_relay.libs/)."""
     with zipfile.ZipFile(wheel) as archive:
-        return [Path(n).name for n in archive.namelist() if n.startswith("sbus_relay.libs/")]
+        return [
+            Path(n).name
+            for n in archive.namelist()
+            if n.startswith("sbus_relay.libs/") and not n.endswith("/")  # (its directory's entry)
+        ]
 
 
 def test_the_wheel_runs_compiled_and_passes_the_protocol_tests_without_a_compiler(

@@ -30,6 +30,7 @@ from sbus_relay.protocol.errors import ConfigError
 from sbus_relay.protocol.stats import (
     DISCONNECT_REASONS,
     DROP_REASONS,
+    INTERNAL_ERRORS,
     PACKET_TYPES,
     QUEUE_WAIT_BUCKETS,
     REFUSAL_REASONS,
@@ -119,6 +120,27 @@ def test_each_packet_type_increments_exactly_its_counter(ptype: str) -> None:
     assert bump_and_diff(bump) == {key("sbus_packets_received_total", type=ptype): 2}
 
 
+@pytest.mark.parametrize("where", INTERNAL_ERRORS)
+def test_each_internal_error_is_counted_under_its_place(where: str) -> None:
+    def bump(stats: Stats) -> None:
+        assert stats.bug(where)  # the first: logged with its traceback
+        assert not stats.bug(where)  # then counted only
+
+    assert bump_and_diff(bump) == {key("sbus_internal_errors_total", where=where): 2}
+
+
+def test_a_failing_gauges_snapshot_is_logged_once_and_counted() -> None:
+    stats = Stats()
+
+    def broken() -> Gauges:
+        raise RuntimeError("a bug")
+
+    registry = sbus_registry(stats, broken)
+    for _ in range(3):
+        samples(registry)  # each scrape still exports the counters
+    assert stats.internal_errors["metrics_gauges"] == 3
+
+
 SCALAR_COUNTERS = [
     ("connections_accepted", "sbus_connections_accepted_total"),
     ("connections_refused", "sbus_connections_refused_total"),
@@ -183,7 +205,7 @@ def test_every_stats_field_reaches_the_exposition() -> None:
     stats = Stats()
     covered = {a for a, _ in SCALAR_COUNTERS} | {a for a, _ in UPSTREAM_COUNTERS}
     covered |= {"packets_in", "drops", "disconnects", "queue_wait_counts", "queue_wait_sum"}
-    covered |= {"refusals", "reloads", "last_reload_ok"}
+    covered |= {"refusals", "reloads", "last_reload_ok", "internal_errors"}
     assert set(vars(stats)) == covered
 
 
@@ -314,7 +336,8 @@ def test_no_exposition_label_is_reserved_or_high_cardinality() -> None:
     labels = {label for _, ls in got for label, _ in ls}
     # 'instance' and 'job' belong to Prometheus's target labels.
     assert labels == {
-        *("type", "reason", "mode", "direction", "le", "version", "role", "name", "result")
+        *("type", "reason", "mode", "direction", "le", "version", "role", "name", "result"),
+        "where",  # sbus_internal_errors_total: a fixed set (stats.INTERNAL_ERRORS)
     }
     assert any(n.startswith("process_") for n in names)
 

@@ -50,7 +50,7 @@ def unpacked(packets: list[bytes]) -> list[bytes]:
     for packet in packets:
         assert 0 < len(packet) <= MAX_PACKET
         if packet.startswith(codec.BATCH_HEAD):
-            inner = codec.unpack_batch(packet)
+            inner = codec.unpack(packet)[0]
             assert 2 <= len(inner) <= BATCH_MESSAGES
             out += inner
         else:
@@ -86,7 +86,7 @@ def test_batch_agreed_before_the_whoami_reply_packs_publishes() -> None:
     assert ready == Ready(ME, True, 0)
     s.publish_many([("k", "1"), ("k", "2"), ("k", "3")])
     [frame] = s.outgoing()
-    assert codec.unpack_batch(frame) == [b"MSG k\x001", b"MSG k\x002", b"MSG k\x003"]
+    assert codec.unpack(frame)[0] == [b"MSG k\x001", b"MSG k\x002", b"MSG k\x003"]
 
 
 def test_a_bus_that_ignores_batch_on_is_detected() -> None:
@@ -312,9 +312,62 @@ def test_any_bytes_from_the_bus_raise_only_peer_error(packet: bytes) -> None:
 @given(st.lists(st.tuples(key, st.binary(max_size=2000)), min_size=1, max_size=700))
 def test_packed_batches_unpack_to_the_messages_in_order(items: list[tuple[bytes, bytes]]) -> None:
     packets = [codec.encode_msg(k, p) for k, p in items]
-    frames = codec.pack_batches(packets)
+    frames, counts = codec.pack(packets)
+    assert sum(counts) == len(packets)
     assert unpacked(frames) == packets
     s = Session()
     s.connection_made()
     got = [e for f in frames for e in s.receive(f)]
     assert [(m.key, m.payload) for m in got if isinstance(m, Message)] == items
+
+
+# --- what both faces share: outages, back-off, requests ------------------------------
+
+
+def test_outages_note_a_loss_and_keep_it_once_ready_again() -> None:
+    from sbus_relay.client.session import Outage, Outages
+
+    downs: list[str] = []
+    ups: list[Outage] = []
+    outages = Outages(downs.append, ups.append)
+    outages.ready(Ready(ME, False, 0), 1.0)  # the first connection: no outage
+    assert ups == [] and outages.history == []
+    outages.lost("", 10.0)  # the bus said nothing
+    outages.ready(Ready(ME, False, 2), 10.5)
+    assert downs == ["closed"]
+    assert ups == outages.history == [Outage("closed", 0.5, 2)]
+    outages.ready(Ready(ME, False, 0), 11.0)  # a handshake with no outage before it
+    assert len(outages.history) == 1
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_once_connected() -> None:
+    from sbus_relay.client.session import Backoff
+    from sbus_relay.protocol.limits import CLIENT_RECONNECT_MAX, CLIENT_RECONNECT_MIN
+
+    backoff = Backoff()
+    waits = [backoff.failed(0.0) for _ in range(10)]
+    assert waits[0] == CLIENT_RECONNECT_MIN and waits[1] == 2 * CLIENT_RECONNECT_MIN
+    assert max(waits) == waits[-1] == CLIENT_RECONNECT_MAX
+    assert backoff.next_try == CLIENT_RECONNECT_MAX
+    backoff.lost()
+    assert backoff.next_try == 0.0 and backoff.delay == CLIENT_RECONNECT_MAX
+    backoff.connected()
+    assert backoff.failed(5.0) == CLIENT_RECONNECT_MIN
+
+
+def test_each_request_has_a_reply_key_of_its_own() -> None:
+    from sbus_relay.client.session import Requests
+
+    requests = Requests()
+    first, payload = requests.new(ME + b"/inbox/", "ask")
+    second, _ = requests.new(ME + b"/inbox/", b"")
+    assert first != second and first.startswith(ME + b"/inbox/")
+    asked = Message(False, b"service", payload, b"")
+    assert Requests.reply_key(asked) == first
+    with pytest.raises(UsageError):
+        Requests.reply_key(Message(False, b"k", b"no reply key", b""))
+
+
+def test_a_closing_notice_is_the_error_the_caller_gets() -> None:
+    error = Closing("slow_client", "blocking/hard/error").error()
+    assert error.reason == "slow_client" and str(error).endswith("slow_client: blocking/hard/error")

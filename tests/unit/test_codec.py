@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import PeerError, UsageError
+from sbus_relay.protocol.limits import BATCH_MESSAGES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,3 +79,37 @@ def test_fuzz_only_peer_errors(packet: bytes) -> None:
         return
     assert packet.startswith((b"MSG ", b"SUB ", b"UNSUB ", b"CMSG "))
     assert isinstance(event, codec.Publish | codec.Subscribe | codec.Unsubscribe | codec.Control)
+
+
+def test_pack_keeps_order_and_sends_what_is_not_a_msg_alone() -> None:
+    packets = [b"MSG a\0" + b"1", b"MSG a\0" + b"2", b"CMSG k", b"MSG b\0" + b"3"]
+    frames, counts = codec.pack(packets)
+    assert counts == [2, 1, 1]
+    assert frames[1:] == [b"CMSG k", b"MSG b\0" + b"3"]  # a lone MSG goes as it is
+    assert codec.unpack(frames[0])[0] == packets[:2]
+
+
+def test_pack_keeps_each_frame_within_its_bounds() -> None:
+    big = codec.encode_msg(b"k", bytes(1000))
+    frames, counts = codec.pack([big] * 10, max_bytes=2500)
+    assert counts == [2, 2, 2, 2, 2]
+    assert all(len(f) <= 2500 for f in frames)
+    many = [codec.encode_msg(b"k", b"")] * (BATCH_MESSAGES + 1)
+    assert codec.pack(many)[1] == [BATCH_MESSAGES, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(field.filter(bool), st.binary(max_size=50))
+def test_a_request_splits_into_what_made_it(reply_to: bytes, payload: bytes) -> None:
+    assert codec.split_request(codec.encode_request(reply_to, payload)) == (reply_to, payload)
+
+
+def test_what_is_not_a_request_is_a_usage_error() -> None:
+    for payload in (b"no nul", b"\0starts with one"):
+        with pytest.raises(UsageError):
+            codec.split_request(payload)
+
+
+def test_encode_subscription_says_sub_or_unsub() -> None:
+    assert codec.encode_subscription(b"a/", True) == codec.encode_sub(b"a/")
+    assert codec.encode_subscription(b"a/", False) == codec.encode_unsub(b"a/")

@@ -73,16 +73,45 @@ def test_any_bytes_give_a_batch_or_a_peer_error(tail: bytes) -> None:
     assert all(frames.msg_key(p) == k for p, k in zip(packets, keys, strict=True))
 
 
-def test_msg_end_reads_a_buffer_of_its_own() -> None:
+def test_msg_in_reads_a_buffer_of_its_own() -> None:
     buffer = bytearray(64)
     packet = b"MSG a/b\0xyz"
     buffer[: len(packet)] = packet
-    assert frames.msg_end(buffer, len(packet)) == 7
+    assert frames.msg_in(buffer, len(packet), True) == (b"a/b", 3, b"xyz")
+    assert frames.msg_in(buffer, len(packet), False) == (b"a/b", 3, None)
+    assert frames.msg_in(buffer, 2, True) is None  # "MS": an older packet's bytes follow
     buffer[:6] = b"CMSG k"
-    assert frames.msg_end(buffer, 6) == -1
+    assert frames.msg_in(buffer, 6, True) is None
     buffer[:5] = b"MSG k"
-    buffer[5:] = bytes(59)[:0] + b"x" * 59  # no NUL within the packet
-    with pytest.raises(PeerError):
-        frames.msg_end(buffer, 20)
-    with pytest.raises(PeerError, match="over-long"):
-        frames.msg_end(b"MSG k\0" + bytes(MAX_PACKET), MAX_PACKET + 6)
+    buffer[5:] = b"x" * 59  # no NUL within the packet
+    with pytest.raises(PeerError, match="without NUL"):
+        frames.msg_in(buffer, 20, True)
+    with pytest.raises(PeerError, match="longer than"):
+        frames.msg_in(b"MSG k\0" + bytes(MAX_PACKET), MAX_PACKET + 6, True)
+
+
+@pytest.mark.parametrize(
+    ("packet", "parts"),
+    [
+        (b"MSG a/b\0payload", (b"a/b", b"payload")),
+        (b"MSG \0", (b"", b"")),
+        (b"MSG k\0p\0q", (b"k", b"p\0q")),
+        (b"CMSG batch\0", None),
+        (b"MSGk\0", None),
+        (b"", None),
+    ],
+)
+def test_msg_parts_table(packet: bytes, parts: tuple[bytes, bytes] | None) -> None:
+    assert frames.msg_parts(packet) == parts
+
+
+@given(st.lists(msgs, max_size=BATCH_MESSAGES))
+def test_unpack_full_gives_the_payloads_too(packets: list[bytes]) -> None:
+    got, keys, payloads = frames.unpack_full(codec.encode_batch(packets))
+    assert got == packets
+    assert list(zip(keys, payloads, strict=True)) == [frames.msg_parts(p) for p in packets]
+
+
+def test_unpack_refuses_what_is_not_a_packed_batch() -> None:
+    with pytest.raises(PeerError, match="not a packed batch"):
+        frames.unpack(b"MSG k\0v")
