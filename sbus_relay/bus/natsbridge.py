@@ -24,10 +24,17 @@ the bridge resubscribes (nats-py does), re-announces its snapshot, asks for
 everyone's, and reads on.
 
 Overlapping subscriptions: NATS delivers a message once per matching
-subscription of a connection, so the bridge takes it from one of them only,
-the oldest of its subscriptions that match (found with a ``SubscriptionIndex``
-of the subscriptions' relaxed patterns, which match exactly what the
-subscriptions do).
+subscription of a connection, so the bridge takes it from one of them only
+(``protocol.natssubs``, which also keeps a subscription a while after its
+last pattern went).
+
+Every loss seen (docs/nats.md): what the bridge publishes carries an
+envelope with its sequence number, and it tells each other host how many of
+its messages it should have received (``protocol.natsledger``); what comes
+from other hosts is held and released in each origin's order, refused if
+older than what was delivered, and compared with those counts
+(``protocol.natsorigins``).  Each of the three is called from a few marked
+places below ("fleet:"), and owns its state.
 
 Every counter here is written by the bridge's thread alone and read by the
 bus's (plain ints and floats: the GIL makes each read whole).
@@ -44,7 +51,7 @@ import time
 from typing import Any
 
 from sbus_relay.ops.natsconfig import NatsConfig
-from sbus_relay.protocol import codec, natsinterest
+from sbus_relay.protocol import codec, natsenvelope, natsinterest, natsledger, natsorigins, natssubs
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
@@ -62,7 +69,7 @@ SUBJECT_MAX = 4000
 #: then the link holds every public key, so nothing published meanwhile is
 #: lost for want of knowing who wants it.
 INTEREST_SETTLE = 1.0
-#: Incarnations under our own host name said in the log (the rest are not).
+#: Incarnations under our own host name said in the log (and remembered).
 TWINS_LOGGED = 16
 #: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
 #: and mapping one costs a pass over its bytes in Python.
@@ -108,11 +115,13 @@ DROP_REASONS = (
     "secret",  # an identity (!/cred/) key: never crosses
     "bus_full",  # the bus did not read what came from NATS fast enough
     "nats_refused",  # nats-py refused a publish (its reconnect buffer full, too large)
-    "slow_consumer",  # nats-py dropped messages of a subscription that fell behind
     "bad_subject",  # a message on a subject no key maps to
     "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
-    "unconfirmed",  # handed to a NATS server that went away before confirming it: at most lost
 )
+# Not drops, counted apart (docs/nats.md, "Who counts what"): what NATS lost
+# on the way here (natsorigins: per origin, by cause; nats-py's slow-consumer
+# drops among them), and what a server that went away never confirmed
+# (``unconfirmed_total``: at most lost, an upper bound the receivers' counts settle).
 #: Bytes of an sbus packet beyond its key and payload: "MSG " and the NUL.
 PACKET_OVERHEAD = 5
 
@@ -143,6 +152,10 @@ class NatsBridge:
         self.server = ""  # the URL of the server connected to
         self.sent = self.sent_bytes = self.received = self.received_bytes = 0
         self.drops: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        #: messages handed to a server that went away before confirming them
+        self.unconfirmed_total = 0
+        #: messages nats-py dropped because a subscription fell behind
+        self.slow_consumer = 0
         self.reconnects = 0
         self.rtt = 0.0
         #: ``sent`` when the server last confirmed all it had been handed
@@ -152,14 +165,20 @@ class NatsBridge:
         #: when the bridge last had applied at the server all it read from the bus
         self.synced = 0.0
         self.local = natsinterest.LocalInterest()
-        self.remote = natsinterest.RemoteInterest(secrets=config.identities)
+        # fleet: our subscriptions, what we send whom, what we get from whom
+        self.subs = natssubs.Subscriptions()
+        self.ledger = natsledger.Ledger(host, self.local.incarnation, config.publish)
+        self.origins = natsorigins.Origins(host, self.local.incarnation, self.subs)
+        self.remote = natsinterest.RemoteInterest(
+            secrets=config.identities,
+            always=config.publish,
+            watchers=(self.ledger, self.origins),
+        )
         #: the prefix of this host's identities when they cross (None: they stay home)
         self.identity = natsinterest.host_identity(host) if config.identities else None
         self._subs: dict[bytes, Any] = {}  # relaxed pattern -> nats-py Subscription or None
-        self._sub_count: dict[bytes, int] = {}  # relaxed pattern -> local patterns behind it
-        self._sub_order: dict[bytes, int] = {}  # relaxed pattern -> when subscribed (dedup)
-        self._sub_seq = 0
-        self._dedup: SubscriptionIndex = SubscriptionIndex()
+        self._releasing = False  # a release of what came from other hosts is scheduled
+        self._answering = False  # a snapshot answering the requests meanwhile is scheduled
         #: key -> subject and subject -> key, bounded (cleared whole when full)
         self._subjects: dict[bytes, str] = {}
         self._keys: dict[str, bytes] = {}
@@ -206,7 +225,11 @@ class NatsBridge:
 
     @property
     def remote_hosts(self) -> int:
-        return len(self.remote.hosts)
+        return self.remote.live
+
+    @property
+    def silent_hosts(self) -> int:
+        return len(self.remote.hosts) - self.remote.live
 
     @property
     def remote_patterns(self) -> int:
@@ -249,8 +272,10 @@ class NatsBridge:
         self._stop = asyncio.Event()
         self._readable = asyncio.Event()
         self._writer = BusWriter(self._sock, self._loop)
+        self._tell_bus(self.remote.initial())  # the patterns published whoever wants them
         reader = asyncio.create_task(self._read_bus())
         ticker = asyncio.create_task(self._tick())
+        counting = asyncio.create_task(self._count())
         confirming = asyncio.create_task(self._confirm())
         connecting = asyncio.create_task(self._connect())
         try:
@@ -261,6 +286,7 @@ class NatsBridge:
                 await connecting
             reader.cancel()
             ticker.cancel()
+            counting.cancel()
             confirming.cancel()
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self._fd)
@@ -361,12 +387,14 @@ class NatsBridge:
                 pending_msgs_limit=SUB_PENDING_MESSAGES,
                 pending_bytes_limit=SUB_PENDING_BYTES,
             )
+            await nc.subscribe(self.map.ledger_of(self.host).decode(), cb=self._on_count)
         for r in list(self._subs):
             if self._subs[r] is None:
                 await self._subscribe(r)
         await self._announce(self.local.snapshot())
         await nc.publish(self.map.snapshot.decode(), b"")
         self.connected = True
+        await self._send_counts(self.ledger.cuts())  # fleet: owed while away
         self.state = "connected"
         self._erred = False
         self.log.info("nats.connected", server=self.server, patterns=len(self.local.patterns))
@@ -401,6 +429,7 @@ class NatsBridge:
         if self.connected and not self._closing:
             self.log.warning("nats.lost", server=self.server)
         self._unconfirmed_lost()
+        self.origins.link_down()  # fleet: a loss counted from now on is this link's
         self.connected = False
         self.state = "reconnecting"
         self._reading(False)
@@ -413,7 +442,8 @@ class NatsBridge:
         import nats.errors
 
         if isinstance(e, nats.errors.SlowConsumerError):
-            self.drops["slow_consumer"] += 1
+            self.slow_consumer += 1
+            self.origins.slow_consumer()  # fleet: the losses it causes are counted there
             return
         # the first error while away is news (a refused sign-in, say); its repeats are not
         say = self.log.debug if self._erred else self.log.warning
@@ -498,12 +528,20 @@ class NatsBridge:
                 if len(subjects) >= MAPPING_CACHE:
                     subjects.clear()
                 subjects[key] = subject
+        long = len(subject) > SUBJECT_MAX
+        # fleet: its number, counted for every host that wants it (0: only
+        # silent ones do, counted for them, not sent)
+        seq = self.ledger.stamp_long() if long else self.ledger.stamp(key)
+        if not seq:
+            return
+        headers = {natsenvelope.HEADER: self.ledger.value(seq)}
         try:
-            if len(subject) <= SUBJECT_MAX:
-                await self._nc.publish(subject, payload)
+            if not long:
+                await self._nc.publish(subject, payload, headers=headers)
             else:  # every host takes these and its bus keeps what it wants
-                await self._nc.publish(self._long, key + b"\0" + payload)
+                await self._nc.publish(self._long, key + b"\0" + payload, headers=headers)
         except Exception:
+            self.ledger.unstamp(key, long)  # fleet: counted here, not as a loss there
             self.drops["nats_refused"] += 1
             return
         self.sent += 1
@@ -513,28 +551,21 @@ class NatsBridge:
         """One of this host's patterns came or went."""
         if not natsinterest.acceptable(pattern, owner=self.identity):
             return  # identities stay on their host, unless they cross
-        r = relaxed(pattern)
-        if r is None:
+        if relaxed(pattern) is None:
             return  # it matches nothing: nobody needs to hear of it
         self.local.change(pattern, present)
-        n = self._sub_count.get(r, 0) + (1 if present else -1)
-        if n > 0:
-            self._sub_count[r] = n
-        else:
-            self._sub_count.pop(r, None)
-        if present and n == 1:
-            self._sub_seq += 1
-            self._sub_order[r] = self._sub_seq
-            self._dedup.add(r, r)
+        # fleet: a new subscription now; one whose last pattern went ends later (``_count``)
+        r = self.subs.change(pattern, present, time.monotonic())
+        if r is not None:
             self._subs[r] = None
             await self._subscribe(r)
-        elif not present and n == 0:
-            self._dedup.remove(r, r)
-            self._sub_order.pop(r, None)
-            sub = self._subs.pop(r, None)
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+
+    async def _unsubscribe(self, r: bytes) -> None:
+        """A subscription's grace is over (``natssubs.UNSUB_GRACE``)."""
+        sub = self._subs.pop(r, None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _subscribe(self, r: bytes) -> None:
         subject = self.map.subscription(r)
@@ -561,6 +592,7 @@ class NatsBridge:
             await self._announce(self.local.delta())
 
     async def _announce(self, announcements: list[natsinterest.Announcement]) -> None:
+        self.subs.announced(announcements)  # fleet: which subscriptions each names
         subject = self.map.interest_of(self.host).decode("ascii")
         for a in announcements:
             await self._nc.publish(subject, natsinterest.encode(a))
@@ -572,22 +604,29 @@ class NatsBridge:
             keys = self._keys
             key = keys.get(msg.subject)
             if key is None:
+                subject = msg.subject.encode("ascii", "replace")
                 try:
-                    key = self.map.key(msg.subject.encode("ascii", "replace"))
+                    key = self.map.key(subject)
                 except MappingError:
-                    self.drops["bad_subject"] += 1
+                    # counted once, by the subscription that would take it
+                    other = self.map.lenient_key(subject)
+                    if other is not None and self.subs.taker(r, other) is not None:
+                        self.drops["bad_subject"] += 1
                     return
                 if len(key) <= MATCH_CACHE_KEY_MAX:
                     if len(keys) >= MAPPING_CACHE:
                         keys.clear()
                     keys[msg.subject] = key
-            holders = self._dedup.match(key)
-            if len(holders) > 1:
-                order = self._sub_order
-                first = min(holders, key=lambda h: order.get(h, 1 << 62))
-                if first != r:
-                    return  # the same message through an older subscription of ours
-            self._deliver(key, msg.data)
+            # fleet: one of our subscriptions takes it (the others are given it too)
+            took = self.subs.taker(r, key)
+            if took is None:
+                return
+            headers = msg.headers
+            if headers is None or natsenvelope.HEADER not in headers:
+                if took[0]:
+                    self._deliver(key, msg.data)  # a native NATS client's: nothing to check
+                return
+            self._arrived(headers[natsenvelope.HEADER], took[1], took[0], key, msg.data)
 
         return receive
 
@@ -597,7 +636,38 @@ class NatsBridge:
         if not nul or not key:
             self.drops["bad_subject"] += 1
             return
-        self._deliver(key, data)
+        headers = msg.headers
+        if headers is None or natsenvelope.HEADER not in headers:
+            self._deliver(key, data)
+        else:
+            self._arrived(headers[natsenvelope.HEADER], None, True, key, data)
+
+    async def _on_count(self, msg: Any) -> None:
+        """Another host's count of what it sent us (``natsledger``)."""
+        headers = msg.headers or {}
+        got = self.origins.count(headers.get(natsenvelope.HEADER), msg.data, time.time())
+        if got == natsorigins.FIRST:
+            self._release_soon()
+
+    def _arrived(
+        self, value: str, holders: tuple[bytes, ...] | None, deliver: bool, key: bytes, data: bytes
+    ) -> None:
+        """fleet: a message of another host, held until ``_release`` puts its
+        origin's messages in order (nats-py hands each subscription's over apart)."""
+        got = self.origins.arrive(value, holders, deliver, (key, data), time.time())
+        if got == natsorigins.FIRST:
+            self._release_soon()
+
+    def _release_soon(self) -> None:
+        # after nats-py's tasks have handed over what it read in this turn
+        if not self._releasing and self._loop is not None:
+            self._releasing = True
+            self._loop.call_soon(self._release)
+
+    def _release(self) -> None:
+        self._releasing = False
+        for key, data in self.origins.release(time.time()):
+            self._deliver(key, data)
 
     def _deliver(self, key: bytes, data: bytes) -> None:
         """A message from another host, for this host's bus (once per host)."""
@@ -628,11 +698,15 @@ class NatsBridge:
         name = host.decode("utf-8", "replace")
         if name == self.host:
             a = natsinterest.decode(msg.data)
-            if a is not None and a.incarnation not in self._twins | {self.local.incarnation}:
-                # a live upgrade's other process, for a moment; or a host with our name
-                self._twins.add(a.incarnation)
-                if len(self._twins) <= TWINS_LOGGED:
-                    self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
+            twins = self._twins
+            # a live upgrade's other process, for a moment; or a host with our name
+            if (
+                a is not None
+                and a.incarnation not in twins | {self.local.incarnation}
+                and len(twins) < TWINS_LOGGED
+            ):
+                twins.add(a.incarnation)
+                self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
             return
         a = natsinterest.decode(msg.data)
         if a is None:
@@ -640,12 +714,27 @@ class NatsBridge:
             return
         changes, ask = self.remote.receive(name, a, time.monotonic())
         self._tell_bus(changes)
+        if self.connected:  # fleet: where that host's view changed (else once connected)
+            await self._send_counts(self.ledger.cuts())
         if ask and self.connected:
             await self._nc.publish(self.map.snapshot.decode(), host)
 
     async def _on_snapshot_asked(self, msg: Any) -> None:
         if msg.data and msg.data.decode("utf-8", "replace") != self.host:
             return
+        # one snapshot per interval however many ask (a flood costs one)
+        wait = self.local.answer(time.monotonic())
+        if wait:
+            if not self._answering and self._loop is not None:
+                self._answering = True
+                self._loop.call_later(wait, lambda: asyncio.ensure_future(self._answer()))
+            return
+        if self.connected:
+            await self._announce(self.local.snapshot())
+
+    async def _answer(self) -> None:
+        self._answering = False
+        self.local.answer(time.monotonic())
         if self.connected:
             await self._announce(self.local.snapshot())
 
@@ -662,6 +751,30 @@ class NatsBridge:
             if self.connected:
                 with contextlib.suppress(Exception):
                     await self._announce([self.local.heartbeat()])
+
+    # --- fleet: counts, subscriptions' grace, loss episodes ----------------------------------
+
+    async def _count(self) -> None:
+        """Every ``LEDGER_INTERVAL``: subscriptions whose grace is over end,
+        the counts due go out, loss episodes go on or end."""
+        while True:
+            await asyncio.sleep(natsledger.LEDGER_INTERVAL)
+            for r in self.subs.due(time.monotonic()):
+                await self._unsubscribe(r)
+            if self.connected:
+                await self._send_counts(self.ledger.due(time.monotonic()))
+            self.origins.tick(time.time())
+            for event, fields in self.origins.reports():
+                self.log.warning(event, **fields)
+
+    async def _send_counts(self, counts: list[tuple[str, str, bytes]]) -> None:
+        """Counts for other hosts (``natsledger``), on this connection after the data."""
+        if not counts or not self.connected:
+            return
+        for host, value, payload in counts:
+            subject = self.map.ledger_of(host).decode("ascii")
+            with contextlib.suppress(Exception):
+                await self._nc.publish(subject, payload, headers={natsenvelope.HEADER: value})
 
     # --- what the server confirmed --------------------------------------------------------
 
@@ -716,11 +829,11 @@ class NatsBridge:
         lost = self.sent - self.confirmed
         self.confirmed = self.sent
         if lost > 0 and not self._closing:
-            self.drops["unconfirmed"] += lost
+            self.unconfirmed_total += lost
             self.log.warning(
                 "nats.unconfirmed",
                 server=self.server,
                 messages=lost,
-                total=self.drops["unconfirmed"],
+                total=self.unconfirmed_total,
                 hint="handed to a server that went away before confirming them: at most lost",
             )

@@ -29,7 +29,7 @@ from typing import Any
 import gevent
 
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, natsorigins
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.limits import SEND_BUFFER
 
@@ -170,6 +170,7 @@ class NatsLink:
             "received_bytes": b.received_bytes,
             "drops": {"queue_overflow": self.conn.dropped, **b.drops},
             "unconfirmed": b.unconfirmed,
+            "unconfirmed_total": b.unconfirmed_total,
             "queued_messages": count,
             "queued_bytes": nbytes,
             "to_bus_queued": b.to_bus_queued,
@@ -177,6 +178,27 @@ class NatsLink:
             "rtt": b.rtt,
             "subscriptions": b.subscriptions,
             "remote_hosts": b.remote_hosts,
+            "silent_hosts": b.silent_hosts,
             "remote_patterns": b.remote_patterns,
             "settled": not self.holding,
+            **self._fleet(),
+        }
+
+    def _fleet(self) -> dict[str, Any]:
+        """What came from each other host: delivered, lost, refused (docs/nats.md)."""
+        b = self.bridge
+        rows = b.origins.rows()
+        lost = sum(sum(r[1 : 1 + len(natsorigins.CAUSES)]) for r in rows.values())
+        return {
+            "seq": b.ledger.seq,
+            "lost": lost,
+            "origins": b.origins.summary(),
+            # per label (hosts heard first, then "other"): every count by name
+            "origin_counts": {
+                k: dict(zip(natsorigins.ROW, r, strict=True)) for k, r in rows.items()
+            },
+            "malformed": b.origins.malformed,
+            "refused_announcements": b.remote.refused,
+            "own": b.origins.own,
+            "slow_consumer": b.slow_consumer,
         }

@@ -1,0 +1,177 @@
+"""This host's NATS subscriptions: when each is made and ended, which one takes a message.  No I/O.
+
+Theory of operation (docs/nats.md, "Only wanted traffic crosses", "Every loss
+seen").  Each local pattern maps to one NATS subscription, its relaxed form
+(``natsmap.relaxed``); patterns with the same relaxed form share it.
+
+* A subscription is made when its first pattern comes, before the pattern is
+  announced (the bridge announces after), so nothing another host starts
+  sending on hearing of it can miss it.
+* When its last pattern goes it is kept ``UNSUB_GRACE`` seconds more: the
+  removal is announced first, and the other hosts go on counting what they
+  send us (``protocol.natsledger``) until they hear of it, so what they send
+  meanwhile must still arrive: it is taken and counted, not delivered.
+* NATS delivers a message once per matching subscription of a connection;
+  the oldest live subscription that matches takes it (``taker``), and a
+  message that only subscriptions in their grace match is taken by the oldest
+  of those, for counting only.
+* Each subscription remembers which of this host's announcements first named
+  it and which announced its end (``announced``), so that an origin's count,
+  which follows one of our announcements, is compared with exactly the
+  messages its subscriptions at that announcement brought (``counted``).
+"""
+
+from __future__ import annotations
+
+from .index import SubscriptionIndex
+from .natsinterest import Announcement
+from .natsmap import relaxed
+
+#: Seconds a subscription outlives its last pattern: longer than the other
+#: hosts take to hear of its removal (a lost delta is noticed at the next
+#: heartbeat, every ``natsinterest.HEARTBEAT`` seconds, and a snapshot follows).
+UNSUB_GRACE = 4.0
+#: The announcement number of "not yet" and "not since".
+NEVER = 1 << 63
+
+
+class Subscription:
+    """One NATS subscription of this host (a relaxed pattern)."""
+
+    __slots__ = ("added", "order", "patterns", "removed")
+
+    def __init__(self, order: int) -> None:
+        #: local patterns behind it (0: in its grace)
+        self.patterns = 1
+        #: when it was made, among this host's subscriptions: the oldest takes
+        self.order = order
+        #: the first of our announcements that holds it, and the first that no
+        #: longer does (NEVER: not yet / not since)
+        self.added = NEVER
+        self.removed = NEVER
+
+
+class Subscriptions:
+    """Every NATS subscription of this host, live or in its grace."""
+
+    def __init__(self) -> None:
+        self.subs: dict[bytes, Subscription] = {}
+        self._live: SubscriptionIndex = SubscriptionIndex()
+        self._grace: SubscriptionIndex = SubscriptionIndex()
+        #: subscriptions in their grace -> when it ends
+        self._ending: dict[bytes, float] = {}
+        self._made = 0
+        #: made, or ended, since the last announcement
+        self._added: set[bytes] = set()
+        self._removed: set[bytes] = set()
+
+    def __len__(self) -> int:
+        return len(self.subs)
+
+    def change(self, pattern: bytes, present: bool, now: float) -> bytes | None:
+        """One of this host's patterns came or went: the relaxed pattern a new
+        NATS subscription is needed for (make it now), or None."""
+        r = relaxed(pattern)
+        if r is None:
+            return None  # it matches nothing: nothing to subscribe to
+        s = self.subs.get(r)
+        if present:
+            if s is None:
+                self._made += 1
+                self.subs[r] = Subscription(self._made)
+                self._live.add(r, r)
+                self._added.add(r)
+                return r
+            if s.patterns == 0:  # back within its grace: the same subscription
+                del self._ending[r]
+                self._grace.remove(r, r)
+                self._live.add(r, r)
+                if r in self._removed:
+                    self._removed.discard(r)  # its end was never announced
+                else:
+                    # announced gone, soon to be announced again: counted as
+                    # held throughout (what it brings then is never a loss)
+                    s.removed = NEVER
+                if s.added == NEVER:
+                    self._added.add(r)
+                s.patterns = 1
+                return None
+            s.patterns += 1
+            return None
+        if s is None or s.patterns == 0:
+            return None
+        s.patterns -= 1
+        if s.patterns == 0:
+            self._live.remove(r, r)
+            self._grace.add(r, r)
+            self._ending[r] = now + UNSUB_GRACE
+            self._added.discard(r)
+            self._removed.add(r)
+        return None
+
+    def announced(self, announcements: list[Announcement]) -> None:
+        """These of our announcements went out: the subscriptions made or
+        ended since are held from (or no longer held from) their numbers.
+        Rounded the safe way: a subscription counts from the first, and ends
+        with the last, of a delta in several parts."""
+        seqs = [a.seq for a in announcements if a.kind in ("D", "S")]
+        if not seqs:
+            return
+        first, last = min(seqs), max(seqs)
+        for r in self._added:
+            s = self.subs.get(r)
+            if s is not None and s.added == NEVER:
+                s.added = first
+        for r in self._removed:
+            s = self.subs.get(r)
+            if s is not None:
+                s.removed = last
+        self._added.clear()
+        self._removed.clear()
+
+    def due(self, now: float) -> list[bytes]:
+        """Subscriptions whose grace is over: end them on NATS now."""
+        over = [r for r, until in self._ending.items() if until <= now]
+        for r in over:
+            del self._ending[r]
+            self._grace.remove(r, r)
+            self._removed.discard(r)
+            del self.subs[r]
+        return over
+
+    def taker(self, r: bytes, key: bytes) -> tuple[bool, tuple[bytes, ...]] | None:
+        """Subscription ``r`` brought a message of ``key``: None if another
+        subscription takes it (NATS brings it there too), else (deliver, every
+        subscription that matches it, for ``counted``): deliver is False when
+        only subscriptions in their grace match (it is counted, not delivered)."""
+        holders = self._live.match(key)
+        if holders:
+            if len(holders) > 1:
+                subs = self.subs
+                if min(holders, key=lambda h: subs[h].order) != r:
+                    return None
+            elif holders[0] != r:
+                return None
+            if self._ending:
+                return True, holders + self._grace.match(key)
+            return True, holders
+        ending = self._grace.match(key)
+        if not ending:
+            return None  # a subscription already ended: nobody counts it
+        if len(ending) > 1:
+            subs = self.subs
+            if min(ending, key=lambda h: subs[h].order) != r:
+                return None
+        elif ending[0] != r:
+            return None
+        return False, ending
+
+    def counted(self, holders: tuple[bytes, ...], view: int) -> bool:
+        """Whether a message these subscriptions matched is one an origin whose
+        count follows our announcement ``view`` counted for us."""
+        subs = self.subs
+        for h in holders:
+            s = subs.get(h)
+            if s is not None and s.added <= view < s.removed:
+                return True
+        return False
