@@ -69,7 +69,7 @@ SUBJECT_MAX = 4000
 #: then the link holds every public key, so nothing published meanwhile is
 #: lost for want of knowing who wants it.
 INTEREST_SETTLE = 1.0
-#: Incarnations under our own host name said in the log (and remembered).
+#: Incarnations under our own host name remembered (the first is said in the log).
 TWINS_LOGGED = 16
 #: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
 #: and mapping one costs a pass over its bytes in Python.
@@ -482,8 +482,12 @@ class NatsBridge:
             self._schedule_announce()
             if changed and self.connected:
                 with contextlib.suppress(Exception):
-                    await write_held(self._nc, 2)
-                    await self._nc.flush(timeout=2)  # the server has our SUBs
+                    # the server has our SUBs.  Never a shorter wait than a
+                    # confirmation's: a PONG that comes after its wait was given up
+                    # stops nats-py's reader for good (InvalidStateError), and a
+                    # bus busy with a flood of announcements is slow to read it
+                    await write_held(self._nc, CONFIRM_TIMEOUT)
+                    await self._nc.flush(timeout=CONFIRM_TIMEOUT)
             self.synced = time.monotonic()
 
     async def _stop_now(self) -> None:
@@ -699,14 +703,16 @@ class NatsBridge:
         if name == self.host:
             a = natsinterest.decode(msg.data)
             twins = self._twins
-            # a live upgrade's other process, for a moment; or a host with our name
+            # a live upgrade's other process, for a moment; or a host with our
+            # name (said once; more of them are likely one flood of forgeries)
             if (
                 a is not None
                 and a.incarnation not in twins | {self.local.incarnation}
                 and len(twins) < TWINS_LOGGED
             ):
+                say = self.log.debug if twins else self.log.warning
                 twins.add(a.incarnation)
-                self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
+                say("nats.host_name_shared", host=name, hint="set nats.host")
             return
         a = natsinterest.decode(msg.data)
         if a is None:

@@ -28,7 +28,10 @@ shows as a loss.  A message that arrives after the count that took it for
 lost is refused as ``late`` (and stays counted lost).
 
 Whatever any NATS client publishes lands here, so: origins are bounded
-(``ORIGINS_MAX``, the least recently heard leave first), so are the origins
+(``ORIGINS_MAX``: the least recently heard leave first, never those of
+hosts that announce their interest, so that a flood of forged origins cannot
+push a real host's out; when none can leave a new one is refused), so are
+the origins
 with a metric label of their own (``LABELS``, the first heard; the rest are
 ``other``) and the loss episodes logged apart (``EPISODES_MAX``); a forged
 origin can at most make that origin's counts wrong, and a forged number far
@@ -65,7 +68,7 @@ EPISODES_MAX = 64
 #: An origin of which nothing but refused messages came for this long (and at
 #: least ``RESYNC_MESSAGES`` of them) is taken up afresh from its next message.
 RESYNC_SECONDS = 3.0
-RESYNC_MESSAGES = 100
+RESYNC_MESSAGES = 20
 #: Why a message was lost, as this host can tell: its link to NATS was down
 #: meanwhile, its NATS client dropped messages (a slow consumer), the origin
 #: fell silent (a partition between them), or nothing it saw.
@@ -171,6 +174,8 @@ class Origins:
         #: label -> the rows of origins no longer followed
         self._gone: dict[str, list[int]] = {}
         self._labels: set[str] = set()
+        #: hosts the interest announcements know of (their origins leave last)
+        self._known: set[str] = set()
         #: the rows as last read (``rows`` never shows a count going down)
         self._shown: dict[str, list[int]] = {}
         self._episodes = Episodes()
@@ -184,7 +189,9 @@ class Origins:
         self.own = 0
         #: counts for another incarnation of ours, or older than what arrived
         self.stale = 0
+        #: origins forgotten to make room, and new ones refused for want of it
         self.evicted = 0
+        self.crowded = 0
         self.resyncs = 0
 
     # --- what arrives ----------------------------------------------------------------
@@ -250,6 +257,9 @@ class Origins:
             self._forget(key)  # a restart: the new incarnation starts afresh
         if len(self.origins) >= ORIGINS_MAX:
             self._evict(now)
+            if len(self.origins) >= ORIGINS_MAX:  # every one of them waits for release
+                self.crowded += 1
+                return None
         if host in self._labels or len(self._labels) < LABELS:
             self._labels.add(host)
             label = host
@@ -262,11 +272,14 @@ class Origins:
 
     def _evict(self, now: float) -> None:
         """Make room: the least recently heard quarter goes (amortised: one
-        scan per ``ORIGINS_MAX // 4`` new origins), never one being released."""
-        held = self._batch
-        quiet = sorted((o.heard, key) for key, o in self.origins.items() if o not in held)[
-            : max(1, ORIGINS_MAX // 4)
-        ]
+        scan per ``ORIGINS_MAX // 4`` new origins), never one being released,
+        nor one of a host the interest announcements know."""
+        held, known = self._batch, self._known
+        quiet = sorted(
+            (o.heard, key)
+            for key, o in self.origins.items()
+            if o not in held and o.host not in known
+        )[: max(1, ORIGINS_MAX // 4)]
         for _, key in quiet:
             self._forget(key)
             self.evicted += 1
@@ -407,7 +420,7 @@ class Origins:
                 o.causes |= _SILENT
 
     def view(self, host: str, incarnation: int, seq: int) -> None:
-        pass
+        self._known.add(host)
 
     def pattern(self, host: str, present: bool, pattern: bytes) -> None:
         pass
@@ -416,7 +429,7 @@ class Origins:
         pass
 
     def gone(self, host: str) -> None:
-        pass
+        self._known.discard(host)
 
     # --- reports -------------------------------------------------------------------------
 

@@ -226,9 +226,7 @@ def test_what_a_paused_server_swallows_is_counted(tmp_path: Path) -> None:
                 wait_until(covered, 30, "every message received or counted")
                 # and B itself counts what never reached it, exactly (what
                 # came after its count, held by the paused server, is late)
-                wait_until(
-                    lambda: len(got) + b.link()["lost"] >= sent, 30, "b counted its losses"
-                )
+                wait_until(lambda: len(got) + b.link()["lost"] >= sent, 30, "b counted its losses")
             finally:
                 done.set()
                 reading.join(10)
