@@ -31,9 +31,10 @@ Whatever any NATS client publishes lands here, so: origins are bounded
 (``ORIGINS_MAX``: the least recently heard leave first, never those of
 hosts that announce their interest, so that a flood of forged origins cannot
 push a real host's out; when none can leave a new one is refused), so are
-the origins
-with a metric label of their own (``LABELS``, the first heard; the rest are
-``other``) and the loss episodes logged apart (``EPISODES_MAX``); a forged
+the origins with a metric label of their own (``LABELS``: hosts that
+announce their interest, first come, and a few others, ``STRANGER_LABELS``;
+the rest are ``other``: a label never changes, so every series only grows)
+and the loss episodes logged apart (``EPISODES_MAX``); a forged
 origin can at most make that origin's counts wrong, and a forged number far
 ahead, which would have every later message of that origin refused, is
 given up after ``RESYNC_SECONDS`` of nothing but refusals.
@@ -57,10 +58,12 @@ ORIGINS_MAX = 1024
 #: them is told apart as a duplicate (delivered before) or late (never was).
 WINDOW = 1024
 _MASK = WINDOW - 1
-#: Origin hosts with a metric label (and a ``/clients`` row) of their own,
-#: the first heard; later ones are counted as ``other`` (bounded series, and a
-#: flood of forged origins cannot push a real host out of its label).
+#: Hosts with a metric label of their own among those that announce their
+#: interest, the first heard; later ones are counted as ``other``.
 LABELS = 64
+#: And among origins that announced nothing (yet): few, so that forged
+#: origins cannot take the labels of the hosts that come after them.
+STRANGER_LABELS = 8
 #: Origins shown by name in ``/clients`` (the busiest; the rest as ``other``).
 SHOWN = 16
 #: Loss episodes logged apart at once; further origins' losses share one.
@@ -173,7 +176,9 @@ class Origins:
         self._batch: dict[Origin, list[tuple[int, Any, bool, Any]]] = {}
         #: label -> the rows of origins no longer followed
         self._gone: dict[str, list[int]] = {}
+        #: hosts with a label of their own: announced, and strangers
         self._labels: set[str] = set()
+        self._strangers: set[str] = set()
         #: hosts the interest announcements know of (their origins leave last)
         self._known: set[str] = set()
         #: the rows as last read (``rows`` never shows a count going down)
@@ -260,15 +265,23 @@ class Origins:
             if len(self.origins) >= ORIGINS_MAX:  # every one of them waits for release
                 self.crowded += 1
                 return None
-        if host in self._labels or len(self._labels) < LABELS:
-            self._labels.add(host)
-            label = host
-        else:
-            label = OTHER
+        label = self._label(host)
         o = self.origins[text] = Origin(host, incarnation, label, now)
         o.marks = (self._downs, self._slows)
         self._by_host[host] = text
         return o
+
+    def _label(self, host: str) -> str:
+        if host in self._labels or host in self._strangers:
+            return host
+        if host in self._known:
+            if len(self._labels) < LABELS:
+                self._labels.add(host)
+                return host
+        elif len(self._strangers) < STRANGER_LABELS:
+            self._strangers.add(host)
+            return host
+        return OTHER
 
     def _evict(self, now: float) -> None:
         """Make room: the least recently heard quarter goes (amortised: one
@@ -457,7 +470,7 @@ class Origins:
         return out
 
     def rows(self) -> dict[str, list[int]]:
-        """Per label (``LABELS`` hosts and ``OTHER``): ``ROW``'s counts, never
+        """Per label (``_label``'s hosts and ``OTHER``): ``ROW``'s counts, never
         lower than last read (read from another thread: an origin moving to
         the forgotten ones may be missed once, never counted twice)."""
         rows: dict[str, list[int]] = {k: list(v) for k, v in list(self._gone.items())}
@@ -496,6 +509,7 @@ class Origins:
         return {
             "incarnation": self.incarnation,
             "labels": sorted(self._labels),
+            "strangers": sorted(self._strangers),
             "gone": {k: list(v) for k, v in self._gone.items()},
             "origins": {
                 key: [
@@ -511,6 +525,7 @@ class Origins:
         if record.get("incarnation") != self.incarnation:
             raise ValueError("origins go on only under the same incarnation")
         self._labels = set(record["labels"])
+        self._strangers = set(record["strangers"])
         self._gone = {str(k): [int(n) for n in v] for k, v in dict(record["gone"]).items()}
         for key, fields in dict(record["origins"]).items():
             host, inc, label, last, floor, start, view, sent, base, arrived, row, excess = fields

@@ -148,6 +148,7 @@ def test_arbitrary_bytes_on_every_subject(events: list[Any]) -> None:
 def test_floods_stay_within_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(no, "ORIGINS_MAX", 16)
     monkeypatch.setattr(no, "LABELS", 4)
+    monkeypatch.setattr(no, "STRANGER_LABELS", 2)
     monkeypatch.setattr(no, "EPISODES_MAX", 3)
     monkeypatch.setattr(ni, "HOSTS_MAX", 8)
     monkeypatch.setattr(ni, "PATTERNS_MAX", 50)
@@ -168,7 +169,9 @@ def test_floods_stay_within_their_bounds(monkeypatch: pytest.MonkeyPatch) -> Non
         if i % 50 == 0:
             r.turn(0.1)
     r.turn(2)
-    assert len(r.origins.origins) <= 16 and len(r.origins.rows()) <= 5  # 4 labels + other
+    rows = r.origins.rows()
+    assert len(r.origins.origins) <= 16 and len(rows) <= 4 + 2 + 1  # labels, strangers, other
+    assert "real" in rows  # announced: its label is its own, whatever came after
     assert r.origins.evicted > 0
     assert prefix("real", 3)[:-1] in r.origins.origins  # the known host's origin stayed
     assert len(r.remote.hosts) <= 8 and r.remote.stored <= 50 and r.remote.refused > 0
