@@ -2,7 +2,8 @@
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
 ``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session`` and
-``bus.connection``) are
+``bus.connection``; across hosts ``protocol.natsenvelope``, ``natssubs``,
+``natsledger`` and ``natsorigins``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
@@ -43,6 +44,10 @@ COMPILED = {
     "sbus_relay.protocol._c_episodes": "sbus_relay.protocol.episodes",
     "sbus_relay.protocol._c_frames": "sbus_relay.protocol.frames",
     "sbus_relay.protocol._c_session": "sbus_relay.protocol.session",
+    "sbus_relay.protocol._c_natsenvelope": "sbus_relay.protocol.natsenvelope",
+    "sbus_relay.protocol._c_natssubs": "sbus_relay.protocol.natssubs",
+    "sbus_relay.protocol._c_natsledger": "sbus_relay.protocol.natsledger",
+    "sbus_relay.protocol._c_natsorigins": "sbus_relay.protocol.natsorigins",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
 }
 #: What the build records: the modules it compiled, and the digest of the

@@ -135,6 +135,56 @@ async def write_held(nc: Any, timeout: float) -> None:
     await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
 
 
+_envelope_client: Any = None
+
+
+def envelope_client() -> Any:
+    """nats-py's client, writing and reading the envelope header itself.
+
+    fleet: nats-py builds a header section per message with a regular
+    expression and parses each it receives into a dict, the larger part of
+    what the envelope costs (docs/decisions.md); this one writes the one
+    header it sends whole (``natsenvelope.hpub``) and reads a section that
+    holds nothing else with one comparison (``natsenvelope.from_block``),
+    anything else as nats-py does.  Made on first use: a bus without NATS
+    never imports nats-py."""
+    global _envelope_client
+    if _envelope_client is None:
+        import nats.errors
+        from nats.aio.client import Client
+
+        class _EnvelopeClient(Client):
+            async def publish_enveloped(self, subject: bytes, payload: bytes, value: str) -> None:
+                """``publish(subject, payload, headers={HEADER: value})``, as
+                nats-py does it (its checks, counters and buffering)."""
+                if self.is_closed:
+                    raise nats.errors.ConnectionClosedError
+                if self.is_draining_pubs:
+                    raise nats.errors.ConnectionDrainingError
+                size = len(payload)
+                if not self.is_connected and (
+                    self._max_pending_size <= 0
+                    or size + self._pending_data_size > self._max_pending_size
+                ):
+                    raise nats.errors.OutboundBufferLimitError
+                if size > self._max_payload:
+                    raise nats.errors.MaxPayloadError
+                self.stats["out_msgs"] += 1
+                self.stats["out_bytes"] += size
+                await self._send_command(natsenvelope.hpub(subject, value, payload))
+                if self._flush_queue is not None and self._flush_queue.empty():
+                    await self._flush_pending()
+
+            async def _process_headers(self, headers: Any) -> Any:
+                value = natsenvelope.from_block(headers) if headers else None
+                if value is not None:
+                    return {natsenvelope.HEADER: value}
+                return await super()._process_headers(headers)
+
+        _envelope_client = _EnvelopeClient
+    return _envelope_client()
+
+
 class NatsBridge:
     """One host's presence on NATS (see the module's theory of operation)."""
 
@@ -180,7 +230,7 @@ class NatsBridge:
         self._releasing = False  # a release of what came from other hosts is scheduled
         self._answering = False  # a snapshot answering the requests meanwhile is scheduled
         #: key -> subject and subject -> key, bounded (cleared whole when full)
-        self._subjects: dict[bytes, str] = {}
+        self._subjects: dict[bytes, bytes] = {}
         self._keys: dict[str, bytes] = {}
         self._export = self._filter(config.export)
         self._import = self._filter(config.import_)
@@ -191,6 +241,7 @@ class NatsBridge:
         self._announce_soon = False
         self._nc: Any = None
         self._long = self.map.long.decode("ascii")
+        self._long_b = self.map.long
         self._writer: BusWriter | None = None  # made in the bridge's loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -350,15 +401,15 @@ class NatsBridge:
     async def _connect(self) -> None:
         """Connect, retrying with back-off while no server can be reached (the
         bus serves its own clients meanwhile; what it publishes for NATS waits)."""
-        import nats  # here: a bus without NATS never imports it
-
         assert self._stop is not None
         delay = RECONNECT_WAIT
         failures = 0
         self.state = "connecting"
         while not self._stop.is_set():
             try:
-                self._nc = await nats.connect(**self._connect_options())
+                nc = envelope_client()
+                await nc.connect(**self._connect_options())
+                self._nc = nc
             except Exception as e:
                 failures += 1
                 say = self.log.warning if failures == 1 else self.log.info
@@ -527,7 +578,7 @@ class NatsBridge:
         subjects = self._subjects
         subject = subjects.get(key)
         if subject is None:
-            subject = self.map.subject(key).decode("ascii")
+            subject = self.map.subject(key)
             if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is mapped afresh, not kept
                 if len(subjects) >= MAPPING_CACHE:
                     subjects.clear()
@@ -538,12 +589,12 @@ class NatsBridge:
         seq = self.ledger.stamp_long() if long else self.ledger.stamp(key)
         if not seq:
             return
-        headers = {natsenvelope.HEADER: self.ledger.value(seq)}
+        value = self.ledger.value(seq)
         try:
             if not long:
-                await self._nc.publish(subject, payload, headers=headers)
+                await self._nc.publish_enveloped(subject, payload, value)
             else:  # every host takes these and its bus keeps what it wants
-                await self._nc.publish(self._long, key + b"\0" + payload, headers=headers)
+                await self._nc.publish_enveloped(self._long_b, key + b"\0" + payload, value)
         except Exception:
             self.ledger.unstamp(key, long)  # fleet: counted here, not as a loss there
             self.drops["nats_refused"] += 1
@@ -778,9 +829,8 @@ class NatsBridge:
         if not counts or not self.connected:
             return
         for host, value, payload in counts:
-            subject = self.map.ledger_of(host).decode("ascii")
             with contextlib.suppress(Exception):
-                await self._nc.publish(subject, payload, headers={natsenvelope.HEADER: value})
+                await self._nc.publish_enveloped(self.map.ledger_of(host), payload, value)
 
     # --- what the server confirmed --------------------------------------------------------
 

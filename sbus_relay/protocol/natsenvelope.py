@@ -24,6 +24,8 @@ headers over); an engine that has bytes decodes them as ASCII first.
 
 from __future__ import annotations
 
+from sbus_relay.accel import load_compiled
+
 from .natsmap import MappingError, decode_token, encode_segment
 
 #: The header's name.
@@ -33,10 +35,11 @@ HEADER = "Sbus-Origin"
 ENVELOPE_MAX = 3 * 255 + 2 * 19 + 2
 #: Longest host name, in bytes of UTF-8 (a DNS name's limit).
 HOST_BYTES = 255
-#: Most digits of a number: every value below 2**63 fits.
+#: Most digits of a number: every value below ``NUMBER_END`` fits.
 DIGITS = 19
-#: Numbers are below this (a signed 64-bit integer, for engines in C).
-NUMBER_END = 1 << 63
+#: Numbers are below this: a number twice over still fits a signed 64-bit
+#: integer (engines in C; the receiver orders a count just after its number).
+NUMBER_END = 1 << 62
 #: Longest count payload read: four numbers and three spaces.
 COUNT_MAX = 4 * DIGITS + 3
 _DIGIT_SET = frozenset("0123456789")
@@ -88,6 +91,33 @@ def origin(text: str) -> tuple[str, int] | None:
         return None
 
 
+#: A NATS header section that holds the envelope alone: how it is written,
+#: and read back without parsing a general header section.
+_BLOCK_HEAD = b"NATS/1.0\r\n" + HEADER.encode("ascii") + b": "
+_BLOCK_TAIL = b"\r\n\r\n"
+_BLOCK_MAX = len(_BLOCK_HEAD) + ENVELOPE_MAX + len(_BLOCK_TAIL)
+
+
+def hpub(subject: bytes, value: str, payload: bytes) -> bytes:
+    """A NATS ``HPUB`` of ``payload`` on ``subject`` with the envelope ``value``
+    as its one header (the protocol's own form: ``HPUB <subject> <header
+    bytes> <total bytes>``, the header section, the payload)."""
+    block = _BLOCK_HEAD + value.encode("ascii") + _BLOCK_TAIL
+    head = b"HPUB %s %d %d\r\n" % (subject, len(block), len(block) + len(payload))
+    return b"".join((head, block, payload, b"\r\n"))
+
+
+def from_block(raw: bytes) -> str | None:
+    """The envelope of a header section that holds it alone (as ``hpub``
+    writes it); None for any other section (read it the general way)."""
+    if len(raw) > _BLOCK_MAX or not raw.startswith(_BLOCK_HEAD) or not raw.endswith(_BLOCK_TAIL):
+        return None
+    body = raw[len(_BLOCK_HEAD) : -len(_BLOCK_TAIL)]
+    if b"\n" in body or b"\r" in body or not body.isascii():
+        return None
+    return body.decode("ascii")
+
+
 def encode_count(incarnation: int, view: int, start: int, count: int) -> bytes:
     """A count's payload (see the module's theory)."""
     return b"%d %d %d %d" % (incarnation, view, start, count)
@@ -112,7 +142,11 @@ __all__ = [
     "HEADER",
     "decode_count",
     "encode_count",
+    "from_block",
+    "hpub",
     "origin",
     "prefix",
     "split",
 ]
+
+load_compiled(globals(), "sbus_relay.protocol._c_natsenvelope")

@@ -70,6 +70,8 @@ ASKED_MAX = 8192
 ANSWER_INTERVAL = 0.25
 #: Longest host name taken (bytes of UTF-8), as in an envelope (a DNS name's limit).
 HOST_NAME_MAX = 255
+#: Numbers of an announcement are below this (as in an envelope).
+NUMBER_END = 1 << 62
 
 #: Distinct patterns one other host may hold here: as many as one relay may
 #: hold at its master (the patterns of a whole host); beyond it its
@@ -110,6 +112,8 @@ def decode(payload: bytes) -> Announcement | None:
     try:
         inc, seq, part, last = (int(f) for f in fields[1:])
     except ValueError:
+        return None
+    if not (0 <= inc < NUMBER_END and 0 <= seq < NUMBER_END and 0 <= part < NUMBER_END):
         return None
     changes: list[Change] = []
     if body:

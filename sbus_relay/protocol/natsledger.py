@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sbus_relay.accel import load_compiled
+
 from .index import SubscriptionIndex
 from .natsenvelope import encode_count, prefix
 from .natsinterest import HEARTBEAT
@@ -101,19 +103,19 @@ class Ledger:
         counted for each destination that wants it; 0 if only silent ones
         want it (then it is counted for them and not published)."""
         holders = self._index.match(key)
-        if self.silenced and holders and not any(not d.silent for d in holders):
-            for d in holders:
-                d.count += 1
-            return 0
+        wanted = not self.silenced or not holders
         for d in holders:
             d.count += 1
+            if not d.silent:
+                wanted = True
+        if not wanted:
+            return 0
         self.seq += 1
         return self.seq
 
     def stamp_long(self) -> int:
         """As ``stamp``, for a key too long for a subject: every host takes those."""
-        dests = self.dests.values()
-        for d in dests:
+        for d in self.dests.values():
             d.count += 1
         if self.silenced and self.silenced == len(self.dests):
             return 0
@@ -240,3 +242,6 @@ class Ledger:
             d = Destination(int(inc), int(view), int(start))
             d.count = int(count)
             self._retired[str(host)] = d
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_natsledger")

@@ -47,6 +47,8 @@ from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
+from sbus_relay.accel import load_compiled
+
 from .episodes import ENDED, Episodes
 from .limits import EPISODE_QUIET
 from .natsenvelope import decode_count, origin, prefix, split
@@ -310,7 +312,7 @@ class Origins:
         """Everything held, in each origin's order: the items to deliver, in
         that order; refused messages and losses are counted."""
         out: list[Any] = []
-        counted = self.subs.counted
+        subs = self.subs
         for o, entries in self._batch.items():
             if o.unordered:
                 entries.sort(key=_first)
@@ -321,7 +323,7 @@ class Origins:
                 if place & 1:
                     self._counted(o, seq, holders, now)
                     continue
-                mine = o.view >= 0 and (holders is None or counted(holders, o.view))
+                mine = o.view >= 0 and (holders is None or subs.counted(holders, o.view))
                 if seq > o.last and seq > o.floor:
                     o.last = seq
                     o.ring[seq & _MASK] = seq
@@ -545,3 +547,6 @@ def _brief(row: list[int]) -> dict[str, int]:
         "duplicate": row[-2],
         "late": row[-1],
     }
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_natsorigins")

@@ -23,6 +23,8 @@ seen").  Each local pattern maps to one NATS subscription, its relaxed form
 
 from __future__ import annotations
 
+from sbus_relay.accel import load_compiled
+
 from .index import SubscriptionIndex
 from .natsinterest import Announcement
 from .natsmap import relaxed
@@ -31,8 +33,8 @@ from .natsmap import relaxed
 #: hosts take to hear of its removal (a lost delta is noticed at the next
 #: heartbeat, every ``natsinterest.HEARTBEAT`` seconds, and a snapshot follows).
 UNSUB_GRACE = 4.0
-#: The announcement number of "not yet" and "not since".
-NEVER = 1 << 63
+#: The announcement number of "not yet" and "not since" (above any real one).
+NEVER = (1 << 63) - 1
 
 
 class Subscription:
@@ -146,25 +148,27 @@ class Subscriptions:
         only subscriptions in their grace match (it is counted, not delivered)."""
         holders = self._live.match(key)
         if holders:
-            if len(holders) > 1:
-                subs = self.subs
-                if min(holders, key=lambda h: subs[h].order) != r:
-                    return None
-            elif holders[0] != r:
+            if self._oldest(holders) != r:
                 return None
             if self._ending:
                 return True, holders + self._grace.match(key)
             return True, holders
         ending = self._grace.match(key)
-        if not ending:
-            return None  # a subscription already ended: nobody counts it
-        if len(ending) > 1:
-            subs = self.subs
-            if min(ending, key=lambda h: subs[h].order) != r:
-                return None
-        elif ending[0] != r:
-            return None
+        if not ending or self._oldest(ending) != r:
+            return None  # (none: a subscription already ended; nobody counts it)
         return False, ending
+
+    def _oldest(self, holders: tuple[bytes, ...]) -> bytes:
+        """The oldest of these subscriptions (the one that takes a message)."""
+        if len(holders) == 1:
+            return holders[0]
+        subs = self.subs
+        first = holders[0]
+        order = subs[first].order
+        for h in holders:
+            if subs[h].order < order:
+                first, order = h, subs[h].order
+        return first
 
     def counted(self, holders: tuple[bytes, ...], view: int) -> bool:
         """Whether a message these subscriptions matched is one an origin whose
@@ -175,3 +179,6 @@ class Subscriptions:
             if s is not None and s.added <= view < s.removed:
                 return True
         return False
+
+
+load_compiled(globals(), "sbus_relay.protocol._c_natssubs")

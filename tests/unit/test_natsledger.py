@@ -367,7 +367,7 @@ def test_a_forged_number_far_ahead_is_given_up() -> None:
     f.carry_interest()
     f.publish(b"x/1")
     f.deliver()
-    f.b.arrive(f.a.prefix + str(1 << 62), ("x/",), True, -1, f.now)  # forged
+    f.b.arrive(f.a.prefix + str(1 << 61), (b"x/",), True, -1, f.now)  # forged
     f.delivered.extend(f.b.release(f.now))
     assert f.delivered == [1, -1]
     for _i in range(no.RESYNC_MESSAGES + 5):
@@ -376,3 +376,24 @@ def test_a_forged_number_far_ahead_is_given_up() -> None:
         f.now += no.RESYNC_SECONDS / no.RESYNC_MESSAGES * 1.5
     assert f.delivered[-1] == f.a.seq and f.b.resyncs == 1
     assert [r for r in f.b.reports() if r[0] == "nats.origin_resync"]
+
+
+def test_the_one_header_is_written_whole_and_read_back_alone() -> None:
+    value = env.prefix("web-1", 7) + "42"
+    frame = env.hpub(b"sbus.k.a", value, b"payload")
+    head, _, rest = frame.partition(b"\r\n")
+    _, subject, size, total = head.split(b" ")
+    assert subject == b"sbus.k.a" and int(total) == int(size) + len(b"payload")
+    block = rest[: int(size)]
+    assert block == b"NATS/1.0\r\nSbus-Origin: " + value.encode() + b"\r\n\r\n"
+    assert rest[int(size) :] == b"payload\r\n"
+    assert env.from_block(block) == value
+    # any other header section is left to the client's own reader
+    for other in (
+        b"NATS/1.0\r\nSbus-Origin: a 1 1\r\nOther: x\r\n\r\n",
+        b"NATS/1.0 503\r\n\r\n",
+        b"NATS/1.0\r\nsbus-origin: a 1 1\r\n\r\n",
+        b"NATS/1.0\r\nSbus-Origin: \xff\r\n\r\n",
+        b"NATS/1.0\r\nSbus-Origin: " + b"x" * 2000 + b"\r\n\r\n",
+    ):
+        assert env.from_block(other) is None, other
