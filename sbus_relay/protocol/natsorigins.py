@@ -257,11 +257,11 @@ class Origins:
             self.own += 1
             return None
         key = self._by_host.get(host)
-        if key is not None:
-            if self.origins[key].incarnation > incarnation:
-                self.stale += 1  # an older link of a host we hear a newer one of
-                return None
-            self._forget(key)  # a restart: the new incarnation starts afresh
+        if key is not None and self.origins[key].incarnation > incarnation:
+            self.stale += 1  # an older link than one already heard: never heard before
+            return None
+        # a restart, or a live upgrade's new process: the new incarnation starts
+        # afresh; the older one's last messages, still on the way, keep theirs
         if len(self.origins) >= ORIGINS_MAX:
             self._evict(now)
             if len(self.origins) >= ORIGINS_MAX:  # every one of them waits for release
@@ -288,12 +288,12 @@ class Origins:
     def _evict(self, now: float) -> None:
         """Make room: the least recently heard quarter goes (amortised: one
         scan per ``ORIGINS_MAX // 4`` new origins), never one being released,
-        nor one of a host the interest announcements know."""
-        held, known = self._batch, self._known
+        nor the newest of a host the interest announcements know."""
+        held, known, newest = self._batch, self._known, self._by_host
         quiet = sorted(
             (o.heard, key)
             for key, o in self.origins.items()
-            if o not in held and o.host not in known
+            if o not in held and (o.host not in known or newest.get(o.host) != key)
         )[: max(1, ORIGINS_MAX // 4)]
         for _, key in quiet:
             self._forget(key)
@@ -301,7 +301,8 @@ class Origins:
 
     def _forget(self, key: str) -> None:
         o = self.origins.pop(key)
-        del self._by_host[o.host]
+        if self._by_host.get(o.host) == key:
+            del self._by_host[o.host]
         into = self._gone.setdefault(o.label, [0] * len(ROW))
         for i, n in enumerate(o.row()):
             into[i] += n
