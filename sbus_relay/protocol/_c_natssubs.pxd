@@ -15,6 +15,7 @@ cdef class Subscriptions:
     cdef long long _made
     cdef set _added
     cdef set _removed
+    cdef set _restored
 
     @cython.locals(holders=tuple, ending=tuple)
     cpdef object taker(self, bytes r, bytes key)

@@ -23,6 +23,9 @@ seen").  Each local pattern maps to one NATS subscription, its relaxed form
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from sbus_relay.accel import load_compiled
 
 from .index import SubscriptionIndex
@@ -66,6 +69,8 @@ class Subscriptions:
         #: made, or ended, since the last announcement
         self._added: set[bytes] = set()
         self._removed: set[bytes] = set()
+        #: taken over from an earlier process (``restore``), not yet made on NATS here
+        self._restored: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self.subs)
@@ -84,8 +89,8 @@ class Subscriptions:
                 self._live.add(r, r)
                 self._added.add(r)
                 return r
-            if s.patterns == 0:  # back within its grace: the same subscription
-                del self._ending[r]
+            if s.patterns == 0:  # back within its grace (or taken over): the same subscription
+                self._ending.pop(r, None)
                 self._grace.remove(r, r)
                 self._live.add(r, r)
                 if r in self._removed:
@@ -97,6 +102,9 @@ class Subscriptions:
                 if s.added == NEVER:
                     self._added.add(r)
                 s.patterns = 1
+                if r in self._restored:
+                    self._restored.discard(r)
+                    return r
                 return None
             s.patterns += 1
             return None
@@ -119,6 +127,9 @@ class Subscriptions:
         seqs = [a.seq for a in announcements if a.kind in ("D", "S")]
         if not seqs:
             return
+        for r in self._restored:  # taken over, and no pattern of the bus came back to it
+            del self.subs[r]
+        self._restored.clear()
         first, last = min(seqs), max(seqs)
         for r in self._added:
             s = self.subs.get(r)
@@ -169,6 +180,35 @@ class Subscriptions:
             if subs[h].order < order:
                 first, order = h, subs[h].order
         return first
+
+    def export(self) -> dict[str, list[list[object]]]:
+        """Every subscription and the announcements that name it, as plain
+        data: a live upgrade's new process, going on under the same
+        incarnation, counts what the old one's announcements promised."""
+        return {
+            "subs": [[r.hex(), s.patterns, s.order, s.added, s.removed] for r, s in self.subs.items()]
+        }
+
+    def restore(self, record: Mapping[str, Any], now: float) -> list[bytes]:
+        """Take up an earlier process's ``export`` (before any ``change``): its
+        subscriptions' numbers.  The patterns themselves come again from the
+        bus (``change``, which then answers each subscription to make); those
+        that were in their grace are returned: make them now, they end
+        ``UNSUB_GRACE`` from now."""
+        grace = []
+        for hexed, patterns, order, added, removed in record["subs"]:
+            r = bytes.fromhex(str(hexed))
+            s = Subscription(int(order))
+            s.patterns, s.added, s.removed = 0, int(added), int(removed)
+            self.subs[r] = s
+            self._made = max(self._made, s.order)
+            if int(patterns) == 0:
+                self._grace.add(r, r)
+                self._ending[r] = now + UNSUB_GRACE
+                grace.append(r)
+            else:
+                self._restored.add(r)
+        return grace
 
     def counted(self, holders: tuple[bytes, ...], view: int) -> bool:
         """Whether a message these subscriptions matched is one an origin whose

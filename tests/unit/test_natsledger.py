@@ -397,3 +397,39 @@ def test_the_one_header_is_written_whole_and_read_back_alone() -> None:
         b"NATS/1.0\r\nSbus-Origin: " + b"x" * 2000 + b"\r\n\r\n",
     ):
         assert env.from_block(other) is None, other
+
+
+def test_the_state_goes_on_in_a_new_process_under_the_same_incarnation() -> None:
+    """What a live upgrade carries over (its record): the sender's sequence and
+    counts, the receiver's origins and the announcements its subscriptions
+    follow; the new process goes on counting as the old one would have."""
+    f = Fleet()
+    f.b_change(b"x/", True)
+    f.b_change(b"y/", True)
+    f.b_delta()
+    f.carry_interest()
+    f.wire.drop_next = 2
+    for _ in range(5):
+        f.publish(b"x/a")
+    f.deliver()
+    f.b_change(b"y/", False)  # in its grace at the hand-over
+    # the old processes' records, and new ones under the same incarnations
+    a_record, b_origins, b_subs = f.a.export(), f.b.export(), f.b_subs.export()
+    f.a = Ledger("A", 1)
+    f.a.restore(a_record)
+    f.a_remote = ni.RemoteInterest(watchers=(f.a,))
+    f.b_subs = Subscriptions()
+    assert f.b_subs.restore(b_subs, f.now) == [b"y/"]  # made again now, for its grace
+    assert f.b_subs.change(b"x/", True, f.now) == b"x/"  # the bus's pattern: made again
+    f.b = no.Origins("B", 2, f.b_subs)
+    f.b.restore(b_origins, f.now)
+    f.announce(f.b_local.snapshot())
+    f.carry_interest()  # A's new process hears B again: its count goes on
+    for _ in range(3):
+        f.publish(b"x/a")
+    f.tick(LEDGER_INTERVAL)
+    f.deliver()
+    assert f.a.seq == 8 and f.delivered == [3, 4, 5, 6, 7, 8]
+    assert f.lost() == 2  # the two lost before the hand-over, counted after it
+    with pytest.raises(ValueError):
+        Ledger("A", 2).restore(a_record)
