@@ -185,9 +185,8 @@ class Subscriptions:
         """Every subscription and the announcements that name it, as plain
         data: a live upgrade's new process, going on under the same
         incarnation, counts what the old one's announcements promised."""
-        return {
-            "subs": [[r.hex(), s.patterns, s.order, s.added, s.removed] for r, s in self.subs.items()]
-        }
+        subs = self.subs.items()
+        return {"subs": [[r.hex(), s.patterns, s.order, s.added, s.removed] for r, s in subs]}
 
     def restore(self, record: Mapping[str, Any], now: float) -> list[bytes]:
         """Take up an earlier process's ``export`` (before any ``change``): its

@@ -58,14 +58,6 @@ async def attack(url: str, real: str, seconds: float, log: dict[str, Any]) -> No
         assert time.monotonic() < deadline, heard
         await asyncio.sleep(0.1)
     real_inc = heard[real]
-    # a forged host with a snapshot of hundreds of thousands of patterns, in big parts
-    body = [b"+evil/%d/x\0" % i for i in range(PATTERNS)]
-    parts = [body[i : i + 40_000] for i in range(0, PATTERNS, 40_000)]
-    for i, part in enumerate(parts):
-        head = b"S 5 1 %d %d\n" % (i, i == len(parts) - 1)
-        await nc.publish("sbus._i.evil", head + b"".join(part))
-    await nc.flush()
-    log["snapshot_sent"] = time.monotonic()
     # forged announcements of the real host, newer than it
     await nc.publish(f"sbus._i.{real}", b"S %d 1 0 1\n+forged/\0" % (real_inc + 1))
     # a forged origin of the real host, its number far ahead ...
@@ -79,6 +71,16 @@ async def attack(url: str, real: str, seconds: float, log: dict[str, Any]) -> No
     # announcements under the bus's own name
     for i in range(100):
         await nc.publish("sbus._i.hosta", b"H %d 0 0 1\n" % (a_inc + 1 + i))
+    await nc.flush()
+    await asyncio.sleep(0.5)  # these first, before the flood can make a server drop the bus
+    # a forged host with a snapshot of hundreds of thousands of patterns, in big parts
+    body = [b"+evil/%d/x\0" % i for i in range(PATTERNS)]
+    parts = [body[i : i + 40_000] for i in range(0, PATTERNS, 40_000)]
+    for i, part in enumerate(parts):
+        head = b"S 5 1 %d %d\n" % (i, i == len(parts) - 1)
+        await nc.publish("sbus._i.evil", head + b"".join(part))
+    await nc.flush()
+    log["snapshot_sent"] = time.monotonic()
     end = time.monotonic() + seconds
     junk_headers: list[dict[str, str] | None] = [
         None,
