@@ -1,9 +1,9 @@
 """The hot path compiled where it was built, pure Python everywhere else.
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
-``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session`` and
-``bus.connection``; across hosts ``protocol.natsenvelope``, ``natssubs``,
-``natsledger`` and ``natsorigins``) are
+``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session``,
+``bus.connection`` and the NATS link's ``link.inbound``; across hosts
+``protocol.natsenvelope``, ``natssubs``, ``natsledger`` and ``natsorigins``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
@@ -49,6 +49,7 @@ COMPILED = {
     "sbus_relay.protocol._c_natsledger": "sbus_relay.protocol.natsledger",
     "sbus_relay.protocol._c_natsorigins": "sbus_relay.protocol.natsorigins",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
+    "sbus_relay.link._c_inbound": "sbus_relay.link.inbound",
 }
 #: What the build records: the modules it compiled, and the digest of the
 #: sources they came from (all of them: a module's C layout depends on the

@@ -504,7 +504,8 @@ def bus_header(view: BusView) -> str:
 def nats_summary(link: dict[str, Any]) -> str:
     """The NATS link in a few words: state, server, other hosts, traffic, losses
     (dropped here and lost on the way from other hosts, each counted once:
-    docs/nats.md, "Who counts what"), refusals and what may have been lost."""
+    docs/nats.md, "Who counts what"), refusals, what may have been lost, and
+    its process (pid, threads, resident memory)."""
     state = f"nats {link.get('server') or '-'}" if link.get("connected") else "nats DOWN"
     drops = sum(int(n) for n in (link.get("drops") or {}).values())
     lost = drops + int(link.get("lost") or 0)
@@ -518,6 +519,15 @@ def nats_summary(link: dict[str, Any]) -> str:
         words += f" refused {refused}"
     if link.get("unconfirmed_total"):
         words += f" unconfirmed {link['unconfirmed_total']}"
+    process = link.get("process")
+    if isinstance(process, dict):
+        if process.get("pid"):
+            words += (
+                f" link pid {process['pid']} {link.get('engine') or '?'}"
+                f" {process.get('threads', 0)} threads {human_bytes(process.get('rss_bytes', 0))}"
+            )
+        else:
+            words += " link process DOWN"
     return words
 
 

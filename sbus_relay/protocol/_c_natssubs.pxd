@@ -16,6 +16,7 @@ cdef class Subscriptions:
     cdef set _added
     cdef set _removed
     cdef set _restored
+    cdef public Py_ssize_t version
 
     @cython.locals(holders=tuple, ending=tuple)
     cpdef object taker(self, bytes r, bytes key)
@@ -23,3 +24,6 @@ cdef class Subscriptions:
     cdef bytes _oldest(self, tuple holders)
     @cython.locals(subs=dict, s=Subscription)
     cpdef bint counted(self, tuple holders, long long view)
+    @cython.locals(holders=tuple, ending=tuple)
+    cpdef object decide(self, bytes key)
+    cdef long long _oldest_sid(self, tuple holders)

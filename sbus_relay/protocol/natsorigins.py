@@ -491,19 +491,7 @@ class Origins:
 
     def summary(self) -> dict[str, dict[str, int]]:
         """``/clients``'s view: the busiest ``SHOWN`` labels, the rest as ``other``."""
-        rows = self.rows()
-        busiest = sorted(rows, key=lambda k: (-sum(rows[k]), k))
-        out: dict[str, dict[str, int]] = {}
-        other = [0] * len(ROW)
-        for i, label in enumerate(busiest):
-            row = rows[label]
-            if i < SHOWN and label != OTHER:
-                out[label] = _brief(row)
-            else:
-                other = [a + b for a, b in zip(other, row, strict=True)]
-        if any(other):
-            out[OTHER] = _brief(other)
-        return out
+        return summarize(self.rows())
 
     # --- a live upgrade ----------------------------------------------------------------
 
@@ -539,6 +527,23 @@ class Origins:
             o.lost = [int(n) for n in row[1:-2]]
             self.origins[str(key)] = o
             self._by_host[o.host] = str(key)
+
+
+def summarize(rows: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
+    """``rows`` (``Origins.rows``) as ``/clients`` shows them: the busiest
+    ``SHOWN`` labels, the rest as ``other``."""
+    busiest = sorted(rows, key=lambda k: (-sum(rows[k]), k))
+    out: dict[str, dict[str, int]] = {}
+    other = [0] * len(ROW)
+    for i, label in enumerate(busiest):
+        row = rows[label]
+        if i < SHOWN and label != OTHER:
+            out[label] = _brief(row)
+        else:
+            other = [a + b for a, b in zip(other, row, strict=True)]
+    if any(other):
+        out[OTHER] = _brief(other)
+    return out
 
 
 def _brief(row: list[int]) -> dict[str, int]:

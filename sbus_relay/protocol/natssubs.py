@@ -59,13 +59,17 @@ class Subscription:
 class Subscriptions:
     """Every NATS subscription of this host, live or in its grace."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 1) -> None:
         self.subs: dict[bytes, Subscription] = {}
         self._live: SubscriptionIndex = SubscriptionIndex()
         self._grace: SubscriptionIndex = SubscriptionIndex()
         #: subscriptions in their grace -> when it ends
         self._ending: dict[bytes, float] = {}
-        self._made = 0
+        #: the last subscription's order (its sid: the first is ``first``)
+        self._made = first - 1
+        #: raised by every change of which subscription takes what: an answer of
+        #: ``decide`` kept from before is stale
+        self.version = 0
         #: made, or ended, since the last announcement
         self._added: set[bytes] = set()
         self._removed: set[bytes] = set()
@@ -85,11 +89,13 @@ class Subscriptions:
         if present:
             if s is None:
                 self._made += 1
+                self.version += 1
                 self.subs[r] = Subscription(self._made)
                 self._live.add(r, r)
                 self._added.add(r)
                 return r
             if s.patterns == 0:  # back within its grace (or taken over): the same subscription
+                self.version += 1
                 self._ending.pop(r, None)
                 self._grace.remove(r, r)
                 self._live.add(r, r)
@@ -112,6 +118,7 @@ class Subscriptions:
             return None
         s.patterns -= 1
         if s.patterns == 0:
+            self.version += 1
             self._live.remove(r, r)
             self._grace.add(r, r)
             self._ending[r] = now + UNSUB_GRACE
@@ -142,15 +149,42 @@ class Subscriptions:
         self._added.clear()
         self._removed.clear()
 
-    def due(self, now: float) -> list[bytes]:
-        """Subscriptions whose grace is over: end them on NATS now."""
+    def sid(self, r: bytes) -> int:
+        """Subscription ``r``'s number (its order: the engine's sid)."""
+        return self.subs[r].order
+
+    def due(self, now: float) -> list[tuple[int, bytes]]:
+        """Subscriptions whose grace is over, as (sid, relaxed pattern): end
+        them on NATS now."""
         over = [r for r, until in self._ending.items() if until <= now]
+        ended = []
         for r in over:
             del self._ending[r]
             self._grace.remove(r, r)
             self._removed.discard(r)
-            del self.subs[r]
-        return over
+            ended.append((self.subs.pop(r).order, r))
+        if ended:
+            self.version += 1
+        return ended
+
+    def decide(self, key: bytes) -> tuple[int, bool, tuple[bytes, ...]] | None:
+        """Which subscription's copy of a message of ``key`` to take (NATS gives
+        one to each that matches): (its sid, whether to deliver it, every
+        subscription that matches, for ``counted``); deliver is False when only
+        subscriptions in their grace match (it is counted, not delivered).
+        None: none of ours matches now.  Its answer holds until ``version`` moves."""
+        holders = self._live.match(key)
+        if holders:
+            if self._ending:
+                return self._oldest_sid(holders), True, holders + self._grace.match(key)
+            return self._oldest_sid(holders), True, holders
+        ending = self._grace.match(key)
+        if not ending:
+            return None
+        return self._oldest_sid(ending), False, ending
+
+    def _oldest_sid(self, holders: tuple[bytes, ...]) -> int:
+        return self.subs[self._oldest(holders)].order
 
     def taker(self, r: bytes, key: bytes) -> tuple[bool, tuple[bytes, ...]] | None:
         """Subscription ``r`` brought a message of ``key``: None if another
@@ -207,6 +241,7 @@ class Subscriptions:
                 grace.append(r)
             else:
                 self._restored.add(r)
+        self.version += 1
         return grace
 
     def counted(self, holders: tuple[bytes, ...], view: int) -> bool:
