@@ -43,15 +43,31 @@ def headers_for(variant: str, seq: int) -> dict[str, str] | None:
 
 
 async def connect(url: str, variant: str) -> Any:
-    """nats-py's client, or (``fast``) the bridge's, which writes and reads
-    its one envelope header itself (``bus.natsbridge.envelope_client``)."""
+    """nats-py's client, or (``fast``) one that writes its one header whole
+    (``natsenvelope.hpub``) and reads a section that holds only it at once
+    (``natsenvelope.from_block``), anything else as nats-py does."""
+    import nats
+
     if variant != "fast":
-        import nats
-
         return await nats.connect(url)
-    from sbus_relay.bus.natsbridge import envelope_client
+    from nats.aio.client import Client
 
-    nc = envelope_client()
+    from sbus_relay.protocol import natsenvelope
+
+    class Fast(Client):  # type: ignore[misc]
+        async def publish_enveloped(self, subject: bytes, payload: bytes, value: str) -> None:
+            self.stats["out_msgs"] += 1
+            await self._send_command(natsenvelope.hpub(subject, value, payload))
+            if self._flush_queue is not None and self._flush_queue.empty():
+                await self._flush_pending()
+
+        async def _process_headers(self, headers: Any) -> Any:
+            value = natsenvelope.from_block(headers) if headers else None
+            if value is not None:
+                return {natsenvelope.HEADER: value}
+            return await super()._process_headers(headers)
+
+    nc = Fast()
     await nc.connect(url)
     return nc
 
