@@ -345,7 +345,8 @@ class Bridge:
         counts, self._counts_queued = self._counts_queued, 0
         refused = await self.engine.publish(out)
         self.refused += refused
-        self.confirm.sent += len(out) - refused
+        # (the counts for other hosts are not traffic: neither sent nor unconfirmed)
+        self.confirm.sent += max(0, len(out) - refused - counts)
         self.sent_bytes += sum(len(p) for _, _, p in out)  # refused ones are rare
         self.counts_sent += counts
 
