@@ -166,6 +166,9 @@ class Bridge:
             self.confirm.stop()
             self._reading(False)
             await self._close()
+            # a SIGTERM from now on ends the process as by default: one that came
+            # while the loop closes its wakeup pipe was a traceback on the bus's stderr
+            loop.remove_signal_handler(signal.SIGTERM)
 
     def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What a callback or task raised (a bug): one log line with its
