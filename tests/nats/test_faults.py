@@ -242,6 +242,8 @@ def test_what_a_paused_server_swallows_is_counted(tmp_path: Path) -> None:
         # what was confirmed before the pause, or sent after it, is not counted
         assert unconfirmed <= sent - 400, (sent, unconfirmed)
         assert '"nats.unconfirmed"' in a.master.stderr_text()
+        # (the link reports its counts every 0.5 s)
+        wait_until(lambda: b.link()["origins"]["hosta"]["delivered"] >= len(got), 10, "b's report")
         at_b = b.link()["origins"]["hosta"]
         assert len(got) == at_b["delivered"]
         assert len(got) + at_b["lost"] <= sent <= len(got) + at_b["lost"] + at_b["late"], at_b
