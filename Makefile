@@ -58,7 +58,8 @@ test: system-deps $(VENV)/.installed-dev
 	$(VENV)/bin/mypy --strict sbus_relay/protocol sbus_relay/bus grafana/dashboard.py
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	SBUS_PURE_PYTHON=1 $(VENV)/bin/pytest -m "not slow" tests/unit tests/server tests/relay \
-	  tests/nats/test_fleet.py tests/nats/test_identities.py tests/nats/test_link_process.py
+	  tests/nats/test_fleet.py tests/nats/test_identities.py tests/nats/test_link_process.py \
+	  tests/nats/test_losses.py
 	$(VENV)/bin/pytest -m "slow and spark"  # the standalone-cluster test, a few minutes
 
 # Every test marked slow: the bench's quick run of every scenario, the

@@ -772,6 +772,36 @@ def nats(d: dash.Dashboard) -> None:
             w=8,
         )
     )
+    d.with_panel(
+        graph(
+            47,
+            "Lost on the way from other hosts",
+            "Messages other hosts sent this bus that never arrived, by origin and cause "
+            "(counted here, once: docs/nats.md), and those refused rather than delivered "
+            "out of order (duplicate, late); unconfirmed: what this bus handed to a NATS "
+            "server that went away, at most lost (the receivers count what was).",
+            "short",
+            queries(
+                (
+                    f"sum by (instance, origin, cause) "
+                    f"({increase('sbus_nats_lost_messages_total')})",
+                    "{{instance}} lost from {{origin}} ({{cause}})",
+                ),
+                (
+                    f"sum by (instance, origin, reason) "
+                    f"({increase('sbus_nats_refused_messages_total')})",
+                    "{{instance}} refused from {{origin}} ({{reason}})",
+                ),
+                (
+                    f"sum by (instance) ({increase('sbus_nats_unconfirmed_messages_total')})",
+                    "{{instance}} unconfirmed",
+                ),
+            ),
+            w=8,
+            draw=cm.GraphDrawStyle.BARS,
+            fill=60,
+        )
+    )
 
 
 def clients_and_process(d: dash.Dashboard) -> None:

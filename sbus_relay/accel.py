@@ -6,7 +6,8 @@ record, the modules it loads.
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
 ``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session``,
-``bus.connection`` and the NATS link's ``link.inbound``) are
+``bus.connection`` and the NATS link's ``link.inbound``; across hosts
+``protocol.natsenvelope``, ``natssubs``, ``natsledger`` and ``natsorigins``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
@@ -47,6 +48,10 @@ COMPILED = {
     "sbus_relay.protocol._c_episodes": "sbus_relay.protocol.episodes",
     "sbus_relay.protocol._c_frames": "sbus_relay.protocol.frames",
     "sbus_relay.protocol._c_session": "sbus_relay.protocol.session",
+    "sbus_relay.protocol._c_natsenvelope": "sbus_relay.protocol.natsenvelope",
+    "sbus_relay.protocol._c_natssubs": "sbus_relay.protocol.natssubs",
+    "sbus_relay.protocol._c_natsledger": "sbus_relay.protocol.natsledger",
+    "sbus_relay.protocol._c_natsorigins": "sbus_relay.protocol.natsorigins",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
     "sbus_relay.link._c_inbound": "sbus_relay.link.inbound",
 }

@@ -63,7 +63,7 @@ def main() -> None:
 
         def episode(name: str, make: object, undo: object, hold: float) -> None:
             before_sent, before_got = sent[0], len(got)
-            before_unconfirmed = a.link()["drops"]["unconfirmed"]
+            before_unconfirmed = a.link()["unconfirmed_total"]
             reconnects = a.link()["reconnects"]
             t0 = time.monotonic()
             make()  # type: ignore[operator]
@@ -83,7 +83,7 @@ def main() -> None:
             n_sent = end_sent - before_sent
             # of those sent meanwhile, how many arrived (whenever), how many were counted
             arrived = len({s for _, s in got if before_sent <= s < end_sent})
-            unconfirmed = a.link()["drops"]["unconfirmed"] - before_unconfirmed
+            unconfirmed = a.link()["unconfirmed_total"] - before_unconfirmed
             seqs = [s for _, s in window]
             gaps = [y - x for (x, _), (y, _) in zip(window, window[1:], strict=False)]
             late = sum(1 for x, y in zip(seqs, seqs[1:], strict=False) if y < x)

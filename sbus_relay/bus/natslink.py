@@ -46,7 +46,7 @@ import gevent
 
 from sbus_relay.ops import children
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec, linkwire
+from sbus_relay.protocol import codec, linkwire, natsorigins
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.limits import SEND_BUFFER
@@ -349,6 +349,7 @@ class NatsLink:
             "received_bytes": s.received_bytes,
             "drops": {"queue_overflow": self.conn.dropped, **s.drops},
             "unconfirmed": s.unconfirmed,
+            "unconfirmed_total": int(s.fleet.get("unconfirmed_total", 0)),
             "queued_messages": count,
             "queued_bytes": nbytes,
             "to_bus_queued": s.to_bus_queued,
@@ -356,6 +357,7 @@ class NatsLink:
             "rtt": s.rtt_us / 1e6,
             "subscriptions": s.subscriptions,
             "remote_hosts": s.remote_hosts,
+            "silent_hosts": int(s.fleet.get("silent_hosts", 0)),
             "remote_patterns": s.remote_patterns,
             "settled": not self.holding,
             "process": {
@@ -364,4 +366,25 @@ class NatsLink:
                 "rss_bytes": shape[1] if shape else 0,
                 "restarts": self.restarts,
             },
+            **fleet_state(s.fleet),
         }
+
+
+def fleet_state(fleet: dict[str, Any]) -> dict[str, Any]:
+    """What came from each other host (the link's ``fleet`` stats): delivered,
+    lost, refused, by origin (docs/nats.md, "Every loss seen")."""
+    rows: dict[str, list[int]] = {
+        str(k): [int(n) for n in v] for k, v in dict(fleet.get("origin_rows", {})).items()
+    }
+    lost = sum(sum(r[1 : 1 + len(natsorigins.CAUSES)]) for r in rows.values())
+    return {
+        "seq": int(fleet.get("seq", 0)),
+        "lost": lost,
+        "origins": natsorigins.summarize(rows),
+        # per label (hosts heard first, then "other"): every count by name
+        "origin_counts": {k: dict(zip(natsorigins.ROW, r, strict=True)) for k, r in rows.items()},
+        "malformed": int(fleet.get("malformed", 0)),
+        "refused_announcements": int(fleet.get("refused_announcements", 0)),
+        "own": int(fleet.get("own", 0)),
+        "slow_consumer": int(fleet.get("slow_consumer", 0)),
+    }

@@ -505,14 +505,23 @@ def bus_header(view: BusView) -> str:
 
 
 def nats_summary(link: dict[str, Any]) -> str:
-    """The NATS link in a few words: state, server, other hosts, traffic, losses,
-    and its process (pid, threads, resident memory)."""
+    """The NATS link in a few words: state, server, other hosts, traffic, losses
+    (dropped here and lost on the way from other hosts, each counted once:
+    docs/nats.md, "Who counts what"), refusals, what may have been lost, and
+    its process (pid, threads, resident memory)."""
     state = f"nats {link.get('server') or '-'}" if link.get("connected") else "nats DOWN"
     drops = sum(int(n) for n in (link.get("drops") or {}).values())
+    lost = drops + int(link.get("lost") or 0)
     words = (
         f"{state} hosts {link.get('remote_hosts', 0)} out {link.get('sent', 0)}"
-        f" in {link.get('received', 0)} queued {link.get('queued_messages', 0)} lost {drops}"
+        f" in {link.get('received', 0)} queued {link.get('queued_messages', 0)} lost {lost}"
     )
+    origins = link.get("origins") or {}
+    refused = sum(int(o.get("duplicate", 0)) + int(o.get("late", 0)) for o in origins.values())
+    if refused:
+        words += f" refused {refused}"
+    if link.get("unconfirmed_total"):
+        words += f" unconfirmed {link['unconfirmed_total']}"
     process = link.get("process")
     if isinstance(process, dict):
         if process.get("pid"):

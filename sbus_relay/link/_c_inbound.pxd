@@ -8,11 +8,18 @@ cdef class Inbound:
     cdef object _subs
     cdef object _writer
     cdef object _control
+    cdef public object origins
+    cdef object _soon
+    cdef bint _releasing
     cdef dict _decided
     cdef Py_ssize_t _version
     cdef public Py_ssize_t received
     cdef public Py_ssize_t received_bytes
     cdef public dict drops
 
-    @cython.locals(known=object, decided=object)
+    @cython.locals(known=object, decided=object, holders=object, deliver=bint, head=object,
+                   value=object, held=int)
     cpdef message(self, Py_ssize_t sid, bytes subject, object headers, bytes payload)
+    cpdef release(self)
+    cpdef count(self, object headers, bytes payload)
+    cdef _put(self, bytes head, bytes payload)

@@ -5,7 +5,10 @@ NATS is there, timers, stopping on the bus's EOF or SIGTERM), its state and
 the stats it reports.  What it may touch: its end of the socket pair (read
 here, written through ``BusWriter``), the engine, and its parts:
 ``Outbound`` (bus -> NATS), ``Inbound`` (NATS -> bus), ``Subscriptions``,
-``Gossip`` (interest), ``Confirmations``.  Everything runs on one asyncio
+``Gossip`` (interest), ``Confirmations``, and what makes every loss across
+hosts seen (docs/nats.md): the ``Ledger`` (each message's number, what this
+host sent each other host, and the counts saying so) and ``Origins`` (each
+other host's order, refusals and losses).  Everything runs on one asyncio
 loop in one thread: the engine hands its threads' work to it (``Sink``).
 
 While NATS is away the link stops reading its end: what the bus publishes
@@ -20,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sbus_relay.protocol import codec, linkwire, natsinterest
+from sbus_relay.protocol import codec, linkwire, natsinterest, natsledger, natsorigins
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.limits import LINK_READ_BATCH, MAX_PACKET
+from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
@@ -34,7 +39,7 @@ from .engine import Engine, Outgoing
 from .gossip import Gossip
 from .inbound import Inbound
 from .outbound import SUBJECT_MAX, Outbound
-from .subscriptions import INTEREST_SID, LONG_SID, SNAPSHOT_SID, Subscriptions
+from .subscriptions import COUNTS_SID, INTEREST_SID, LONG_SID, SNAPSHOT_SID, subscriptions
 from .tobus import BusWriter
 
 #: Seconds after first joining NATS until the other hosts' interest is taken
@@ -74,7 +79,8 @@ class Bridge:
         self.server = ""
         self.reconnects = 0
         self.refused = 0  # nats_refused
-        self.slow = 0  # slow_consumer
+        self.slow = 0  # what the engine dropped of slow subscriptions
+        self.counts_sent = 0  # fleet: counts published for other hosts
         self.sent_bytes = 0
         self.settled = False
         self._ever = False  # connected once
@@ -86,17 +92,40 @@ class Bridge:
         self._stop = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.writer = BusWriter(sock, self._loop)
-        self.subs = Subscriptions()
-        self.outbound = Outbound(self.map, hello.export, self.identity)
+        self.subs = subscriptions()
+        # fleet: this link's incarnation, what it sends whom, what it gets from whom
+        incarnation = time.time_ns()
+        self.ledger = natsledger.Ledger(hello.host, incarnation, tuple(hello.publish))
+        self.origins = natsorigins.Origins(hello.host, incarnation, self.subs)
+        self.outbound = Outbound(self.map, hello.export, self.identity, self.ledger)
         self.inbound = Inbound(
-            self.map, hello.import_, self.identity, self.subs, self.writer, self._control
+            self.map,
+            hello.import_,
+            self.identity,
+            self.subs,
+            self.writer,
+            self._control,
+            self.origins,
+            self._loop.call_soon,
         )
         #: the engine's messages go straight to ``inbound`` (one call a message);
         #: it hands back those of the link's own subscriptions (``_control``)
         self.on_message = self.inbound.message
         self.gossip = Gossip(
-            self.map, hello.host, hello.identities, self._publish, self.writer, log
+            self.map,
+            hello.host,
+            hello.identities,
+            self._publish,
+            self.writer,
+            log,
+            incarnation=incarnation,
+            always=tuple(hello.publish),
+            ledger=self.ledger,
+            watchers=(self.origins,),
+            subs=self.subs,
+            counts=self._counts,
         )
+        self._counts_queued = 0  # count messages in the outbox (not traffic)
         self.confirm = Confirmations(engine, log)
         self._announce_soon = False
         #: the engine's calls, made one after the other in this order: a
@@ -117,12 +146,14 @@ class Bridge:
         await engine.subscribe(INTEREST_SID, self.map.interest_all, False)
         await engine.subscribe(SNAPSHOT_SID, self.map.snapshot, True)
         await engine.subscribe(LONG_SID, self.map.long, True)
+        await engine.subscribe(COUNTS_SID, self.map.ledger_of(self.hello.host), True)
         self.state = "connecting"
         self._report()
         tasks = [
             self._task(self._every(natsinterest.HEARTBEAT, self._tick)),
             self._task(self._every(CONFIRM_SECONDS, self._confirm)),
             self._task(self._every(STATS_SECONDS, self._report)),
+            self._task(self._every(natsledger.LEDGER_INTERVAL, self._count)),
         ]
         await engine.start(self)
         try:
@@ -133,6 +164,9 @@ class Bridge:
             self.confirm.stop()
             self._reading(False)
             await self._close()
+            # a SIGTERM from now on ends the process as by default: one that came
+            # while the loop closes its wakeup pipe was a traceback on the bus's stderr
+            loop.remove_signal_handler(signal.SIGTERM)
 
     def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What a callback or task raised (a bug): one log line with its
@@ -204,6 +238,7 @@ class Bridge:
         if self.connected and not self._closing:
             self.log.warning("nats.lost", server=self.server)
         self.confirm.connection_lost(self.server, self._closing)
+        self.origins.link_down()  # fleet: a loss counted from now on is this link's
         self.connected = False
         self.state = "reconnecting" if self._ever else "connecting"
         self._reading(False)
@@ -217,13 +252,16 @@ class Bridge:
 
     def on_slow_consumer(self, dropped: int) -> None:
         self.slow += dropped
+        self.origins.slow_consumer()  # fleet: the losses it causes are counted there
 
-    def _control(self, sid: int, subject: bytes, payload: bytes) -> None:
-        """A message on the interest or the snapshot subject."""
+    def _control(self, sid: int, subject: bytes, headers: Any, payload: bytes) -> None:
+        """A message on the interest, the snapshot or the counts subject."""
         if sid == INTEREST_SID:
             self._task(self.gossip.on_interest(subject, payload))
         elif sid == SNAPSHOT_SID and self.connected:
             self._task(self.gossip.on_snapshot_asked(payload))
+        elif sid == COUNTS_SID:
+            self.inbound.count(headers, payload)
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""
@@ -276,7 +314,7 @@ class Bridge:
             if messages is not None:
                 add = self.outbound.add
                 for key, payload in messages:
-                    add(out, key, payload, None)
+                    add(out, key, payload)
                 return False
             event = codec.decode(packet)
         except PeerError as e:  # a bug of the bus's: said, and the packet left
@@ -305,31 +343,56 @@ class Bridge:
 
     async def _send(self) -> None:
         out, self._outbox = self._outbox, []
+        counts, self._counts_queued = self._counts_queued, 0
         refused = await self.engine.publish(out)
         self.refused += refused
-        self.confirm.sent += len(out) - refused
+        # (the counts for other hosts are not traffic: neither sent nor unconfirmed)
+        self.confirm.sent += max(0, len(out) - refused - counts)
         self.sent_bytes += sum(len(p) for _, _, p in out)  # refused ones are rare
+        self.counts_sent += counts
+
+    def _counts(self, counts: list[tuple[str, str, bytes]]) -> None:
+        """fleet: counts for other hosts (``natsledger``), after the data stamped
+        before them, in the same batch for the engine: one connection keeps
+        their order towards each other host."""
+        if not counts or not self.connected:
+            return
+        ledger_of = self.map.ledger_of
+        out = [(ledger_of(host), {HEADER: value}, payload) for host, value, payload in counts]
+        if not self._outbox:
+            self._do(self._send)
+        self._outbox.extend(out)
+        self._counts_queued += len(out)
 
     def _local(self, pattern: bytes, present: bool) -> None:
         """One of this host's patterns came or went."""
         if not natsinterest.acceptable(pattern, owner=self.identity):
             return  # identities stay on their host, unless they cross
         self.gossip.local.change(pattern, present)
-        made = self.subs.change(pattern, present)
-        if made is None:
+        # fleet: a new subscription now; one whose last pattern went ends later (``_count``)
+        r = self.subs.change(pattern, present, time.monotonic())
+        if r is None:
             return
-        sid, r = made
-        if present:
-            subject = self.map.subscription(r)
-            if subject is not None and len(subject) <= SUBJECT_MAX:
-                self._do(lambda: self.engine.subscribe(sid, subject, True))
-        else:
-            self._do(lambda: self.engine.unsubscribe(sid))
+        sid = self.subs.sid(r)
+        subject = self.map.subscription(r)
+        if subject is not None and len(subject) <= SUBJECT_MAX:
+            self._do(lambda: self.engine.subscribe(sid, subject, True))
 
     def _schedule_announce(self) -> None:
         if not self._announce_soon:
             self._announce_soon = True
             self._loop.call_soon(lambda: self._task(self._send_delta()))
+
+    def _count(self) -> None:
+        """fleet, every ``LEDGER_INTERVAL``: subscriptions whose grace is over
+        end, the counts due go out, loss episodes go on or end."""
+        for sid, _ in self.subs.due(time.monotonic()):
+            self._do(lambda sid=sid: self.engine.unsubscribe(sid))  # type: ignore[misc]
+        if self.connected:
+            self._counts(self.ledger.due(time.monotonic()))
+        self.origins.tick(time.time())
+        for event, fields in self.origins.reports():
+            self.log.warning(event, **fields)
 
     async def _send_delta(self) -> None:
         self._announce_soon = False
@@ -390,7 +453,7 @@ class Bridge:
             unconfirmed=self.confirm.unconfirmed,
             to_bus_queued=self.writer.queued,
             subscriptions=len(self.subs),
-            remote_hosts=len(self.gossip.remote.hosts),
+            remote_hosts=self.gossip.remote.live,
             remote_patterns=len(self.gossip.remote.union),
             rtt_us=int(self.confirm.rtt * 1e6),
             settled=self.settled,
@@ -399,10 +462,24 @@ class Bridge:
                 "not_exported": outb.drops["not_exported"],
                 "secret": outb.drops["secret"] + inb.drops["secret"],
                 "nats_refused": self.refused,
-                "slow_consumer": self.slow,
-                "unconfirmed": self.confirm.lost,
             },
+            fleet=self._fleet(),
         )
+
+    def _fleet(self) -> dict[str, Any]:
+        """What the link counted of the fleet (docs/nats.md, "Every loss seen")."""
+        o, remote = self.origins, self.gossip.remote
+        return {
+            "seq": self.ledger.seq,
+            "unconfirmed_total": self.confirm.lost,
+            "slow_consumer": self.slow,
+            "silent_hosts": len(remote.hosts) - remote.live,
+            "malformed": o.malformed,
+            "refused_announcements": remote.refused,
+            "own": o.own,
+            "counts_sent": self.counts_sent,
+            "origin_rows": o.rows(),
+        }
 
     def _report(self) -> None:
         self.writer.stats(linkwire.encode_stats(self.stats()))

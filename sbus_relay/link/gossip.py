@@ -1,28 +1,37 @@
 """The hosts' interest on NATS, as this link takes part in it (``protocol.natsinterest``).
 
 What it owns: this host's announcements (deltas, snapshots, heartbeats,
-goodbye) and its view of the other hosts' patterns, the snapshot requests,
-the hosts heard under our own name.  What it may touch: the ``BusWriter``
-(the union's changes become the link's holds in the bus's index) and the
-engine's ``publish``, through the callable it is given.
+goodbye) and its view of the other hosts' patterns, the snapshot requests
+(answered at most once per ``natsinterest.ANSWER_INTERVAL``), the hosts
+heard under our own name.  What it may touch: the ``BusWriter`` (the union's
+changes become the link's holds in the bus's index), the engine's
+``publish``, through the callable it is given, the watchers of the other
+hosts' views (``natsledger.Ledger``, ``natsorigins.Origins``), the
+subscriptions its announcements name (``natssubs``), and the callable that
+sends the counts a change of view owes at once (fleet: docs/nats.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sbus_relay.protocol import natsinterest
+from sbus_relay.protocol.natsledger import Ledger
 from sbus_relay.protocol.natsmap import MappingError, SubjectMap, decode_token
+from sbus_relay.protocol.natssubs import Subscriptions
 
 from .engine import Outgoing
 from .tobus import BusWriter
 
-#: Incarnations under our own host name said in the log (the rest are not).
+#: Incarnations under our own host name remembered (the first is said in the log).
 TWINS_LOGGED = 16
 
 Publish = Callable[[list[Outgoing]], Awaitable[int]]
+#: Sends counts (``Ledger.cuts``) after the data stamped before them.
+Counts = Callable[[list[tuple[str, str, bytes]]], None]
 
 
 class Gossip:
@@ -36,18 +45,33 @@ class Gossip:
         publish: Publish,
         writer: BusWriter,
         log: Any,
+        *,
+        incarnation: int,
+        always: tuple[bytes, ...],
+        ledger: Ledger,
+        watchers: tuple[natsinterest.HostWatcher, ...],
+        subs: Subscriptions,
+        counts: Counts,
     ) -> None:
         self.map = map_
         self.host = host
         self._publish = publish
         self._writer = writer
         self.log = log
-        self.local = natsinterest.LocalInterest()
-        self.remote = natsinterest.RemoteInterest(secrets=identities)
+        self.local = natsinterest.LocalInterest(incarnation)
+        self.remote = natsinterest.RemoteInterest(
+            secrets=identities, always=always, watchers=(ledger, *watchers)
+        )
+        self._ledger = ledger
+        self._subs = subs
+        self._counts = counts
         self._subject = map_.interest_of(host)
         self._twins: set[int] = set()  # other incarnations heard under our name
+        self._answering = False  # a snapshot answering the requests meanwhile is due
+        self._tell(self.remote.initial())  # the patterns published whoever wants them
 
     async def _announce(self, announcements: list[natsinterest.Announcement]) -> None:
+        self._subs.announced(announcements)  # fleet: which subscriptions each names
         subject = self._subject
         await self._publish([(subject, None, natsinterest.encode(a)) for a in announcements])
 
@@ -55,9 +79,11 @@ class Gossip:
         await self._announce(self.local.delta())
 
     async def joined(self) -> None:
-        """Connected (again): our snapshot, and a request for everyone's."""
+        """Connected (again): our snapshot, a request for everyone's, the
+        counts owed while away."""
         await self._announce(self.local.snapshot())
         await self._publish([(self.map.snapshot, None, b"")])
+        self._counts(self._ledger.cuts())
 
     async def heartbeat(self) -> None:
         await self._announce([self.local.heartbeat()])
@@ -83,22 +109,38 @@ class Gossip:
         name = host.decode("utf-8", "replace")
         a = natsinterest.decode(payload)
         if name == self.host:
-            if a is not None and a.incarnation not in self._twins | {self.local.incarnation}:
-                # a live upgrade's other process, for a moment; or a host with our name
-                self._twins.add(a.incarnation)
-                if len(self._twins) <= TWINS_LOGGED:
-                    self.log.warning("nats.host_name_shared", host=name, hint="set nats.host")
+            twins = self._twins
+            # a live upgrade's other process, for a moment; or a host with our
+            # name (said once; more of them are likely one flood of forgeries)
+            if (
+                a is not None
+                and a.incarnation not in twins | {self.local.incarnation}
+                and len(twins) < TWINS_LOGGED
+            ):
+                say = self.log.debug if twins else self.log.warning
+                twins.add(a.incarnation)
+                say("nats.host_name_shared", host=name, hint="set nats.host")
             return
         if a is None:
             self.remote.refused += 1
             return
         changes, ask = self.remote.receive(name, a, time.monotonic())
         self._tell(changes)
+        self._counts(self._ledger.cuts())  # fleet: where that host's view changed
         if ask:
             await self._publish([(self.map.snapshot, None, host)])
 
     async def on_snapshot_asked(self, payload: bytes) -> None:
-        """A request on ``<prefix>._q``: for every host (empty), or for one by name."""
+        """A request on ``<prefix>._q``: for every host (empty), or for one by
+        name; one snapshot per interval however many ask (a flood costs one)."""
         if payload and payload.decode("utf-8", "replace") != self.host:
             return
-        await self._announce(self.local.snapshot())
+        wait = self.local.answer(time.monotonic())
+        if not wait:
+            await self._announce(self.local.snapshot())
+        elif not self._answering:
+            self._answering = True
+            await asyncio.sleep(wait)
+            self._answering = False
+            self.local.answer(time.monotonic())
+            await self._announce(self.local.snapshot())

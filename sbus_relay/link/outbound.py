@@ -2,8 +2,9 @@
 
 What it owns: the export filter, the rule for identities on the way out, the
 key -> subject cache and the long-key subject; its own drop counters.  What
-it may touch: nothing (it returns what to publish; the bridge hands it to the
-engine).
+it may touch: the ``Ledger`` it is given (each message's number and envelope,
+counted for the hosts that want it: ``protocol.natsledger``); nothing else (it
+returns what to publish; the bridge hands it to the engine).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX
+from sbus_relay.protocol.natsenvelope import HEADER
+from sbus_relay.protocol.natsledger import Ledger
 from sbus_relay.protocol.natsmap import SubjectMap, long_payload
 
 from .engine import Headers, Outgoing
@@ -39,8 +42,11 @@ class Outbound:
     becomes of a key is worked out once and kept (a subject, or the reason it
     stays home), so a message costs one lookup."""
 
-    def __init__(self, map_: SubjectMap, export: list[bytes], identity: bytes | None) -> None:
+    def __init__(
+        self, map_: SubjectMap, export: list[bytes], identity: bytes | None, ledger: Ledger
+    ) -> None:
         self.map = map_
+        self.ledger = ledger
         self._export = key_filter(export)
         #: the prefix of this host's identities when they cross (None: they stay home)
         self._identity = identity
@@ -48,17 +54,24 @@ class Outbound:
         self._long = map_.long
         self.drops = {"not_exported": 0, "secret": 0}
 
-    def add(self, out: list[Outgoing], key: bytes, payload: bytes, headers: Headers) -> None:
-        """Append ``key``'s message to ``out`` if it may leave this host."""
+    def add(self, out: list[Outgoing], key: bytes, payload: bytes) -> None:
+        """Append ``key``'s message to ``out`` if it may leave this host, with
+        its envelope (its number, counted for every host that wants it; none:
+        only silent hosts want it, counted for them and not published)."""
         decided = self._decided.get(key)
         if decided is None:
             decided = self._decide(key)
         if isinstance(decided, str):
             self.drops[decided] += 1
         elif len(decided) <= SUBJECT_MAX:
-            out.append((decided, headers, payload))
+            seq = self.ledger.stamp(key)
+            if seq:
+                out.append((decided, {HEADER: self.ledger.value(seq)}, payload))
         else:  # every host takes these and its bus keeps what it wants
-            out.append((self._long, headers, long_payload(key, payload)))
+            seq = self.ledger.stamp_long()
+            if seq:
+                headers: Headers = {HEADER: self.ledger.value(seq)}
+                out.append((self._long, headers, long_payload(key, payload)))
 
     def _decide(self, key: bytes) -> bytes | str:
         decided: bytes | str

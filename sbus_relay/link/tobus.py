@@ -114,11 +114,18 @@ class BusWriter:
 
     def _write(self) -> None:
         sock = self._sock
-        notices = self._notices
-        while notices:
-            pattern, present = next(iter(notices.items()))
-            sock.send(codec.encode_sub(pattern) if present else codec.encode_unsub(pattern))
-            del notices[pattern]
+        if self._notices:
+            # taken whole: popping a big dict from its front one by one costs a
+            # scan past every slot freed before (quadratic: a snapshot of 200,000
+            # patterns held the link for minutes)
+            notices = list(self._notices.items())
+            self._notices = {}
+            for i, (pattern, present) in enumerate(notices):
+                try:
+                    sock.send(codec.encode_sub(pattern) if present else codec.encode_unsub(pattern))
+                except BlockingIOError:
+                    self._notices = dict(notices[i:])
+                    raise
         control = self._control
         while control:
             sock.send(control[0])

@@ -14,6 +14,7 @@ them separated by commas, as ``serve --nats`` takes them) or a mapping:
       subject_prefix: sbus
       export: [""]         # keys that may leave this host (sbus patterns)
       import: [""]         # keys taken from other hosts
+      publish: []          # keys always published, for native NATS subscribers
       host: web-1          # default: the bus's instance
       identities: false    # true: identities (!/cred/) cross, prefixed with their host
       queue_messages: 65536
@@ -53,6 +54,7 @@ _KEYS = (
     "subject_prefix",
     "export",
     "import",
+    "publish",
     "host",
     "identities",
     "queue_messages",
@@ -77,6 +79,8 @@ class NatsConfig:
     subject_prefix: str = "sbus"
     export: tuple[bytes, ...] = (b"",)
     import_: tuple[bytes, ...] = (b"",)
+    #: published to NATS whether or not another host wants them (native subscribers)
+    publish: tuple[bytes, ...] = ()
     host: str | None = None
     #: identities cross hosts, each under its host's ``!/cred/<host>/`` (docs/nats.md)
     identities: bool = False
@@ -195,6 +199,12 @@ def parse_nats(source: str, key: str, value: Any) -> NatsConfig | None:
         values["export"] = _patterns(source, name("export"), value["export"])
     if "import" in value:
         values["import_"] = _patterns(source, name("import"), value["import"])
+    if "publish" in value:
+        values["publish"] = _patterns(source, name("publish"), value["publish"])
+        if len(values["publish"]) > limits.MAX_PATTERNS_PER_CLIENT:
+            raise ConfigError(
+                source, name("publish"), f"more than {limits.MAX_PATTERNS_PER_CLIENT} patterns"
+            )
     if "identities" in value:
         if not isinstance(value["identities"], bool):
             raise ConfigError(source, name("identities"), "expected true or false")

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from sbus_relay.protocol.natsorigins import CAUSES, REFUSALS
 from sbus_relay.protocol.stats import Stats
 
 log = structlog.get_logger("sbus_relay.metrics")
@@ -64,12 +65,14 @@ class NatsCollector:
         yield nbytes
         drops = CounterMetricFamily(
             "sbus_nats_dropped_messages",
-            "Messages that did not cross, by reason (docs/nats.md, Failures).",
+            "Messages that did not cross, by reason, counted where they were dropped "
+            "(docs/nats.md, Who counts what).",
             labels=["reason"],
         )
         for reason, n in s["drops"].items():
             drops.add_metric([reason], n)
         yield drops
+        yield from self._fleet(s)
         yield GaugeMetricFamily(
             "sbus_nats_queued_messages",
             "Messages waiting for NATS (while it is away or slow), bounded.",
@@ -118,3 +121,55 @@ class NatsCollector:
                 "Times the link's process died and was started again.",
                 value=process.get("restarts", 0),
             )
+
+    @staticmethod
+    def _fleet(s: dict[str, Any]) -> Iterator[Metric]:
+        """What came from each other host (origin: the first hosts heard, then
+        ``other``): delivered, lost by cause, refused by reason."""
+        counts: dict[str, dict[str, int]] = s.get("origin_counts", {})
+        delivered = CounterMetricFamily(
+            "sbus_nats_origin_messages",
+            "Messages from each other host delivered to this bus.",
+            labels=["origin"],
+        )
+        lost = CounterMetricFamily(
+            "sbus_nats_lost_messages",
+            "Messages other hosts sent this host that never arrived, by origin and by "
+            "cause as this host can tell (docs/nats.md, Every loss seen).",
+            labels=["origin", "cause"],
+        )
+        refused = CounterMetricFamily(
+            "sbus_nats_refused_messages",
+            "Messages from other hosts refused, never delivered out of order: "
+            "duplicate (delivered before) or late (older than one delivered).",
+            labels=["origin", "reason"],
+        )
+        for origin, row in sorted(counts.items()):
+            delivered.add_metric([origin], row["delivered"])
+            for cause in CAUSES:
+                lost.add_metric([origin, cause], row["lost_" + cause])
+            for reason in REFUSALS:
+                refused.add_metric([origin, reason], row[reason])
+        yield delivered
+        yield lost
+        yield refused
+        yield CounterMetricFamily(
+            "sbus_nats_unconfirmed_messages",
+            "Messages handed to a NATS server that went away before confirming them: "
+            "at most lost (an upper bound; the receivers count what was).",
+            value=s.get("unconfirmed_total", 0),
+        )
+        malformed = CounterMetricFamily(
+            "sbus_nats_malformed_messages",
+            "What arrived under the subject prefix and was refused as malformed or "
+            "out of bounds: message envelopes and counts, interest announcements.",
+            labels=["what"],
+        )
+        malformed.add_metric(["envelope"], s.get("malformed", 0))
+        malformed.add_metric(["announcement"], s.get("refused_announcements", 0))
+        yield malformed
+        yield GaugeMetricFamily(
+            "sbus_nats_silent_hosts",
+            "Other hosts not heard from lately, still counted for (docs/nats.md).",
+            value=s.get("silent_hosts", 0),
+        )

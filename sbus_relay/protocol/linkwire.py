@@ -44,11 +44,13 @@ DROP_REASONS = (
     "secret",  # an identity (!/cred/) key: never crosses
     "bus_full",  # the bus did not read what came from NATS fast enough
     "nats_refused",  # the NATS client refused a publish (its reconnect buffer full, too large)
-    "slow_consumer",  # the NATS client dropped messages of a subscription that fell behind
     "bad_subject",  # a message on a subject no key maps to
     "too_large",  # a message from NATS too large for an sbus packet (MAX_PACKET)
-    "unconfirmed",  # handed to a NATS server that went away before confirming it: at most lost
 )
+# Not drops, in ``Stats.fleet`` (docs/nats.md, "Who counts what"): what the
+# NATS client dropped of a slow subscription (the receivers count those of
+# other hosts as lost), and what a server that went away never confirmed (at
+# most lost: an upper bound the receivers' counts settle).
 #: The link's states, in the order the stats packet numbers them.
 STATES = ("starting", "connecting", "connected", "reconnecting", "closed")
 #: Longest text field of a stats packet (the server's address, the engine's name).
@@ -65,6 +67,8 @@ class Hello:
     subject_prefix: str = "sbus"
     export: list[bytes] = field(default_factory=lambda: [b""])
     import_: list[bytes] = field(default_factory=lambda: [b""])
+    #: keys published whether or not another host wants them (native subscribers)
+    publish: list[bytes] = field(default_factory=list)
     identities: bool = False
     user: str | None = None
     password: str | None = None
@@ -83,7 +87,7 @@ def encode_hello(hello: Hello) -> bytes:
     doc: dict[str, Any] = {}
     for f in fields(hello):
         value = getattr(hello, f.name)
-        if f.name in ("export", "import_"):
+        if f.name in ("export", "import_", "publish"):
             value = [p.decode("latin-1") for p in value]
         doc[f.name] = value
     return codec.encode_cmsg(HELLO, json.dumps(doc).encode())
@@ -93,8 +97,8 @@ def decode_hello(payload: bytes) -> Hello:
     """The settings a ``link/hello`` carries; ``PeerError`` if they are not."""
     try:
         doc = json.loads(payload)
-        for name in ("export", "import_"):
-            doc[name] = [p.encode("latin-1") for p in doc[name]]
+        for name in ("export", "import_", "publish"):
+            doc[name] = [p.encode("latin-1") for p in doc.get(name, [])]
         return Hello(**doc)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise PeerError("protocol_error", f"bad link/hello: {e}") from None
@@ -121,6 +125,9 @@ class Stats:
     rtt_us: int = 0
     settled: bool = False
     drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    #: what came from each other host, and the link's other counts of the
+    #: fleet (``link.bridge.Bridge.stats``): plain JSON values
+    fleet: dict[str, Any] = field(default_factory=dict)
 
 
 _COUNTS = (
@@ -141,10 +148,12 @@ _FIXED = struct.Struct(">BB%dQ" % (len(_COUNTS) + len(DROP_REASONS)))
 
 
 def encode_stats(s: Stats) -> bytes:
-    """``CMSG link/stats\\0`` + the fixed part + ``server\\0engine``."""
+    """``CMSG link/stats\\0`` + the fixed part + ``server\\0engine[\\0<fleet JSON>]``."""
     flags = (1 if s.connected else 0) | (2 if s.settled else 0)
     counts = [getattr(s, name) for name in _COUNTS] + [s.drops[r] for r in DROP_REASONS]
     text = s.server.encode()[:TEXT_MAX] + b"\0" + s.engine.encode()[:TEXT_MAX]
+    if s.fleet:
+        text += b"\0" + json.dumps(s.fleet, separators=(",", ":")).encode()
     return codec.encode_cmsg(STATS, _FIXED.pack(STATES.index(s.state), flags, *counts) + text)
 
 
@@ -153,15 +162,25 @@ def decode_stats(payload: bytes) -> Stats:
     if len(payload) < _FIXED.size:
         raise PeerError("protocol_error", "link/stats cut short")
     state, flags, *counts = _FIXED.unpack_from(payload)
-    server, nul, engine = payload[_FIXED.size :].partition(b"\0")
+    server, nul, rest = payload[_FIXED.size :].partition(b"\0")
+    engine, more, fleet_json = rest.partition(b"\0")
     if state >= len(STATES) or not nul:
         raise PeerError("protocol_error", "malformed link/stats")
+    fleet: Any = {}
+    if more:
+        try:
+            fleet = json.loads(fleet_json)
+        except ValueError:
+            raise PeerError("protocol_error", "malformed link/stats") from None
+        if not isinstance(fleet, dict):
+            raise PeerError("protocol_error", "malformed link/stats")
     s = Stats(
         state=STATES[state],
         connected=bool(flags & 1),
         settled=bool(flags & 2),
         server=server.decode("utf-8", "replace"),
         engine=engine.decode("utf-8", "replace"),
+        fleet=fleet,
     )
     for name, value in zip(_COUNTS, counts, strict=False):
         setattr(s, name, value)

@@ -20,7 +20,8 @@ Theory of operation (docs/nats.md, "The mapping"):
   (``<prefix>.k.>``) and every other public wildcard never see a secret
   key, as in the bus itself (docs/protocol.md, "Credentials and secret
   keys").  ``<prefix>._i.<host>`` and ``<prefix>._q`` carry the hosts' interest
-  (``protocol.natsinterest``); no key's subject can be one of them.
+  (``protocol.natsinterest``), ``<prefix>._s.<host>`` what other hosts
+  sent that host (``protocol.natsledger``); no key's subject can be one of them.
 * A pattern maps to one NATS subscription.  Literal segments, ``*``, a
   trailing '/' and ``''`` map exactly.  A segment ``ab*`` (a prefix of a
   segment) has no NATS form: it maps to ``*``, a superset that the bus
@@ -39,6 +40,7 @@ SECRET = b"c"
 INTEREST = b"_i"
 SNAPSHOT = b"_q"
 LONG = b"_l"
+LEDGER = b"_s"
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+=:@,~")
 _HEX = b"0123456789ABCDEF"
@@ -123,6 +125,10 @@ class SubjectMap:
         """The subject ``host`` announces its interest on."""
         return self.prefix + b"." + INTEREST + b"." + encode_segment(host.encode("utf-8"))
 
+    def ledger_of(self, host: str) -> bytes:
+        """The subject other hosts tell ``host`` what they sent it on."""
+        return self.prefix + b"." + LEDGER + b"." + encode_segment(host.encode("utf-8"))
+
     def subject(self, key: bytes) -> bytes:
         """The one subject of ``key``."""
         head = self._secret if is_secret(key) else self._public
@@ -157,6 +163,27 @@ class SubjectMap:
         if b"\0" in key:
             raise MappingError("a NUL, which no key holds")
         return key
+
+    def lenient_key(self, subject: bytes) -> bytes | None:
+        """For a subject ``key`` refuses: a key that our subscriptions' relaxed
+        patterns match exactly when NATS matched their subscriptions with the
+        subject (each bad token becomes a segment only a wildcard matches: it
+        begins with NUL, which no pattern holds), so that the one subscription
+        taking it can be found; None if it is under no key's domain."""
+        if subject.startswith(self._public):
+            body, secret = subject[len(self._public) :], False
+        elif subject.startswith(self._secret):
+            body, secret = subject[len(self._secret) :], True
+        else:
+            return None
+        segs = []
+        for token in body.split(b"."):
+            try:
+                segs.append(decode_token(token))
+            except MappingError:
+                segs.append(b"\0" + token.replace(b"/", b"\0"))
+        key = b"/".join(segs)
+        return key if is_secret(key) == secret else None
 
     def subscription(self, pattern: bytes) -> bytes | None:
         """The NATS subscription for ``pattern``: exactly its keys, or (for a

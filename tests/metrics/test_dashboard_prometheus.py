@@ -428,6 +428,43 @@ def stalled_relay(master: Bus, relay: Bus) -> None:
         relay.proc.send_signal(signal.SIGCONT)
 
 
+def another_host(nats_url: str, master: str) -> None:
+    """A NATS client posing as another host sends the master (joined to NATS) a
+    message twice and counts three: one delivered, one refused (duplicate),
+    two lost (the NATS row's loss panel)."""
+    import asyncio
+
+    from sbus_relay.protocol.natsenvelope import HEADER
+    from sbus_relay.protocol.natsinterest import decode
+
+    async def run() -> None:
+        import nats
+
+        nc = await nats.connect(nats_url)
+        heard: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def announced(msg: Any) -> None:
+            heard.put_nowait(msg.data)
+
+        await nc.subscribe(f"sbus._i.{master}", cb=announced)
+        await nc.publish("sbus._q", master.encode())  # its snapshot, now
+        a = decode(await asyncio.wait_for(heard.get(), 10))
+        assert a is not None
+        counts = f"sbus._s.{master}"
+        await nc.publish(
+            counts, b"%d %d 0 0" % (a.incarnation, a.seq), headers={HEADER: "hostx 1 0"}
+        )
+        for _ in range(2):
+            await nc.publish("sbus.k.both.x", b"from hostx", headers={HEADER: "hostx 1 1"})
+        await nc.publish(
+            counts, b"%d %d 0 3" % (a.incarnation, a.seq), headers={HEADER: "hostx 1 3"}
+        )
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(run())
+
+
 def protocol_error(bus: Bus) -> None:
     """Junk on the wire: the server must close that client (docs/protocol.md)."""
     junk = Raw(bus.address)
@@ -469,6 +506,7 @@ def test_every_dashboard_panel_returns_data(
             publisher.send(b"MSG both/%d\0from %s" % (i, bus.name.encode()))
         publisher.sync()
         publisher.close()
+    another_host(master.extra[master.extra.index("--nats") + 1], "the-master")
     held = floods(master) + floods(relay)
     protocol_error(master)
     protocol_error(relay)
@@ -548,6 +586,15 @@ def test_every_dashboard_panel_returns_data(
             f"{inst} clients dropping seen",
             f"max_over_time(sbus_clients_dropping{{{sel}}}[5m]) > 0",
         )
+    expect(
+        "two lost on the way from another host, counted by the master",
+        'sum(sbus_nats_lost_messages_total{instance="master", origin="hostx"}) == 2',
+    )
+    expect(
+        "its duplicate refused",
+        'sbus_nats_refused_messages_total{instance="master", origin="hostx", reason="duplicate"}'
+        " == 1",
+    )
     expect("relay reconnected", 'sbus_upstream_reconnects_total{instance="relay"} >= 1')
     expect("relay outage seen", 'min_over_time(sbus_upstream_connected{instance="relay"}[5m]) == 0')
     expect("relay connected now", 'sbus_upstream_connected{instance="relay"} == 1')

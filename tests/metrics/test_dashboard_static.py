@@ -37,7 +37,10 @@ NATS_STATE = {
     "sent": 1, "sent_bytes": 1, "received": 1, "received_bytes": 1,
     "drops": {"queue_overflow": 0}, "queued_messages": 0, "queued_bytes": 0,
     "to_bus_queued": 0, "reconnects": 0, "rtt": 0.001, "subscriptions": 1,
-    "remote_hosts": 1, "remote_patterns": 1, "settled": True,
+    "remote_hosts": 1, "remote_patterns": 1, "settled": True, "unconfirmed_total": 0,
+    "origin_counts": {"y": {"delivered": 1, "lost_link_down": 0, "lost_slow_consumer": 0,
+                            "lost_origin_silent": 0, "lost_unknown": 0, "duplicate": 0,
+                            "late": 0}},
 }  # fmt: skip
 #: Metric names a PromQL expression may mention, from sbus_relay.ops.collector.
 METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")

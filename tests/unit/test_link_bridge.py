@@ -97,9 +97,16 @@ def test_synced_only_after_a_round_trip_that_succeeded() -> None:
         bus.send(
             codec.encode_batch([codec.encode_msg(b"k/1", b"p1"), codec.encode_msg(b"k/2", b"p2")])
         )
-        await until(lambda: (b"sbus.k.k.2", None, b"p2") in engine.published)
-        assert (b"sbus.k.k.1", None, b"p1") in engine.published
-        assert (b"sbus.k.k.2", None, b"p2") in engine.published
+        # ... each with its envelope: this link's origin, one sequence (docs/nats.md)
+
+        def data() -> list[tuple[bytes, Any, bytes]]:
+            return [(s, h, p) for s, h, p in engine.published if s.startswith(b"sbus.k.")]
+
+        await until(lambda: len(data()) == 2)
+        assert [(s, p) for s, _, p in data()] == [(b"sbus.k.k.1", b"p1"), (b"sbus.k.k.2", b"p2")]
+        envelopes = [h["Sbus-Origin"] for _, h, _ in data() if h is not None]
+        assert [e.rpartition(" ")[2] for e in envelopes] == ["1", "2"]
+        assert all(e.startswith("a ") for e in envelopes)
         # ... and one from NATS to the bus, once
         assert engine.sink is not None
         engine.sink.on_message(16, b"sbus.k.k.3", None, b"p3")

@@ -26,6 +26,9 @@ def test_urls_as_text_or_list_and_defaults() -> None:
     assert not full.identities
     crossing = config_from_mapping({"nats": {"servers": "a:1", "identities": True}}, "f.yaml").nats
     assert crossing is not None and crossing.identities
+    assert c.publish == ()  # nothing is published for native clients unless asked
+    native = config_from_mapping({"nats": {"servers": "a:1", "publish": "sensors/"}}, "f.yaml").nats
+    assert native is not None and native.publish == (b"sensors/",)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,9 @@ def test_urls_as_text_or_list_and_defaults() -> None:
         ({"servers": "a:1", "subject_prefix": "a..b"}, "nats.subject_prefix", "empty token"),
         ({"servers": "a:1", "export": ["!/cred/1/2/3/x"]}, "nats.export", "identities"),
         ({"servers": "a:1", "identities": "yes"}, "nats.identities", "true or false"),
+        ({"servers": "a:1", "publish": ["!/cred/1/2/3/x"]}, "nats.publish", "identities"),
+        ({"servers": "a:1", "publish": [3]}, "nats.publish", "a list of sbus patterns"),
+        ({"servers": "a:1", "publish": ["a\0b"]}, "nats.publish", "is not a pattern"),
         (42, "nats", "expected a list of URLs"),
     ],
 )

@@ -84,7 +84,11 @@ def test_secret_and_reserved_patterns_are_refused_and_silent_hosts_forgotten() -
     remote = ni.RemoteInterest()
     feed(remote, "A", a.snapshot())
     assert set(remote.union) == {b"ok"} and remote.refused == 2
-    assert remote.expire(ni.HOST_SILENT + 1) == [(False, b"ok")]
+    # silent: still in the union (counted for, not sent to), then forgotten
+    assert remote.expire(ni.HOST_SILENT + 1) == [] and remote.hosts["A"].silent
+    assert remote.live == 0 and set(remote.union) == {b"ok"}
+    assert remote.expire(ni.HOST_SILENT + ni.SILENT_KEEP + 2) == [(False, b"ok")]
+    assert remote.hosts == {} and remote.stored == 0 and remote.stored_bytes == 0
 
 
 def test_with_identities_crossing_a_host_holds_secret_patterns_below_its_own_only() -> None:

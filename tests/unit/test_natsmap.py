@@ -151,3 +151,28 @@ def test_subjects_no_key_maps_to(subject: bytes) -> None:
 )
 def test_prefixes(prefix: str, ok: bool) -> None:
     assert (check_prefix(prefix) == "") is ok
+
+
+bad_tokens = st.one_of(
+    st.sampled_from([b"%zz", b"%2", b"%41", b"a/b", b"\xff", b"?", b"%", b"x%"]),
+    st.binary(min_size=1, max_size=5).map(lambda b: b.replace(b".", b"-").replace(b" ", b"-")),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(patterns, st.lists(st.one_of(odd_segments.map(encode_segment), bad_tokens), min_size=1,
+                          max_size=5), st.booleans())  # fmt: skip
+def test_a_subject_no_key_maps_to_is_matched_as_nats_matches_it(
+    pattern: bytes, tokens: list[bytes], secret: bool
+) -> None:
+    """So that the one subscription that takes it can be found (and a bad
+    message counted once, not once per subscription NATS gave it to)."""
+    head = b"sbus.c.%21.cred.1.2.3." if secret else b"sbus.k."
+    subject = head + b".".join(t if t else b"%" for t in tokens)
+    sub = M.subscription(pattern)
+    other = M.lenient_key(subject)
+    if sub is None or other is None:
+        return
+    r = relaxed(pattern)
+    assert r is not None
+    assert nats_match(sub, subject) == bus_match(r, other), (sub, subject, other)

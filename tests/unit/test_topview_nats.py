@@ -26,6 +26,16 @@ def test_the_link_up_and_down() -> None:
     assert "nats DOWN hosts 2 out 10 in 7 queued 40 lost 3" in bus_header(view(down))
 
 
+def test_losses_each_way_refusals_and_what_may_be_lost() -> None:
+    link = {
+        "connected": True, "server": "n1:4222", "remote_hosts": 1, "sent": 10, "received": 7,
+        "queued_messages": 0, "drops": {"queue_overflow": 1}, "lost": 5,
+        "origins": {"hostb": {"delivered": 7, "lost": 5, "duplicate": 1, "late": 2}},
+        "unconfirmed_total": 4,
+    }  # fmt: skip
+    assert bus_header(view(link)).endswith("lost 6 refused 3 unconfirmed 4")
+
+
 def test_no_link_no_words() -> None:
     assert "nats" not in bus_header(view(None))
 
