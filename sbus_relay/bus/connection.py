@@ -552,6 +552,11 @@ class Connection(Session):
         rare = self._rare
         return rare is not None and rare.notices is not None
 
+    @property
+    def owes_notices(self) -> bool:
+        """Whether notices (or ``interest/ready``) wait to be written."""
+        return self._has_notices()
+
     # --- its socket -------------------------------------------------------------
 
     def attach(self, fd: int) -> None:

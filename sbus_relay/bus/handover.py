@@ -32,6 +32,7 @@ version to the next: a process adopts what an older one exported.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -167,9 +168,12 @@ def adopt_connection(conn: Connection, state: dict[str, Any]) -> None:
     )
 
 
-def export(server: Bus, skip: Connection | None = None) -> tuple[dict[str, Any], list[int]]:
+def export(
+    server: Bus, skip: Connection | None = None, takes: bytes = b""
+) -> tuple[dict[str, Any], list[int]]:
     """The whole bus as plain data, and the descriptors it refers to by position:
-    the listener first, then the metrics socket (if any), the clients', the link's.
+    the listener first, then the metrics socket (if any), the clients', the link's,
+    the NATS link's when the process taking over takes it up (``takes``).
     ``skip``: the connection of the process taking over."""
     fds = [server.listener.fileno()]
     web = None
@@ -195,6 +199,20 @@ def export(server: Bus, skip: Connection | None = None) -> tuple[dict[str, Any],
         if server.upstream.conn.fd >= 0:
             link["fd"] = len(fds)
             fds.append(server.upstream.conn.fd)
+    nats_link = None
+    nats = server.nats
+    if nats is not None and takes == control.TAKES_NATS_LINK:
+        # the running link process goes on: its socket comes with the clients'
+        handing = nats.handing()
+        if handing is not None:
+            nats_link, pidfd = handing
+            nats_link["conn"] = export_connection(nats.conn)
+            nats_link["patterns"] = server.index.patterns_of(nats.conn)
+            nats_link["fd"] = len(fds)
+            fds.append(nats.conn.fd)
+            if pidfd is not None:  # (ours to close once sent: ``hand_over``)
+                nats_link["pidfd"] = len(fds)
+                fds.append(pidfd)
     state = {
         "version": __version__,
         "socket_file": server.socket_file,
@@ -203,8 +221,10 @@ def export(server: Bus, skip: Connection | None = None) -> tuple[dict[str, Any],
         **server.totals(),
         "clients": clients,
         "upstream": link,
-        # what the other hosts want: held by the new process's link until its own view is in
+        # what the other hosts want: held by the new process's link until its own view
+        # is in (a process that does not take the link process up starts its own)
         "nats": server.index.patterns_of(server.nats.conn) if server.nats is not None else None,
+        "nats_link": nats_link,
     }
     return state, fds
 
@@ -243,35 +263,60 @@ def adopt(server: Bus, state: dict[str, Any], fds: list[int]) -> None:
         for pattern, count in link["patterns"].items():
             for _ in range(count):
                 index.add(up.conn, pattern)
-    if state.get("nats") and server.nats is not None:
-        server.nats.adopt(state["nats"])
+    handed = state.get("nats_link")
+    nats = server.nats
+    if handed is not None and nats is not None and nats.same_link(handed):
+        # the link process goes on, ours now, until we cut over to our own
+        nats.conn.attach(fds[handed["fd"]])
+        adopt_connection(nats.conn, handed["conn"])
+        nats.adopt_link(handed, fds[handed["pidfd"]] if "pidfd" in handed else None)
+        for pattern, count in handed["patterns"].items():
+            for _ in range(count):
+                index.add(nats.conn, pattern)
+    else:
+        if handed is not None:
+            # no NATS here now, or another host name: that link ends (its goodbye)
+            # once the old process lets go of its copy too
+            os.close(fds[handed["fd"]])
+            if "pidfd" in handed:
+                os.close(fds[handed["pidfd"]])
+        if state.get("nats") and nats is not None:
+            nats.adopt(state["nats"])
     index.on_first, index.on_last = on_first, on_last
 
 
-def hand_over(server: Bus, conn: Connection) -> None:
+def hand_over(server: Bus, conn: Connection, takes: bytes = b"") -> None:
     """``CMSG upgrade/take-over`` from ``conn``: hand the whole bus to the
     process behind it if it runs as the bus's own user (or root), then end
-    quietly; if it fails, serve on."""
+    quietly; if it fails, serve on.  ``takes``: what more the new process
+    takes up (``control.TAKES_NATS_LINK``: the running NATS link process).  A
+    cut of the NATS link being made is finished first (the request waits)."""
     if not wire.allowed(conn.uid):
         conn.warn("upgrade.refused", reason="not the bus's own user")
         conn.reply(control.upgrade_refused("not the bus's own user"))
         return
+    if server.nats is not None and not server.nats.hand_over(conn):
+        return  # handled again once the cut is done (``conn`` is held)
     log = server.log
     others = len(server.clients) - 1
     log.info("upgrade.handing_over", to_pid=conn.pid, clients=others)
     started = time.monotonic()
     server.freeze()
-    state, fds = export(server, skip=conn)
+    state, fds = export(server, skip=conn, takes=takes)
     try:
         with borrowed(conn.fd) as sock:
             wire.send_state(sock, state, fds)
             wire.wait_done(sock)
     except (OSError, UpgradeError) as exc:
+        _close_lent(state, fds)
         server.thaw()
         log.warning("upgrade.failed", to_pid=conn.pid, reason=str(exc))
         conn.close("upgrade_failed", str(exc))
         return
+    _close_lent(state, fds)
     server.handed_over = True
+    if state["nats_link"] is not None and server.nats is not None:
+        server.nats.handed_on = True  # it goes on in the new process: ``let_go`` leaves it be
     log.info(
         "upgrade.handed_over",
         to_pid=conn.pid,
@@ -279,3 +324,10 @@ def hand_over(server: Bus, conn: Connection) -> None:
         seconds=round(time.monotonic() - started, 3),
     )
     server.let_go()
+
+
+def _close_lent(state: dict[str, Any], fds: list[int]) -> None:
+    """Close what was opened only to be sent (the NATS link's pidfd)."""
+    link = state.get("nats_link")
+    if link is not None and "pidfd" in link:
+        os.close(fds[link["pidfd"]])

@@ -28,14 +28,18 @@ client's does, and as the upstream link's it is never paused.
 * The process is started, supervised and restarted here: if it dies, the
   link's holds are let go, every public key is held again, and a new process
   starts after a back-off (``RESTART_MIN`` doubling to ``RESTART_MAX``),
-  logged.  It dies with the bus (``PR_SET_PDEATHSIG``, and the EOF of its
-  socket when the bus closes its end); nothing here ever waits for it.
+  logged.  It ends when the bus closes its end of the socket pair (or dies:
+  the kernel closes it), never by the parent-death signal: a live upgrade
+  hands that end to the next bus with the clients' sockets, and the link
+  process goes on, untouched; the new bus then cuts over to a link process of
+  its own (``linkcut``).  Nothing here ever waits for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import socket
 import subprocess
 import sys
@@ -53,6 +57,7 @@ from sbus_relay.protocol.limits import SEND_BUFFER
 
 from .batchio import send_one
 from .connection import Connection
+from .linkcut import RETRY_MAX, RETRY_MIN, LinkCut, OldLink, pidfd_of
 from .upstream import UpstreamHost, link_connection
 
 #: Seconds between two looks at the link while waiting for it to join.
@@ -104,6 +109,14 @@ class NatsLink:
         self._since = 0.0  # when the running process started (monotonic)
         self._restart: Any = None  # the timer of the next start
         self._reaper: Any = None  # the timer that reaps the process after a stop
+        #: a live upgrade: the link process taken over from the old bus (not our
+        #: child), until the cut to one of our own (``linkcut``)
+        self.old: OldLink | None = None
+        self.cut: LinkCut | None = None
+        self._cut_delay = RETRY_MIN
+        self._cut_timer: Any = None
+        #: this bus handed its link process on with its sockets (``let_go``)
+        self.handed_on = False
 
     @property
     def identity(self) -> bytes | None:
@@ -121,7 +134,15 @@ class NatsLink:
         self.adopted = holds
 
     def start(self) -> None:
-        """Hold every public key, start the link process, tell it every local pattern."""
+        """Hold every public key, start the link process, tell it every local
+        pattern; or, with a link process taken over (``adopt_link``), cut over
+        from it to one of our own."""
+        if self.old is not None:
+            self.started = True
+            self.synced = True  # it is on NATS, and has every local pattern
+            self.log.info("nats.link_taken_over", host=self.name, pid=self.old.pid)
+            self._begin_cut()
+            return
         # until the link says the other hosts' interest is known, every public
         # key goes to NATS (where only hosts subscribed to it get it)
         self.host.upstream_interest(EVERYTHING, True)
@@ -137,37 +158,62 @@ class NatsLink:
             pid=self.proc.pid if self.proc is not None else None,
         )
 
-    def _hello(self) -> bytes:
-        """The link's settings: every ``nats`` setting the hello carries, by name."""
+    def _hello(self, adopt: bool = False, prefer: str = "") -> bytes:
+        """The link's settings: every ``nats`` setting the hello carries, by name
+        (a cut's new link: the old link's server first, tried in order)."""
         c = self.config
         same: dict[str, Any] = {
             f.name: list(v) if isinstance(v := getattr(c, f.name), tuple) else v
             for f in dataclasses.fields(linkwire.Hello)
             if hasattr(c, f.name)
         }
-        return linkwire.encode_hello(
-            linkwire.Hello(**{**same, "host": self.name, "log_level": self._log_level})
-        )
+        more: dict[str, Any] = {"host": self.name, "log_level": self._log_level}
+        if adopt:
+            servers = list(c.servers)
+            first = [u for u in servers if (u.partition("://")[2] or u) == prefer]
+            rest = [u for u in servers if u not in first]
+            more.update(adopt=True, ordered=True, servers=first + rest)
+        return linkwire.encode_hello(linkwire.Hello(**{**same, **more}))
 
-    def _spawn(self) -> None:
-        """A new link process on a new socket pair; the connection serves our end."""
+    def start_process(
+        self, adopt: bool = False, prefer: str = ""
+    ) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
+        """A new link process on a new socket pair, its hello written; our end.
+        ``adopt``: a cut's new link (the old link's record follows the hello),
+        on the NATS server ``prefer`` (host:port) if it can.  None if it could
+        not be started (said)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-        send_one(ours.fileno(), self._hello())  # first, before anything the connection sends
+        send_one(ours.fileno(), self._hello(adopt, prefer))  # first, before anything else
         argv = [sys.executable, "-m", LINK_MODULE, "--fd", str(theirs.fileno())]
         try:
-            self.proc = children.spawn(argv, pass_fds=(theirs.fileno(),))
+            # no parent-death signal: a live upgrade hands the link on with its
+            # socket, whose closing alone ends it (the module's doc)
+            proc = children.spawn(argv, pass_fds=(theirs.fileno(),), outlive_parent=True)
         except OSError as e:
             ours.close()
             theirs.close()
             self.log.error("nats.link_not_started", error=str(e))
+            return None
+        theirs.close()
+        return proc, ours
+
+    def _spawn(self) -> None:
+        """A new link process on a new socket pair; the connection serves our end."""
+        started = self.start_process()
+        if started is None:
             self._schedule_restart()
             return
-        theirs.close()
+        self.proc, ours = started
+        self._attach(ours.detach())
+
+    def _attach(self, fd: int) -> None:
+        """The link's connection serves ``fd``, a link process's new socket:
+        every local pattern, then ``interest/ready``, then what waits."""
         self._since = time.monotonic()
         self.synced = False
-        self.conn.attach(ours.detach())
+        self.conn.attach(fd)
         self.conn.packs = True  # the link reads packed batches
         for pattern in self.host.local_patterns():
             self.conn.notify(pattern, True)
@@ -188,20 +234,147 @@ class NatsLink:
     def stop(self) -> None:
         """Close the link: its process says goodbye on NATS and ends (not waited for)."""
         self.stopping = True
-        if self._restart is not None:
-            self._restart.close()
-            self._restart = None
+        self._stop_timers()
+        if self.cut is not None:
+            self.cut.stop()
+            self.cut = None
         self.conn.close("server_stopping")
+        self._forget_old()
+
+    def _stop_timers(self) -> None:
+        for timer in (self._restart, self._cut_timer):
+            if timer is not None:
+                timer.close()
+        self._restart = self._cut_timer = None
 
     def subscribe(self, pattern: bytes) -> None:
         """A local pattern went 0 -> 1."""
-        if self.started:  # before that, ``start`` sends the whole set
-            self.conn.notify(pattern, True)
+        if self.started and not (self.cut is not None and self.cut.withhold(pattern, True)):
+            self.conn.notify(pattern, True)  # (before ``start``, it sends the whole set)
 
     def unsubscribe(self, pattern: bytes) -> None:
         """A local pattern went 1 -> 0."""
-        if self.started:
+        if self.started and not (self.cut is not None and self.cut.withhold(pattern, False)):
             self.conn.notify(pattern, False)
+
+    # --- a live upgrade: the link process handed on, and cut over to a new one -------
+
+    def handing(self) -> tuple[dict[str, Any], int | None] | None:
+        """What a newer bus needs to take the running link process up with its
+        socket (``bus.handover``), and a pidfd of it for that bus (the caller
+        closes it once sent); None if there is none to take (it died, or is
+        being started)."""
+        pid = self.pid
+        if pid is None or self.conn.fd < 0 or self.stopping:
+            return None
+        old = self.old
+        pidfd = os.dup(old.fd) if old is not None and old.fd is not None else pidfd_of(pid)
+        return {
+            "host": self.name,
+            "subject_prefix": self.config.subject_prefix,
+            "identities": self.config.identities,
+            "holding": self.holding,
+            "adopted": self.adopted,
+            "restarts": self.restarts,
+        }, pidfd
+
+    def hand_over(self, conn: Connection) -> bool:
+        """This bus is asked for by a newer process (``conn``): True to hand it
+        over now; False while a cut is being made (the request waits for it)."""
+        return self.cut is None or self.cut.hand_over(conn)
+
+    def same_link(self, handed: dict[str, Any]) -> bool:
+        """Whether a handed-on link process can go on as this bus's link: the
+        same host name, subject prefix and identities (its incarnation goes on)."""
+        return (
+            handed.get("host") == self.name
+            and handed.get("subject_prefix") == self.config.subject_prefix
+            and bool(handed.get("identities")) == self.config.identities
+        )
+
+    def adopt_link(self, handed: dict[str, Any], pidfd: int | None) -> None:
+        """A live upgrade took the old bus's link process up, its socket already
+        this link's connection's (``bus.handover``), and a pidfd of it: it goes
+        on as our link until the cut to one of our own (``start``)."""
+        self.old = OldLink(pidfd)
+        self.holding = bool(handed["holding"])
+        self.adopted = dict(handed.get("adopted") or {})
+        self.restarts = int(handed.get("restarts", 0))
+        self._since = time.monotonic()
+
+    def _begin_cut(self) -> None:
+        self._cut_timer = None
+        if self.stopping or self.cut is not None or self.conn.fd < 0 or self.old is None:
+            return
+        self.cut = LinkCut(self)
+        self.cut.begin()
+
+    def cut_later(self) -> None:
+        """A cut was given up before it began: the old link serves on; try again."""
+        delay = self._cut_delay
+        self._cut_delay = min(delay * 2, RETRY_MAX)
+        self._cut_timer = gevent.get_hub().loop.timer(delay)
+        self._cut_timer.start(self._begin_cut)
+
+    def switch(self, proc: subprocess.Popen[bytes], fd: int, seconds: float) -> None:
+        """The cut is made: the link's connection serves the new link process
+        from now on (the old one left after its state: its socket is closed)."""
+        conn = self.conn
+        conn.detach()
+        self._forget_old()
+        self.proc = proc
+        self._cut_delay = RETRY_MIN
+        self._attach(fd)
+        self.synced = True
+        self.log.info("nats.link_cut", pid=proc.pid, seconds=round(seconds, 3))
+
+    def restart_afresh(self, why: str) -> None:
+        """A cut failed once the old link was told to stop: both are ended, and a
+        fresh link starts at once (a new incarnation, as after a link's death)."""
+        if self.old is not None:
+            self.old.kill()
+        self._forget_old()
+        if self.conn.fd >= 0:
+            self.conn.detach()
+        self.stats = linkwire.Stats(state="starting", engine=self.stats.engine)
+        self._forget_interest()
+        self._spawn()
+
+    def _forget_old(self) -> None:
+        if self.old is not None:
+            self.old.close()
+            self.old = None
+
+    def reap_later(self, proc: subprocess.Popen[bytes]) -> None:
+        """A process of ours that was killed: reaped without waiting."""
+        self._reap_later(proc)
+
+    def let_go(self) -> None:
+        """This bus lives on in a newer process: if it took the link process up
+        (``handed_on``), only our copy of its socket closes; else it stops."""
+        if not self.handed_on:
+            self.stop()
+            return
+        self.stopping = True
+        self._stop_timers()
+        self.conn.let_go()
+        self._forget_old()
+
+    @property
+    def pid(self) -> int | None:
+        """The running link process's pid (ours, or the one taken over)."""
+        if self.old is not None:
+            return self.old.pid if self.old.alive() else None
+        proc = self.proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def log_record(self, payload: bytes) -> None:
+        """A link process's ``link/log``: written as our own line, ``link: nats``."""
+        level, event, fields = linkwire.decode_log(payload)
+        say = getattr(self.log, level, None)
+        if say is None or level not in ("debug", "info", "warning", "error", "critical"):
+            say = self.log.warning
+        say(event, **{k: v for k, v in fields.items() if k != "event"})
 
     # --- the connection's handler -------------------------------------------------
 
@@ -217,22 +390,24 @@ class NatsLink:
         elif isinstance(event, codec.Unsubscribe):
             self.host.upstream_interest(event.pattern, False)
         elif isinstance(event, codec.Control):
-            self._control(event.key, event.payload or b"")
+            self._control(event.key, event.payload or b"", packet)
 
-    def _control(self, key: bytes, payload: bytes) -> None:
+    def _control(self, key: bytes, payload: bytes, packet: bytes) -> None:
         try:
             if key == linkwire.STATS:
                 self.stats = linkwire.decode_stats(payload)
             elif key == linkwire.LOG:
-                level, event, fields = linkwire.decode_log(payload)
-                say = getattr(self.log, level, None)
-                if say is None or level not in ("debug", "info", "warning", "error", "critical"):
-                    say = self.log.warning
-                say(event, **{k: v for k, v in fields.items() if k != "event"})
+                self.log_record(payload)
             elif key == linkwire.SETTLED:
                 self._settled()
             elif key == linkwire.SYNCED:
                 self.synced = True
+            elif key == linkwire.STATE and self.cut is not None:
+                self.cut.state(packet, payload)
+            elif key == linkwire.FINAL and self.cut is not None:
+                self.cut.final(packet, payload)
+            elif key == linkwire.TOOK_OVER:
+                self.log.info("nats.link_took_over", **linkwire.decode_took_over(payload))
         except PeerError as e:
             self.log.error("nats.bad_packet", error=e.detail)
 
@@ -252,6 +427,12 @@ class NatsLink:
         conn.detach()
         if self.stopping:
             return
+        cut = self.cut
+        if cut is not None:
+            if cut.old_gone():
+                return  # the old link left after its state: the switch follows
+            if conn.fd >= 0:
+                return  # the cut failed, and a fresh link runs already
         self.stats = linkwire.Stats(state="starting", engine=self.stats.engine)
         self._forget_interest()
         self._ended(reason, detail, time.monotonic() + LINGER)
@@ -261,7 +442,17 @@ class NatsLink:
         for), then schedule its successor; one that runs on past ``LINGER``
         with its socket closed is killed."""
         proc = self.proc
-        if proc is not None and proc.poll() is None:
+        old = self.old
+        if old is not None:  # taken over, not our child: seen through its pidfd
+            if old.alive() and time.monotonic() < deadline:
+                self._reaper = gevent.get_hub().loop.timer(REAP_POLL)
+                self._reaper.start(self._ended, reason, detail, deadline)
+                return
+            ended = "ended" if not old.alive() else "killed: its socket closed but it ran on"
+            old.kill()
+            self._forget_old()
+            proc = None
+        elif proc is not None and proc.poll() is None:
             if time.monotonic() < deadline:
                 self._reaper = gevent.get_hub().loop.timer(REAP_POLL)
                 self._reaper.start(self._ended, reason, detail, deadline)
@@ -270,7 +461,7 @@ class NatsLink:
                 proc.kill()
             self._reap_later(proc)
             ended = "killed: its socket closed but it ran on"
-        else:
+        elif old is None:
             ended = "not started" if proc is None else children.how_it_ended(proc.returncode)
         if self.stopping:
             return
@@ -334,9 +525,8 @@ class NatsLink:
         """The link as ``/healthz``, ``/clients``, ``top`` and the metrics show it."""
         s = self.stats
         count, nbytes = self.conn.queued
-        proc = self.proc
-        alive = proc is not None and proc.returncode is None
-        shape = children.footprint(proc.pid) if alive and proc is not None else None
+        pid = self.pid
+        shape = children.footprint(pid) if pid is not None else None
         return {
             "host": self.name,
             "state": s.state,
@@ -361,7 +551,7 @@ class NatsLink:
             "remote_patterns": s.remote_patterns,
             "settled": not self.holding,
             "process": {
-                "pid": proc.pid if alive and proc is not None else None,
+                "pid": pid,
                 "threads": shape[0] if shape else 0,
                 "rss_bytes": shape[1] if shape else 0,
                 "restarts": self.restarts,

@@ -477,7 +477,7 @@ class Server:
             # our packed batches extension: say yes (what goes to it is packed now)
             conn.reply(codec.encode_cmsg(control.BATCH_ON, b""))
         elif kind is session.TakeOver:
-            handover.hand_over(self, conn)
+            handover.hand_over(self, conn, action.takes)
         elif kind is session.DropsCount:
             conn.reply(control.drops_count(conn.dropped))
 
@@ -575,6 +575,8 @@ class Server:
             conn.freeze()
         if self.upstream is not None:
             self.upstream.freeze()
+        if self.nats is not None:
+            self.nats.conn.freeze()
 
     def thaw(self) -> None:
         """Undo ``freeze``: the hand-over failed, this process serves on."""
@@ -584,6 +586,8 @@ class Server:
             conn.thaw()
         if self.upstream is not None:
             self.upstream.thaw()
+        if self.nats is not None:
+            self.nats.conn.thaw()
 
     def let_go(self) -> None:
         """The bus lives on in the new process: close our copies of its sockets,
@@ -596,7 +600,9 @@ class Server:
         if self.upstream is not None:
             self.upstream.let_go()
         if self.nats is not None:
-            self.nats.stop()  # the new process has joined NATS by now
+            # its process goes on in the new one (or, for one that does not take it
+            # up, stops: that one has joined NATS by now)
+            self.nats.let_go()
         self.listener.close()  # (the metrics socket: the CLI's metrics server closes it)
         self.stopped.set()
 

@@ -5,10 +5,12 @@ may touch: the socket it is given, and sbus_relay.link (which does the work).
 
 Started by its bus (``bus/natslink.py``), never by a person: it reads its
 settings from the socket pair's first packet (``link/hello``: secrets never
-cross argv), sends its log records to the bus, which writes them where it
-logs, runs the engine chosen (``link/engine.py``) and ends when the bus
-closes its end, when SIGTERM comes, or when its parent dies (the bus set
-``PR_SET_PDEATHSIG``).  Exit status 0 after a stop, 2 for a bad start.
+cross argv; a live upgrade's new link reads the old link's ``link/state``
+next), sends its log records to the bus, which writes them where it logs,
+runs the engine chosen (``link/engine.py``) and ends when the bus closes its
+end or dies (the kernel closes it: whichever bus holds it, as a live upgrade
+hands it from one to the next), or when SIGTERM comes.  Exit status 0 after a
+stop, 2 for a bad start.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if got is None or got[0] != linkwire.HELLO:
             raise PeerError("protocol_error", "the first packet is not link/hello")
         hello = linkwire.decode_hello(got[1])
+        adopt = _adopted(sock) if hello.adopt else None
     except (OSError, PeerError) as e:
         print(f"sbus-relay link: no settings from the bus: {e}", file=sys.stderr)
         return 2
@@ -88,8 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         log.info("nats.engine", notice="the NATS link runs nats-py: nats.c takes no nkey seed file")
         name = engines.NATS_PY
     engine = choice.make(name, settings)
-    asyncio.run(serve(sock, hello, engine, log))
+    asyncio.run(serve(sock, hello, engine, log, adopt))
     return 0
+
+
+def _adopted(sock: socket.socket) -> dict[str, Any]:
+    """A live upgrade's new link: the old link's ``link/state``, which follows the hello."""
+    from sbus_relay.protocol import linkwire
+    from sbus_relay.protocol.errors import PeerError
+    from sbus_relay.protocol.limits import MAX_PACKET
+
+    record = linkwire.Record()
+    while True:
+        got = linkwire.control(sock.recv(MAX_PACKET))
+        if got is None or got[0] != linkwire.STATE:
+            raise PeerError("protocol_error", "link/state does not follow an adopting hello")
+        doc = record.add(got[1])
+        if doc is not None:
+            return doc
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ cdef extern from "nats/nats.h" nogil:
     natsStatus natsOptions_SetServers(natsOptions *opts, const char **servers, int count)
     natsStatus natsOptions_SetName(natsOptions *opts, const char *name)
     natsStatus natsOptions_SetNoEcho(natsOptions *opts, bint noEcho)
+    natsStatus natsOptions_SetNoRandomize(natsOptions *opts, bint noRandomize)
     natsStatus natsOptions_SetAllowReconnect(natsOptions *opts, bint allow)
     natsStatus natsOptions_SetMaxReconnect(natsOptions *opts, int maxReconnect)
     natsStatus natsOptions_SetReconnectWait(natsOptions *opts, int64_t wait)
@@ -230,7 +231,7 @@ cdef class Client:
 
     def __init__(self, list servers, str name, int64_t reconnect_ms, int64_t timeout_ms,
                  int64_t ping_ms, int pings, int pending_bytes, user=None, password=None,
-                 token=None, creds=None, bint tls=False, tls_ca=None):
+                 token=None, creds=None, bint tls=False, tls_ca=None, bint ordered=False):
         global _owner
         if _owner is not None:
             raise NatsError("one nats.c client per process")
@@ -251,6 +252,7 @@ cdef class Client:
         o = self.opts
         _check(natsOptions_SetName(o, name.encode()), "name")
         _check(natsOptions_SetNoEcho(o, True), "no echo")
+        _check(natsOptions_SetNoRandomize(o, ordered), "server order")
         _check(natsOptions_SetAllowReconnect(o, True), "reconnect")
         _check(natsOptions_SetMaxReconnect(o, -1), "reconnect")
         _check(natsOptions_SetReconnectWait(o, reconnect_ms), "reconnect wait")

@@ -21,6 +21,7 @@ everyone's, and reads on (``RESUME_GRACE`` later).
 from __future__ import annotations
 
 import asyncio
+import select
 import signal
 import socket
 import time
@@ -37,9 +38,17 @@ from sbus_relay.protocol.natsmap import SubjectMap
 from .confirm import CONFIRM_SECONDS, Confirmations
 from .engine import Engine, Outgoing
 from .gossip import Gossip
+from .handover import Arriving, Leaving
 from .inbound import Inbound
 from .outbound import SUBJECT_MAX, Outbound
-from .subscriptions import COUNTS_SID, INTEREST_SID, LONG_SID, SNAPSHOT_SID, subscriptions
+from .subscriptions import (
+    COUNTS_SID,
+    HANDOVER_SID,
+    INTEREST_SID,
+    LONG_SID,
+    SNAPSHOT_SID,
+    subscriptions,
+)
 from .tobus import BusWriter
 
 #: Seconds after first joining NATS until the other hosts' interest is taken
@@ -63,7 +72,12 @@ class Bridge:
     """The link: the bus's packets to NATS and back (see the module's doc)."""
 
     def __init__(
-        self, sock: socket.socket, hello: linkwire.Hello, engine: Engine, log: Any
+        self,
+        sock: socket.socket,
+        hello: linkwire.Hello,
+        engine: Engine,
+        log: Any,
+        adopt: dict[str, Any] | None = None,
     ) -> None:
         self.hello = hello
         self.log = log
@@ -94,7 +108,8 @@ class Bridge:
         self.writer = BusWriter(sock, self._loop)
         self.subs = subscriptions()
         # fleet: this link's incarnation, what it sends whom, what it gets from whom
-        incarnation = time.time_ns()
+        # (a live upgrade's new link goes on under the old one's: ``handover``)
+        incarnation = time.time_ns() if adopt is None else int(adopt["incarnation"])
         self.ledger = natsledger.Ledger(hello.host, incarnation, tuple(hello.publish))
         self.origins = natsorigins.Origins(hello.host, incarnation, self.subs)
         self.outbound = Outbound(self.map, hello.export, self.identity, self.ledger)
@@ -124,6 +139,7 @@ class Bridge:
             watchers=(self.origins,),
             subs=self.subs,
             counts=self._counts,
+            tell_initial=adopt is None,
         )
         self._counts_queued = 0  # count messages in the outbox (not traffic)
         self.confirm = Confirmations(engine, log)
@@ -134,6 +150,18 @@ class Bridge:
         self._outbox: list[Outgoing] = []
         self._running = False
         self._tasks: set[asyncio.Future[Any]] = set()  # held until done (the loop holds weakly)
+        #: the patterns' subscriptions made on the engine (their sids)
+        self._engine_sids: set[int] = set()
+        #: a live upgrade: this link hands itself over to a new one (``Leaving``),
+        #: or is the new one, holding what comes until it takes over (``Arriving``)
+        self.leaving: Leaving | None = None
+        self.arriving: Arriving | None = None
+        #: after a take-over, until the bus's ``interest/ready``: the local
+        #: patterns the bus told again (those it no longer tells went meanwhile)
+        self._resync: set[bytes] | None = None
+        if adopt is not None:
+            self.arriving = Arriving(self, adopt)
+            self.on_message = self.arriving.hold
 
     # --- the process's life ----------------------------------------------------------
 
@@ -142,11 +170,20 @@ class Bridge:
         loop = self._loop
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.set_exception_handler(self._unexpected)
+        # the link lives as long as its bus holds the other end (whichever bus:
+        # a live upgrade hands it on), seen at once whether it reads it or not
+        hangup = select.epoll()
+        hangup.register(self._fd, select.EPOLLRDHUP)
+        loop.add_reader(hangup.fileno(), self._hung_up, hangup)
         engine = self.engine
         await engine.subscribe(INTEREST_SID, self.map.interest_all, False)
         await engine.subscribe(SNAPSHOT_SID, self.map.snapshot, True)
         await engine.subscribe(LONG_SID, self.map.long, True)
         await engine.subscribe(COUNTS_SID, self.map.ledger_of(self.hello.host), True)
+        await engine.subscribe(HANDOVER_SID, self.map.handover_of(self.hello.host), True)
+        if self.arriving is not None:  # as the old link is subscribed, at once
+            self.resubscribe(self.arriving.subs)
+            self._reading(True)  # the old link's final state comes from the bus
         self.state = "connecting"
         self._report()
         tasks = [
@@ -167,6 +204,14 @@ class Bridge:
             # a SIGTERM from now on ends the process as by default: one that came
             # while the loop closes its wakeup pipe was a traceback on the bus's stderr
             loop.remove_signal_handler(signal.SIGTERM)
+            loop.remove_reader(hangup.fileno())
+            hangup.close()
+
+    def _hung_up(self, hangup: select.epoll) -> None:
+        """The bus's end of the socket pair closed (the bus stopped, or died)."""
+        if hangup.poll(0):
+            self._loop.remove_reader(hangup.fileno())
+            self._stop.set()
 
     def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What a callback or task raised (a bug): one log line with its
@@ -193,10 +238,15 @@ class Bridge:
 
     async def _close(self) -> None:
         self._closing = True
-        if self.connected:
-            await self.gossip.goodbye()
-        # (away from NATS, nothing is held for it: no flush to wait for)
-        await self.engine.close(CLOSE_TIMEOUT if self.connected else 0)
+        if self.leaving is not None and self.leaving.done:
+            pass  # handed over: the incarnation lives on, nothing is said (``leave_nats``)
+        elif self.arriving is not None:
+            await self.engine.close(0)  # never took over: nothing of ours was said
+        else:
+            if self.connected:
+                await self.gossip.goodbye()
+            # (away from NATS, nothing is held for it: no flush to wait for)
+            await self.engine.close(CLOSE_TIMEOUT if self.connected else 0)
         self.connected = False
         self.state = "closed"
         self.log.info("nats.closed", sent=self.confirm.sent, received=self.inbound.received)
@@ -206,11 +256,17 @@ class Bridge:
     # --- the engine's word (``engine.Sink``) ----------------------------------------------
 
     def on_connected(self, server: str, again: bool) -> None:
-        self.server = server
+        self.server = server.partition("://")[2] or server  # host:port, whoever names it
         if again:
             self.reconnects += 1
         first = not self._ever
         self._ever = True
+        if self.arriving is not None:  # taking over: settled then (the old link's view)
+            self.connected = True
+            self.state = "connected"
+            self._report()
+            self._task(self.arriving.joined())
+            return
         if first:
             self._loop.call_later(INTEREST_SETTLE, self._settle)
         self._task(self._joined(first))
@@ -227,6 +283,8 @@ class Bridge:
             engine=self.engine.name,
         )
         self._report()
+        if self.leaving is not None and self.leaving.cutting:
+            return  # (the cut reads nothing more from the bus)
         if first:
             self._reading(True)
         else:
@@ -255,8 +313,11 @@ class Bridge:
         self.origins.slow_consumer()  # fleet: the losses it causes are counted there
 
     def _control(self, sid: int, subject: bytes, headers: Any, payload: bytes) -> None:
-        """A message on the interest, the snapshot or the counts subject."""
-        if sid == INTEREST_SID:
+        """A message on the interest, the snapshot, the counts or the hand-over subject."""
+        if sid == HANDOVER_SID:
+            if self.leaving is not None:
+                self.leaving.marker(payload)
+        elif sid == INTEREST_SID:
             self._task(self.gossip.on_interest(subject, payload))
         elif sid == SNAPSHOT_SID and self.connected:
             self._task(self.gossip.on_snapshot_asked(payload))
@@ -269,13 +330,15 @@ class Bridge:
         self.writer.control(linkwire.SETTLED_PACKET)
 
     def _resume(self) -> None:
-        if self.connected:
+        if self.connected and not (self.leaving is not None and self.leaving.cutting):
             self._reading(True)
 
     # --- bus -> NATS ------------------------------------------------------------------------
 
     def _reading(self, on: bool) -> None:
         """Watch the bus's end for packets (while NATS is there), or stop."""
+        if not on and self.arriving is not None:
+            return  # the old link's final state is to be read whether NATS is there or not
         if on and not self._watching:
             self._loop.add_reader(self._fd, self._readable)
             self._readable()  # read what waited meanwhile
@@ -321,11 +384,57 @@ class Bridge:
             self.log.error("nats.bad_packet", error=e.detail, head=packet[:32].hex())
             return False
         if isinstance(event, codec.Subscribe | codec.Unsubscribe):
-            self._local(event.pattern, isinstance(event, codec.Subscribe))
-            return True
-        if isinstance(event, codec.Control) and event.key == linkwire.READY:
-            self._sync_owed = True
+            return self._local(event.pattern, isinstance(event, codec.Subscribe))
+        if isinstance(event, codec.Control):
+            return self._bus_control(event.key, event.payload or b"")
         return False
+
+    def _bus_control(self, key: bytes, payload: bytes) -> bool:
+        """A control packet from the bus; True if it changed our interest."""
+        if key == linkwire.READY:
+            self._sync_owed = True
+            if self._resync is not None:  # the bus told every local pattern again
+                gone = self.gossip.local.patterns - self._resync
+                self._resync = None
+                for pattern in sorted(gone):
+                    self._local(pattern, False)
+                return bool(gone)
+        elif key == linkwire.EXPORT:
+            if self.leaving is None or not self.leaving.cutting:
+                self.leaving = Leaving(self, payload.decode("ascii", "replace"))
+                self.leaving.state()
+        elif key == linkwire.CUT:
+            if self.leaving is not None:
+                self._task(self.leaving.cut())
+        elif key == linkwire.FINAL and self.arriving is not None:
+            try:
+                record = self.arriving.final(payload)
+            except PeerError as e:
+                self.log.error("nats.bad_packet", error=e.detail)
+                return False
+            if record is not None:
+                self._take_over(record)
+        return False
+
+    def _take_over(self, record: dict[str, Any]) -> None:
+        """The old link's final state: become it, let through what is ours of
+        what was held, and serve (``handover.Arriving``)."""
+        arriving = self.arriving
+        assert arriving is not None
+        try:
+            figures = arriving.take_over(record)
+        except (KeyError, TypeError, ValueError) as e:  # an old link's record we cannot read
+            self.log.error("nats.bad_packet", error=f"link/final: {e!r}")
+            self.stop()
+            return
+        self.arriving = None
+        self._resync = set()
+        self.settled = True
+        self.writer.control(linkwire.SETTLED_PACKET)
+        self.writer.control(linkwire.encode_took_over(figures))
+        if not self.connected:
+            self._reading(False)  # read again once NATS is there
+        self._report()
 
     def _do(self, op: Callable[[], Awaitable[Any]]) -> None:
         """Call the engine after the calls asked for before."""
@@ -364,19 +473,56 @@ class Bridge:
         self._outbox.extend(out)
         self._counts_queued += len(out)
 
-    def _local(self, pattern: bytes, present: bool) -> None:
-        """One of this host's patterns came or went."""
+    def _local(self, pattern: bytes, present: bool) -> bool:
+        """One of this host's patterns came or went; True if that is news."""
+        if self._resync is not None and present:
+            self._resync.add(pattern)
+            if pattern in self.gossip.local.patterns:
+                return False  # told again after a take-over: the old link had it
         if not natsinterest.acceptable(pattern, owner=self.identity):
-            return  # identities stay on their host, unless they cross
+            return False  # identities stay on their host, unless they cross
         self.gossip.local.change(pattern, present)
         # fleet: a new subscription now; one whose last pattern went ends later (``_count``)
         r = self.subs.change(pattern, present, time.monotonic())
-        if r is None:
-            return
-        sid = self.subs.sid(r)
+        if r is not None:
+            self._subscribe(self.subs.sid(r), r)
+        return True
+
+    def _subscribe(self, sid: int, r: bytes) -> None:
         subject = self.map.subscription(r)
-        if subject is not None and len(subject) <= SUBJECT_MAX:
+        if subject is not None and len(subject) <= SUBJECT_MAX and sid not in self._engine_sids:
+            self._engine_sids.add(sid)
             self._do(lambda: self.engine.subscribe(sid, subject, True))
+
+    def resubscribe(self, made: list[tuple[int, bytes]]) -> None:
+        """Exactly these pattern subscriptions on the engine (a hand-over's)."""
+        wanted = dict(made)
+        for sid in sorted(self._engine_sids - set(wanted)):
+            self._engine_sids.discard(sid)
+            self._do(lambda sid=sid: self.engine.unsubscribe(sid))  # type: ignore[misc]
+        for sid, r in made:
+            self._subscribe(sid, r)
+
+    # --- the hand-over's needs (``handover``) -----------------------------------------
+
+    def stop_reading(self) -> None:
+        """Read nothing more from the bus (the cut was its last packet)."""
+        self._reading(False)
+
+    async def ops_done(self) -> None:
+        """Until every engine call asked for so far has been made."""
+        while self._running or self._ops:
+            await asyncio.sleep(0.001)
+
+    async def leave_nats(self) -> None:
+        """Leave NATS without a goodbye (the state went to a new link)."""
+        self._closing = True
+        await self.engine.close(0)
+        self.connected = False
+
+    def stop(self) -> None:
+        """End the process (its ``run`` returns)."""
+        self._stop.set()
 
     def _schedule_announce(self) -> None:
         if not self._announce_soon:
@@ -386,7 +532,10 @@ class Bridge:
     def _count(self) -> None:
         """fleet, every ``LEDGER_INTERVAL``: subscriptions whose grace is over
         end, the counts due go out, loss episodes go on or end."""
+        if self.arriving is not None or (self.leaving is not None and self.leaving.done):
+            return  # the old link counts until the cut, the new one from it
         for sid, _ in self.subs.due(time.monotonic()):
+            self._engine_sids.discard(sid)
             self._do(lambda sid=sid: self.engine.unsubscribe(sid))  # type: ignore[misc]
         if self.connected:
             self._counts(self.ledger.due(time.monotonic()))
@@ -422,6 +571,8 @@ class Bridge:
 
     async def _tick(self) -> None:
         """Heartbeats, forgetting silent hosts; while NATS is away, the bus's EOF."""
+        if self.arriving is not None or (self.leaving is not None and self.leaving.done):
+            return  # the old link announces until the cut, the new one from it
         self.gossip.expire()
         if self.connected:
             await self.gossip.heartbeat()
@@ -485,6 +636,13 @@ class Bridge:
         self.writer.stats(linkwire.encode_stats(self.stats()))
 
 
-async def serve(sock: socket.socket, hello: linkwire.Hello, engine: Engine, log: Any) -> None:
-    """The link process's work, from its hello to its end."""
-    await Bridge(sock, hello, engine, log).run()
+async def serve(
+    sock: socket.socket,
+    hello: linkwire.Hello,
+    engine: Engine,
+    log: Any,
+    adopt: dict[str, Any] | None = None,
+) -> None:
+    """The link process's work, from its hello to its end (``adopt``: a live
+    upgrade's new link, with the old one's ``link/state``)."""
+    await Bridge(sock, hello, engine, log, adopt).run()

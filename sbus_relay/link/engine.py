@@ -63,13 +63,17 @@ class EngineSettings:
     nkey: str | None = None
     tls_ca: str | None = None
     tls: bool = field(default=False)
+    #: the servers tried in the order given, not shuffled (a live upgrade's
+    #: new link joins the server the old one is on: docs/nats.md)
+    ordered: bool = False
 
 
 class Sink(Protocol):
     """What an engine tells the link, on the link's loop thread."""
 
     def on_connected(self, server: str, again: bool) -> None:
-        """Joined a server (``again``: after a loss); subscriptions are back."""
+        """Joined a server, named as ``host:port`` or by its URL (``again``:
+        after a loss); subscriptions are back."""
 
     def on_disconnected(self) -> None:
         """The connection is lost (the engine reconnects by itself)."""
@@ -81,7 +85,8 @@ class Sink(Protocol):
         """``dropped`` messages of a subscription that fell behind were dropped."""
 
     def on_message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
-        """A message on subscription ``sid``: in the order the server sent them
+        """A message on subscription ``sid`` (an engine looks this attribute up
+        for each message: the link changes it for a hand-over): in the order the server sent them
         across subscriptions with nats.c (one delivery thread), in order per
         subscription only with nats-py (a task per subscription)."""
 

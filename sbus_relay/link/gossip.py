@@ -52,6 +52,7 @@ class Gossip:
         watchers: tuple[natsinterest.HostWatcher, ...],
         subs: Subscriptions,
         counts: Counts,
+        tell_initial: bool = True,
     ) -> None:
         self.map = map_
         self.host = host
@@ -68,7 +69,8 @@ class Gossip:
         self._subject = map_.interest_of(host)
         self._twins: set[int] = set()  # other incarnations heard under our name
         self._answering = False  # a snapshot answering the requests meanwhile is due
-        self._tell(self.remote.initial())  # the patterns published whoever wants them
+        if tell_initial:  # (a hand-over's new link: the bus holds them already)
+            self._tell(self.remote.initial())  # the patterns published whoever wants them
 
     async def _announce(self, announcements: list[natsinterest.Announcement]) -> None:
         self._subs.announced(announcements)  # fleet: which subscriptions each names
@@ -129,6 +131,21 @@ class Gossip:
         self._counts(self._ledger.cuts())  # fleet: where that host's view changed
         if ask:
             await self._publish([(self.map.snapshot, None, host)])
+
+    def export(self) -> dict[str, Any]:
+        """This host's announcements and its view of the others, as plain data."""
+        return {
+            "local": self.local.export(),
+            "remote": self.remote.export(),
+            "twins": sorted(self._twins),
+        }
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Go on from an earlier link's ``export`` (a hand-over, same incarnation):
+        the bus holds that link's union already, so only what differs is told."""
+        self.local.restore(record["local"])
+        self._tell(self.remote.restore(record["remote"]))
+        self._twins = {int(t) for t in record.get("twins", ())}
 
     async def on_snapshot_asked(self, payload: bytes) -> None:
         """A request on ``<prefix>._q``: for every host (empty), or for one by

@@ -48,6 +48,7 @@ class NatsCEngine:
             creds=s.creds,
             tls=s.tls,
             tls_ca=s.tls_ca,
+            ordered=s.ordered,
         )
         self._error = _natsc.NatsError
         self._subs: dict[int, tuple[bytes, bool]] = {}
@@ -57,7 +58,9 @@ class NatsCEngine:
     async def start(self, sink: Sink) -> None:
         self._sink = sink
         loop = asyncio.get_running_loop()
-        loop.add_reader(self._client.fileno(), self._client.drain, _Netloc(sink))
+        # the sink itself: its ``on_message`` is looked up per message (a hand-over
+        # changes it), and it names the server as host:port whoever gives a URL
+        loop.add_reader(self._client.fileno(), self._client.drain, sink)
         # the first attempt blocks up to CONNECT_TIMEOUT: off the loop
         try:
             now = await loop.run_in_executor(None, self._client.connect)
@@ -111,17 +114,3 @@ class NatsCEngine:
 def _netloc(url: str) -> str:
     """``host:port`` of a server URL, as the link names a server everywhere."""
     return url.partition("://")[2] or url
-
-
-class _Netloc:
-    """The sink, with the server nats.c names by its URL named by ``host:port``."""
-
-    def __init__(self, sink: Sink) -> None:
-        self._sink = sink
-        self.on_disconnected = sink.on_disconnected
-        self.on_error = sink.on_error
-        self.on_slow_consumer = sink.on_slow_consumer
-        self.on_message = sink.on_message
-
-    def on_connected(self, server: str, again: bool) -> None:
-        self._sink.on_connected(_netloc(server), again)

@@ -61,6 +61,7 @@ class NatsPyEngine:
             "max_outstanding_pings": PINGS,
             "pending_size": PENDING_BYTES,
             "skip_subject_validation": True,
+            "dont_randomize": c.ordered,
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnected,
             "reconnected_cb": self._on_reconnected,

@@ -70,6 +70,16 @@ class BusWriter:
         self._schedule()
         return True
 
+    def record(self, packets: list[bytes]) -> None:
+        """A hand-over record's parts, after the control packets waiting (never refused)."""
+        self._control.extend(packets)
+        self._schedule()
+
+    @property
+    def idle(self) -> bool:
+        """Everything taken so far is written (or the bus has gone)."""
+        return self.gone or not (self._frames or self._control or self._notices or self._stats)
+
     def stats(self, packet: bytes) -> None:
         """The latest ``link/stats`` (an older one not yet written is replaced)."""
         self._stats = packet

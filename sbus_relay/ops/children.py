@@ -12,7 +12,9 @@ benchmark's servers and load generators, a standalone Spark master and worker
   the parent's;
 * the child asks the kernel for SIGTERM when its parent dies
   (``PR_SET_PDEATHSIG``), so a killed parent leaves no orphan (unless it is
-  a background job meant to outlive it: ``outlive_parent``);
+  meant to outlive it, ``outlive_parent``: a background job, or a bus's NATS
+  link process, which a live upgrade hands on to the next bus with its socket
+  and which ends when that socket closes);
 * ``new_session`` puts it in a session (and process group) of its own: a
   Ctrl-C on the terminal reaches only the parent, which stops its children in
   its own order, and ``stop(group=True)`` reaches the child's own children too;
@@ -75,8 +77,9 @@ def spawn(
 ) -> subprocess.Popen[Any]:
     """Start ``argv``; stderr goes to ``log`` (appended, or fresh unless ``append``)
     or, without one, stays the parent's.  ``outlive_parent`` leaves out the
-    death signal, for the one kind of child meant to go on alone (a background
-    job, in a session of its own).  ``pass_fds`` stay open in the child.
+    death signal, for a child meant to go on alone (a background job, in a
+    session of its own; a NATS link process, ended by its socket).
+    ``pass_fds`` stay open in the child.
     Raises ``OSError`` (from the log, or from the exec)."""
     if stdout == "log" and log is None:
         raise ValueError("stdout='log' needs a log file")

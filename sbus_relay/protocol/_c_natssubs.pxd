@@ -15,7 +15,6 @@ cdef class Subscriptions:
     cdef long long _made
     cdef set _added
     cdef set _removed
-    cdef set _restored
     cdef public Py_ssize_t version
 
     @cython.locals(holders=tuple, ending=tuple)

@@ -62,8 +62,12 @@ DISCONNECT = b"disconnect"
 _DETAIL = ": "
 
 # --- a live upgrade (``ops.handover``) -------------------------------------------------
-#: What a process that is to take the bus over sends.
+#: What a process that is to take the bus over sends; its payload names what
+#: more than the bus's own sockets it takes up (an older process names none).
 TAKE_OVER = b"upgrade/take-over"
+#: It takes the running NATS link process up (its socket comes with the
+#: clients', and the new bus hands it on to a new link itself: docs/nats.md).
+TAKES_NATS_LINK = b"nats-link/1"
 #: The bus's answer: a JSON header (how many parts and descriptors follow).
 UPGRADE_STATE = b"upgrade/state"
 #: One part of the pickled state (with descriptors, ``SCM_RIGHTS``).
@@ -122,7 +126,7 @@ INTEREST_READY_PACKET = encode_cmsg(INTEREST_READY, b"")
 #: ``CMSG !/cred/whoami``: the question (its answer has the identity as payload).
 WHOAMI_PACKET = encode_cmsg(WHOAMI)
 #: The packet a process that is to take the bus over begins with.
-TAKE_OVER_PACKET = encode_cmsg(TAKE_OVER)
+TAKE_OVER_PACKET = encode_cmsg(TAKE_OVER, TAKES_NATS_LINK)
 #: The packet that says the new process serves the bus now.
 UPGRADE_DONE_PACKET = encode_cmsg(UPGRADE_DONE)
 

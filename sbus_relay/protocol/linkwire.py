@@ -18,6 +18,23 @@ link -> bus
     ``CMSG link/stats\\0<bytes>``    its counters, periodically and on a change
                                     of state (``Stats``, packed: ``encode_stats``)
     ``CMSG link/log\\0<json>``       one log record, for the bus to write where it logs
+
+The hand-over of a running link to a new link process (a live upgrade: docs/nats.md,
+"How it is built"), which the bus orchestrates between its two links:
+
+    bus -> old link   ``CMSG link/export\\0<token>``   a hand-over begins: answer ``link/state``
+    old link -> bus   ``CMSG link/state\\0<part>``...  what a new link subscribes to (a record)
+    bus -> new link   ``link/hello`` (``adopt``), then that ``link/state`` as it came
+    new link -> bus   ``CMSG link/holding\\0<server>``  subscribed, holding what comes, its
+                                                marker (the token) published after them
+    bus -> old link   ``CMSG link/cut\\0``             the last packet: publish what came before,
+                                                confirm, wait for the marker, then leave NATS
+    old link -> bus   ``CMSG link/final\\0<part>``...  after its last message: its whole state
+    bus -> new link   that ``link/final`` as it came, then what the old link would have had
+    new link -> bus   ``CMSG link/took-over\\0<json>``  it serves (what it held, what it let pass)
+
+A record (``encode_record``) is JSON in parts of at most ``RECORD_PART`` bytes,
+each ``+`` (more follow) or ``.`` (the last) then its bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +53,18 @@ SETTLED = b"nats/settled"
 SYNCED = b"link/synced"
 STATS = b"link/stats"
 LOG = b"link/log"
+# a link's hand-over to a new link process (the module's doc)
+EXPORT = b"link/export"
+STATE = b"link/state"
+HOLDING = b"link/holding"
+CUT = b"link/cut"
+FINAL = b"link/final"
+TOOK_OVER = b"link/took-over"
+#: Bytes of a record in one packet (well within MAX_PACKET).
+RECORD_PART = 256 * 1024
+#: Largest record read: every bounded store of a link (its other hosts'
+#: patterns above all: 2,097,152 of them, 256 MiB) as JSON, with room to spare.
+RECORD_MAX = 1 << 30
 
 #: Why a message did not cross, in the order the stats packet carries them.
 DROP_REASONS = (
@@ -80,6 +109,10 @@ class Hello:
     engine: str = "auto"
     #: the lowest level of the records the link sends (the bus's own level)
     log_level: str = "info"
+    #: a live upgrade's new link: a ``link/state`` record follows, the old link's
+    adopt: bool = False
+    #: try the servers in the order given (a cut's new link: the old link's first)
+    ordered: bool = False
 
 
 def encode_hello(hello: Hello) -> bytes:
@@ -217,6 +250,70 @@ def control(packet: bytes) -> tuple[bytes, bytes] | None:
 
 SETTLED_PACKET = codec.encode_cmsg(SETTLED, b"")
 SYNCED_PACKET = codec.encode_cmsg(SYNCED, b"")
+CUT_PACKET = codec.encode_cmsg(CUT, b"")
+
+
+def encode_export(token: str) -> bytes:
+    """``CMSG link/export\\0<token>``: the hand-over whose marker carries ``token``."""
+    return codec.encode_cmsg(EXPORT, token.encode("ascii"))
+
+
+def encode_holding(server: str) -> bytes:
+    """``CMSG link/holding\\0<server>``: the new link holds what comes, on ``server``."""
+    return codec.encode_cmsg(HOLDING, server.encode("utf-8", "replace")[:TEXT_MAX])
+
+
+def encode_took_over(figures: dict[str, Any]) -> bytes:
+    """``CMSG link/took-over\\0<json>``: the new link serves; what it held, let through."""
+    return codec.encode_cmsg(TOOK_OVER, json.dumps(figures).encode())
+
+
+def decode_took_over(payload: bytes) -> dict[str, Any]:
+    """The figures of a ``link/took-over``; ``PeerError`` if it is not one."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        raise PeerError("protocol_error", "malformed link/took-over") from None
+    if not isinstance(doc, dict):
+        raise PeerError("protocol_error", "malformed link/took-over")
+    return doc
+
+
+def encode_record(key: bytes, doc: dict[str, Any]) -> list[bytes]:
+    """``doc`` as the packets of a record under ``key`` (``STATE``, ``FINAL``)."""
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    chunks = [data[i : i + RECORD_PART] for i in range(0, len(data), RECORD_PART)] or [b""]
+    last = len(chunks) - 1
+    return [codec.encode_cmsg(key, (b"." if i == last else b"+") + c) for i, c in enumerate(chunks)]
+
+
+class Record:
+    """A record's parts as they come (``add``), then the whole."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def add(self, payload: bytes) -> dict[str, Any] | None:
+        """One part's payload; the record once its last part came (else None).
+        ``PeerError`` if it is malformed."""
+        flag, chunk = payload[:1], payload[1:]
+        if flag not in (b"+", b"."):
+            raise PeerError("protocol_error", "malformed link record")
+        self._size += len(chunk)
+        if self._size > RECORD_MAX:
+            raise PeerError("protocol_error", "link record too large")
+        self._parts.append(chunk)
+        if flag == b"+":
+            return None
+        data, self._parts, self._size = b"".join(self._parts), [], 0
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise PeerError("protocol_error", "malformed link record") from None
+        if not isinstance(doc, dict):
+            raise PeerError("protocol_error", "malformed link record")
+        return doc
 
 
 def messages(packet: bytes) -> list[tuple[bytes, bytes]] | None:

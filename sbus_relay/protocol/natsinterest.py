@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .keys import BANG, CRED, is_secret
 from .limits import MAX_PATTERN_LENGTH, MAX_PATTERNS_PER_RELAY
@@ -227,6 +228,28 @@ class LocalInterest:
 
     def goodbye(self) -> Announcement:
         return Announcement("B", self.incarnation, self.seq)
+
+    # --- a live upgrade: the link's hand-over (docs/nats.md, "How it is built") ---
+
+    def export(self) -> dict[str, Any]:
+        """What it announced and what it owes, as plain data (``restore`` takes it)."""
+        return {
+            "incarnation": self.incarnation,
+            "seq": self.seq,
+            "patterns": [_text(p) for p in sorted(self.patterns)],
+            "pending": [[_text(p), present] for p, present in self._pending.items()],
+            "answered": self._answered,
+        }
+
+    def restore(self, record: Mapping[str, Any]) -> None:
+        """Go on from an earlier link's ``export`` under the same incarnation:
+        its announcements' sequence goes on, so the other hosts see one host."""
+        if record.get("incarnation") != self.incarnation:
+            raise ValueError("an announcement sequence goes on only under the same incarnation")
+        self.seq = int(record["seq"])
+        self.patterns = {_raw(p) for p in record["patterns"]}
+        self._pending = {_raw(p): bool(present) for p, present in record["pending"]}
+        self._answered = float(record["answered"])
 
 
 class HostWatcher(Protocol):
@@ -476,6 +499,53 @@ class RemoteInterest:
         self._asked[host] = now
         return True
 
+    # --- a live upgrade: the link's hand-over ---------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """Every other host's view, as plain data (``restore`` takes it).  A
+        snapshot being collected is left out: its host is asked again."""
+        return {
+            "hosts": {
+                host: [v.incarnation, v.seq, [_text(p) for p in sorted(v.patterns)], v.heard,
+                       v.silent]
+                for host, v in self.hosts.items()
+            },
+            "always": [_text(p) for p in self.always],
+            "refused": self.refused,
+        }  # fmt: skip
+
+    def restore(self, record: Mapping[str, Any]) -> list[Change]:
+        """Take up an earlier link's views (before any announcement is taken here):
+        the watchers hear of every host as if it had announced itself, and the
+        union's changes returned are only those from the earlier link's union (its
+        holds in the bus's index) to this one's: the ``always`` patterns that a new
+        setting added or took away."""
+        self.refused = int(record.get("refused", 0))
+        for host, (incarnation, seq, patterns, heard, silent) in dict(record["hosts"]).items():
+            if host in self.hosts or len(self.hosts) >= HOSTS_MAX:
+                continue
+            view = _View(int(incarnation), int(seq), set(), float(heard), silent=bool(silent))
+            self.hosts[host] = view
+            for w in self.watchers:
+                w.view(host, view.incarnation, view.seq)
+            for text in patterns:
+                pattern = _raw(text)
+                if len(view.patterns) >= HOST_PATTERNS_MAX or not self._store(pattern):
+                    continue
+                view.patterns.add(pattern)
+                self._tell(host, True, pattern)
+                self._count(pattern, 1)
+            if view.silent:
+                for w in self.watchers:
+                    w.silent(host)
+        before = {_raw(p) for p in record.get("always", ())}
+        for view in self.hosts.values():
+            before |= view.patterns
+        after = set(self.union)
+        return [(True, p) for p in sorted(after - before)] + [
+            (False, p) for p in sorted(before - after)
+        ]
+
     def expire(self, now: float) -> list[Change]:
         """Hosts not heard from for ``HOST_SILENT`` seconds fall silent; those
         silent ``SILENT_KEEP`` seconds more are forgotten."""
@@ -497,3 +567,12 @@ class RemoteInterest:
             if host not in self.hosts:
                 del self._asked[host]
         return out
+
+
+def _text(pattern: bytes) -> str:
+    """A pattern in a hand-over record (JSON): every byte but NUL, as latin-1."""
+    return pattern.decode("latin-1")
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("latin-1")

@@ -21,7 +21,9 @@ Theory of operation (docs/nats.md, "The mapping"):
   key, as in the bus itself (docs/protocol.md, "Credentials and secret
   keys").  ``<prefix>._i.<host>`` and ``<prefix>._q`` carry the hosts' interest
   (``protocol.natsinterest``), ``<prefix>._s.<host>`` what other hosts
-  sent that host (``protocol.natsledger``); no key's subject can be one of them.
+  sent that host (``protocol.natsledger``), ``<prefix>._h.<host>`` the marker of
+  a link's hand-over within that host (a live upgrade); no key's subject can be
+  one of them.
 * A pattern maps to one NATS subscription.  Literal segments, ``*``, a
   trailing '/' and ``''`` map exactly.  A segment ``ab*`` (a prefix of a
   segment) has no NATS form: it maps to ``*``, a superset that the bus
@@ -41,6 +43,7 @@ INTEREST = b"_i"
 SNAPSHOT = b"_q"
 LONG = b"_l"
 LEDGER = b"_s"
+HANDOVER = b"_h"
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+=:@,~")
 _HEX = b"0123456789ABCDEF"
@@ -128,6 +131,10 @@ class SubjectMap:
     def ledger_of(self, host: str) -> bytes:
         """The subject other hosts tell ``host`` what they sent it on."""
         return self.prefix + b"." + LEDGER + b"." + encode_segment(host.encode("utf-8"))
+
+    def handover_of(self, host: str) -> bytes:
+        """The subject a new link of ``host`` marks its hand-over on, for the old one."""
+        return self.prefix + b"." + HANDOVER + b"." + encode_segment(host.encode("utf-8"))
 
     def subject(self, key: bytes) -> bytes:
         """The one subject of ``key``."""

@@ -514,6 +514,8 @@ class Origins:
                 ]
                 for key, o in self.origins.items()
             },
+            "counters": [self.malformed, self.own, self.stale, self.evicted, self.crowded,
+                         self.resyncs],
         }  # fmt: skip
 
     def restore(self, record: Mapping[str, Any], now: float) -> None:
@@ -523,6 +525,10 @@ class Origins:
         self._labels = set(record["labels"])
         self._strangers = set(record["strangers"])
         self._gone = {str(k): [int(n) for n in v] for k, v in dict(record["gone"]).items()}
+        counters = [int(n) for n in record.get("counters", ())]
+        if len(counters) == 6:
+            (self.malformed, self.own, self.stale, self.evicted, self.crowded,
+             self.resyncs) = counters  # fmt: skip
         for key, fields in dict(record["origins"]).items():
             host, inc, label, last, floor, start, view, sent, base, arrived, row, excess = fields
             o = Origin(str(host), int(inc), str(label), now)
@@ -532,6 +538,28 @@ class Origins:
             o.lost = [int(n) for n in row[1:-2]]
             self.origins[str(key)] = o
             self._by_host[o.host] = str(key)
+
+
+def positions(record: Mapping[str, Any]) -> dict[str, int]:
+    """Where an earlier link's ``export`` left each origin: the place (a message
+    ``seq`` is ``seq << 1``, a count after it ``seq << 1 | 1``) up to which it
+    took everything that came, delivered, refused or counted lost.  What a new
+    link held meanwhile at or below it is the old link's (``covered``)."""
+    out = {}
+    for key, fields in dict(record["origins"]).items():
+        last, floor = int(fields[3]), int(fields[4])
+        out[str(key)] = max(last << 1, (floor << 1) | 1 if floor else 0)
+    return out
+
+
+def covered(places: Mapping[str, int], value: object, count: bool) -> bool:
+    """Whether a message (a count with ``count``) with envelope ``value`` lies
+    at or below the place ``positions`` gave its origin: the old link's."""
+    got = split(value)
+    if got is None:
+        return False
+    place = places.get(got[0])
+    return place is not None and (got[1] << 1 | count) <= place
 
 
 def summarize(rows: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:

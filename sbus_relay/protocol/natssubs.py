@@ -77,8 +77,6 @@ class Subscriptions:
         #: made, or ended, since the last announcement
         self._added: set[bytes] = set()
         self._removed: set[bytes] = set()
-        #: taken over from an earlier process (``restore``), not yet made on NATS here
-        self._restored: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self.subs)
@@ -98,7 +96,7 @@ class Subscriptions:
                 self._live.add(r, r)
                 self._added.add(r)
                 return r
-            if s.patterns == 0:  # back within its grace (or taken over): the same subscription
+            if s.patterns == 0:  # back within its grace: the same subscription
                 self.version += 1
                 self._ending.pop(r, None)
                 self._grace.remove(r, r)
@@ -112,9 +110,6 @@ class Subscriptions:
                 if s.added == NEVER:
                     self._added.add(r)
                 s.patterns = 1
-                if r in self._restored:
-                    self._restored.discard(r)
-                    return r
                 return None
             s.patterns += 1
             return None
@@ -138,9 +133,6 @@ class Subscriptions:
         seqs = [a.seq for a in announcements if a.kind in ("D", "S")]
         if not seqs:
             return
-        for r in self._restored:  # taken over, and no pattern of the bus came back to it
-            del self.subs[r]
-        self._restored.clear()
         first, last = min(seqs), max(seqs)
         for r in self._added:
             s = self.subs.get(r)
@@ -219,34 +211,49 @@ class Subscriptions:
                 first, order = h, subs[h].order
         return first
 
-    def export(self) -> dict[str, list[list[object]]]:
-        """Every subscription and the announcements that name it, as plain
-        data: a live upgrade's new process, going on under the same
-        incarnation, counts what the old one's announcements promised."""
-        subs = self.subs.items()
-        return {"subs": [[r.hex(), s.patterns, s.order, s.added, s.removed] for r, s in subs]}
+    def export(self, now: float) -> dict[str, Any]:
+        """Every subscription, the announcements that name it and what is left
+        of its grace, as plain data: a live upgrade's new link process, going on
+        under the same incarnation, holds and counts exactly what the old one's
+        announcements promised (``restore``)."""
+        return {
+            "subs": [
+                [r.hex(), s.patterns, s.order, s.added, s.removed,
+                 max(0.0, self._ending[r] - now) if r in self._ending else None]
+                for r, s in self.subs.items()
+            ],
+            "made": self._made,
+            "added": [r.hex() for r in self._added],
+            "removed": [r.hex() for r in self._removed],
+        }  # fmt: skip
 
-    def restore(self, record: Mapping[str, Any], now: float) -> list[bytes]:
-        """Take up an earlier process's ``export`` (before any ``change``): its
-        subscriptions' numbers.  The patterns themselves come again from the
-        bus (``change``, which then answers each subscription to make); those
-        that were in their grace are returned: make them now, they end
-        ``UNSUB_GRACE`` from now."""
-        grace = []
-        for hexed, patterns, order, added, removed in record["subs"]:
+    def restore(self, record: Mapping[str, Any], now: float) -> list[tuple[int, bytes]]:
+        """Become an earlier link's ``export`` (before any ``change`` here): every
+        subscription, live or in its grace, with its number; returns each as
+        (sid, relaxed pattern): the subscriptions to make on NATS."""
+        self.subs.clear()
+        self._live = SubscriptionIndex()
+        self._grace = SubscriptionIndex()
+        self._ending.clear()
+        made = []
+        for hexed, patterns, order, added, removed, left in record["subs"]:
             r = bytes.fromhex(str(hexed))
             s = Subscription(int(order))
-            s.patterns, s.added, s.removed = 0, int(added), int(removed)
+            s.patterns, s.added, s.removed = int(patterns), int(added), int(removed)
             self.subs[r] = s
-            self._made = max(self._made, s.order)
-            if int(patterns) == 0:
-                self._grace.add(r, r)
-                self._ending[r] = now + UNSUB_GRACE
-                grace.append(r)
+            if s.patterns > 0:
+                self._live.add(r, r)
             else:
-                self._restored.add(r)
+                self._grace.add(r, r)
+                self._ending[r] = now + (UNSUB_GRACE if left is None else float(left))
+            made.append((s.order, r))
+        self._made = max(self._made, int(record.get("made", 0)))
+        for s in self.subs.values():
+            self._made = max(self._made, s.order)
+        self._added = {bytes.fromhex(str(h)) for h in record.get("added", ())} & set(self.subs)
+        self._removed = {bytes.fromhex(str(h)) for h in record.get("removed", ())} & set(self.subs)
         self.version += 1
-        return grace
+        return sorted(made)
 
     def counted(self, holders: tuple[bytes, ...], view: int) -> bool:
         """Whether a message these subscriptions matched is one an origin whose

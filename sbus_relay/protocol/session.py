@@ -121,6 +121,9 @@ class BatchOn:
 class TakeOver:
     """``CMSG upgrade/take-over``: a newer process asks for the bus (``bus.handover``)."""
 
+    #: what more it takes up, as it said (``control.TAKES_NATS_LINK``; b"": nothing)
+    takes: bytes = b""
+
 
 @dataclass(frozen=True, slots=True)
 class DropsCount:
@@ -229,7 +232,7 @@ class Session:
             self.follows = True
             return None
         if key == control.TAKE_OVER:
-            return TAKE_OVER
+            return TakeOver(payload) if payload else TAKE_OVER
         if key == control.DROPS_COUNT:
             return DROPS_COUNT
         setting = parse_flood_control(key)

@@ -50,7 +50,8 @@ def test_the_drop_count_reads_back() -> None:
 
 
 def test_the_upgrade_exchange_reads_back() -> None:
-    assert decoded(control.TAKE_OVER_PACKET) == codec.Control(control.TAKE_OVER, None)
+    taking = codec.Control(control.TAKE_OVER, control.TAKES_NATS_LINK)
+    assert decoded(control.TAKE_OVER_PACKET) == taking
     assert decoded(control.upgrade_state(b"{}")) == codec.Control(control.UPGRADE_STATE, b"{}")
     part = control.upgrade_part(b"\0" * 10)
     assert decoded(part) == codec.Control(control.UPGRADE_PART, b"\0" * 10)

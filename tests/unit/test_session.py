@@ -26,7 +26,8 @@ ACTIONS: list[tuple[bytes, Any]] = [
     (b"MSG k\0v", codec.Publish(b"k", b"v", b"MSG k\0v")),
     (codec.encode_batch([b"MSG k\0v"]), session.Batch([b"MSG k\0v"], [b"k"])),
     (b"CMSG " + WHOAMI, session.WHOAMI_ASKED),
-    (b"CMSG upgrade/take-over", session.TAKE_OVER),
+    (b"CMSG upgrade/take-over", session.TAKE_OVER),  # an older process: the sockets alone
+    (b"CMSG upgrade/take-over\0nats-link/1", session.TakeOver(b"nats-link/1")),
     (b"CMSG drops/count", session.DROPS_COUNT),
     (b"CMSG blocking/soft/block", session.SetFlood("soft", "block")),
     (b"CMSG blocking/hard/error", session.SetFlood("hard", "error")),
