@@ -355,15 +355,15 @@ class LinkCut:
         elif self.phase in (CUTTING, SWITCHING):
             self.fail("the new link process ended during the cut")
 
-    def old_gone(self) -> bool:
-        """The old link's socket closed: True if that is the end of the cut's
-        business (the old link left after its state), else the cut failed."""
+    def old_gone(self, why: str) -> bool:
+        """The old link's socket closed (``why``): True if that is the end of the
+        cut's business (the old link left after its state), else the cut failed."""
         if self.phase == SWITCHING:
             return True
         if self.phase in (EXPORTING, STARTING):
-            self.give_up("the old link process ended", retry=False)
+            self.give_up(f"the old link process ended ({why})", retry=False)
         else:
-            self.fail("the old link process ended during the cut")
+            self.fail(f"the old link process ended during the cut ({why})")
         return False
 
     def give_up(self, why: str, retry: bool = True) -> None:

@@ -429,7 +429,7 @@ class NatsLink:
             return
         cut = self.cut
         if cut is not None:
-            if cut.old_gone():
+            if cut.old_gone(f"{reason}: {detail}" if detail else reason):
                 return  # the old link left after its state: the switch follows
             if conn.fd >= 0:
                 return  # the cut failed, and a fresh link runs already

@@ -429,6 +429,8 @@ class Bridge:
             return
         self.arriving = None
         self._resync = set()
+        if self.connected:  # heard at once: the old link's heartbeats stopped with it
+            self._task(self.gossip.heartbeat())
         self.settled = True
         self.writer.control(linkwire.SETTLED_PACKET)
         self.writer.control(linkwire.encode_took_over(figures))

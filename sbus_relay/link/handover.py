@@ -184,9 +184,6 @@ class Leaving:
         await b.leave_nats()
         while b.writer.queued and not b.writer.gone:  # every message first
             await asyncio.sleep(CUT_POLL)
-        b.writer.record(linkwire.encode_record(linkwire.FINAL, record))
-        while not b.writer.idle:
-            await asyncio.sleep(CUT_POLL)
         b.log.info(
             "nats.link_left",
             seq=b.ledger.seq,
@@ -194,6 +191,9 @@ class Leaving:
             marked=self.marked,
             seconds=round(time.monotonic() - started, 3),
         )
+        b.writer.record(linkwire.encode_record(linkwire.FINAL, record))
+        while not b.writer.idle:
+            await asyncio.sleep(CUT_POLL)
         b.stop()
 
 

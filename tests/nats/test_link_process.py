@@ -75,7 +75,7 @@ def test_the_link_process_is_shown_restarted_when_it_dies_and_ends_with_its_bus(
         # a bus that stops takes its link with it
         a.master.stop()
         wait_until(lambda: gone(new), 10, "the link process ended with its bus")
-        # a bus that is killed too (PR_SET_PDEATHSIG)
+        # a bus that is killed too: the kernel closes its end of the socket pair
         orphan = b.link()["process"]["pid"]
         b.master.proc.send_signal(signal.SIGKILL)
         b.master.proc.wait(10)
