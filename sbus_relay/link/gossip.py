@@ -28,6 +28,11 @@ from .tobus import BusWriter
 
 #: Incarnations under our own host name remembered (the first is said in the log).
 TWINS_LOGGED = 16
+#: Seconds another incarnation must go on talking under our name before it is
+#: said: a restarted link's last words, or a live upgrade that could not cut
+#: over, stop within seconds; a second host with our name talks on (heartbeats
+#: every ``natsinterest.HEARTBEAT``).
+TWIN_SECONDS = natsinterest.HOST_SILENT
 
 Publish = Callable[[list[Outgoing]], Awaitable[int]]
 #: Sends counts (``Ledger.cuts``) after the data stamped before them.
@@ -67,7 +72,9 @@ class Gossip:
         self._subs = subs
         self._counts = counts
         self._subject = map_.interest_of(host)
-        self._twins: set[int] = set()  # other incarnations heard under our name
+        #: other incarnations heard under our name: when first, and those said
+        self._twins: dict[int, float] = {}
+        self._said: set[int] = set()
         self._answering = False  # a snapshot answering the requests meanwhile is due
         if tell_initial:  # (a hand-over's new link: the bus holds them already)
             self._tell(self.remote.initial())  # the patterns published whoever wants them
@@ -111,17 +118,8 @@ class Gossip:
         name = host.decode("utf-8", "replace")
         a = natsinterest.decode(payload)
         if name == self.host:
-            twins = self._twins
-            # a live upgrade's other process, for a moment; or a host with our
-            # name (said once; more of them are likely one flood of forgeries)
-            if (
-                a is not None
-                and a.incarnation not in twins | {self.local.incarnation}
-                and len(twins) < TWINS_LOGGED
-            ):
-                say = self.log.debug if twins else self.log.warning
-                twins.add(a.incarnation)
-                say("nats.host_name_shared", host=name, hint="set nats.host")
+            if a is not None:
+                self._twin(a)
             return
         if a is None:
             self.remote.refused += 1
@@ -137,7 +135,8 @@ class Gossip:
         return {
             "local": self.local.export(),
             "remote": self.remote.export(),
-            "twins": sorted(self._twins),
+            "twins": [[inc, first] for inc, first in self._twins.items()],
+            "twins_said": sorted(self._said),
         }
 
     def restore(self, record: dict[str, Any]) -> None:
@@ -145,7 +144,31 @@ class Gossip:
         the bus holds that link's union already, so only what differs is told."""
         self.local.restore(record["local"])
         self._tell(self.remote.restore(record["remote"]))
-        self._twins = {int(t) for t in record.get("twins", ())}
+        self._twins = {int(inc): float(first) for inc, first in record.get("twins", ())}
+        self._said = {int(inc) for inc in record.get("twins_said", ())}
+
+    def _twin(self, a: natsinterest.Announcement) -> None:
+        """An announcement under our own host name, of another incarnation:
+        said once it has gone on for ``TWIN_SECONDS`` (a second host with our
+        name; more of them are likely one flood of forgeries)."""
+        inc = a.incarnation
+        if inc == self.local.incarnation:
+            return
+        if a.kind == "B":
+            self._twins.pop(inc, None)  # it left
+            return
+        now = time.monotonic()
+        first = self._twins.get(inc)
+        if first is None:
+            if len(self._twins) < TWINS_LOGGED:
+                self._twins[inc] = now
+            return
+        if now - first < TWIN_SECONDS or inc in self._said:
+            return
+        say = self.log.debug if self._said else self.log.warning
+        self._said.add(inc)
+        say("nats.host_name_shared", host=self.host, seconds=round(now - first, 1),
+            hint="another process speaks for this host name: set nats.host")  # fmt: skip
 
     async def on_snapshot_asked(self, payload: bytes) -> None:
         """A request on ``<prefix>._q``: for every host (empty), or for one by

@@ -151,7 +151,9 @@ def upgrades_under_load(tmp_path: Path, cluster: Cluster, upgrades: int) -> dict
             started = time.monotonic()
             done = run_cli("upgrade", "-a", a.master.address, timeout=60)
             assert done.returncode == 0, done.stderr.decode()
-            new_pid = int(done.stdout.decode().strip().rsplit(" ", 1)[1])  # "... pid OLD -> pid NEW"
+            new_pid = int(
+                done.stdout.decode().strip().rsplit(" ", 1)[1]
+            )  # "... pid OLD -> pid NEW"
             wait_until(
                 lambda i=i: events(a, "nats.link_took_over") >= i + 1,  # type: ignore[misc]
                 CUT_WAIT,
