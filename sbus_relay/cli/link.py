@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import signal
 import socket
 import sys
 from dataclasses import fields
@@ -46,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     from sbus_relay.protocol.limits import MAX_PACKET
 
     _name_process()
+    # it follows its bus, not a terminal: the terminal's Ctrl-C reaches the bus
+    # (which stops it), and a reload or an upgrade is the bus's, whoever passes
+    # the signal on (a bus in a terminal's foreground, once upgraded, waits in a
+    # process that passes them to its children: docs/deploy.md)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     sock.settimeout(HELLO_TIMEOUT)
     try:
