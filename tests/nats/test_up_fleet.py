@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,9 +25,8 @@ pytestmark = pytest.mark.timeout(120)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def test_up_dev_fleet(tmp_path: Path) -> None:
-    nats_server_binary()  # skips without one
-    where = short_dir()
+def fleet_config(tmp_path: Path, where: str) -> tuple[Path, dict[str, Any]]:
+    """configs/dev-fleet.yaml with private ports and paths (under ``where``)."""
     document = yaml.safe_load((CONFIGS / "dev-fleet.yaml").read_text())
     document["log_dir"] = where
     old = {n["port"]: free_port() for n in document["nats_cluster"]}
@@ -43,6 +43,13 @@ def test_up_dev_fleet(tmp_path: Path) -> None:
         bus["args"] = args
     config = tmp_path / "fleet.yaml"
     config.write_text(yaml.safe_dump(document))
+    return config, document
+
+
+def test_up_dev_fleet(tmp_path: Path) -> None:
+    nats_server_binary()  # skips without one
+    where = short_dir()
+    config, document = fleet_config(tmp_path, where)
     with open(tmp_path / "up.err", "wb") as err:
         up = subprocess.Popen(
             [os.path.join(VENV_BIN, "sbus-relay"), "up", str(config)],
