@@ -315,7 +315,7 @@ class LinkCut:
         if self.phase != CUTTING or self.channel is None:
             return
         self.channel.send(packet)
-        if payload[:1] == b".":
+        if linkwire.last_part(payload):
             self.phase = SWITCHING
             self._cancel_timer()
             self.channel.when_drained(self._switch)

@@ -65,6 +65,9 @@ RECORD_PART = 256 * 1024
 #: Largest record read: every bounded store of a link (its other hosts'
 #: patterns above all: 2,097,152 of them, 256 MiB) as JSON, with room to spare.
 RECORD_MAX = 1 << 30
+#: A record part's first byte: more parts follow, or this one is the last.
+PART_MORE = b"+"
+PART_LAST = b"."
 
 #: Why a message did not cross, in the order the stats packet carries them.
 DROP_REASONS = (
@@ -284,7 +287,12 @@ def encode_record(key: bytes, doc: dict[str, Any]) -> list[bytes]:
     data = json.dumps(doc, separators=(",", ":")).encode()
     chunks = [data[i : i + RECORD_PART] for i in range(0, len(data), RECORD_PART)] or [b""]
     last = len(chunks) - 1
-    return [codec.encode_cmsg(key, (b"." if i == last else b"+") + c) for i, c in enumerate(chunks)]
+    return [codec.encode_cmsg(key, (PART_LAST if i == last else PART_MORE) + c) for i, c in enumerate(chunks)]
+
+
+def last_part(payload: bytes) -> bool:
+    """Whether a record's part (its packet's payload) is its last."""
+    return payload[:1] == PART_LAST
 
 
 class Record:
@@ -298,13 +306,13 @@ class Record:
         """One part's payload; the record once its last part came (else None).
         ``PeerError`` if it is malformed."""
         flag, chunk = payload[:1], payload[1:]
-        if flag not in (b"+", b"."):
+        if flag not in (PART_MORE, PART_LAST):
             raise PeerError("protocol_error", "malformed link record")
         self._size += len(chunk)
         if self._size > RECORD_MAX:
             raise PeerError("protocol_error", "link record too large")
         self._parts.append(chunk)
-        if flag == b"+":
+        if flag == PART_MORE:
             return None
         data, self._parts, self._size = b"".join(self._parts), [], 0
         try:

@@ -105,7 +105,9 @@ def test_a_record_goes_in_parts_and_comes_back_whole() -> None:
     packets = linkwire.encode_record(linkwire.FINAL, doc)
     assert len(packets) == 3
     record = linkwire.Record()
-    got = [record.add(linkwire.control(p)[1]) for p in packets]  # type: ignore[index]
+    parts = [linkwire.control(p)[1] for p in packets]  # type: ignore[index]
+    assert [linkwire.last_part(p) for p in parts] == [False, False, True]
+    got = [record.add(p) for p in parts]
     assert got[:2] == [None, None] and got[2] == doc
     with pytest.raises(PeerError):
         linkwire.Record().add(b"?junk")
