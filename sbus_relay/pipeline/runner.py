@@ -175,8 +175,8 @@ def analyze(
         if staging is not None:
             I.discard(staging)
         raise
-    if sources.line():
-        say(str(sources.line()))
+    for line in sources.lines():
+        say(line)
     log = jvm_log_path(staging)
     session: Session | None = None
     failed = False
@@ -254,6 +254,7 @@ def plan_sources(request: Request, inputs: I.Inputs, staging: Path | None) -> So
         raw=request.raw,
         out=staging,
         previous=previous if I.is_analyze_output(previous) else None,
+        directories=inputs.directories,
     )
 
 
