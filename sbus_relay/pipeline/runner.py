@@ -183,7 +183,9 @@ def analyze(
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
-                session = start_spark(settings, heap_mib(inputs.bytes), log, interrupts)
+                session = start_spark(
+                    settings, heap_mib(inputs.bytes), log, interrupts, shared=True
+                )
                 t_session = time.monotonic()
                 interrupts.arm()
                 session.configure(partitioning(inputs.bytes, session.parallelism()))

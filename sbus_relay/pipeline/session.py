@@ -21,6 +21,7 @@ Connect server to interrupt this run's jobs.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import types
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -73,6 +75,11 @@ BASE_CONF = {
 }
 #: The settings of BASE_CONF that a session of a running Spark (Connect) may set.
 SESSION_CONF = {k: v for k, v in BASE_CONF.items() if k.startswith("spark.sql.")}
+#: Where the ids of the Connect sessions a user's runs share are kept, under
+#: the cache directory (``shared_session``): a file per server.
+SESSIONS_DIR = "connect-sessions"
+#: What a Connect server says of a session it has closed (idle too long).
+CLOSED_SESSION = "INVALID_HANDLE.SESSION_CLOSED"
 #: Settings of every session: times in UTC, whatever the machine's zone.
 SESSION_TIME_ZONE = {"spark.sql.session.timeZone": "UTC"}
 #: Driver JVM settings when we start the JVM (a local run, --master, the Connect
@@ -322,6 +329,9 @@ class Session:
     fell_back: bool = False
     #: Settings given by the user (--conf): they win over the per-run ones.
     given: dict[str, str] = field(default_factory=dict)
+    #: The tag of this run's operations on a Connect session that runs share
+    #: (``shared_session``): Ctrl-C interrupts those, and the session stays.
+    tag: str | None = None
 
     def parallelism(self) -> int:
         """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
@@ -357,9 +367,12 @@ class Session:
         interrupt this session's jobs on the Connect server; then let go."""
         if self.remote is not None:
             try:
-                self.spark.interruptAll()
+                if self.tag is not None:
+                    self.spark.interruptTag(self.tag)
+                else:
+                    self.spark.interruptAll()
             finally:
-                self.spark.stop()
+                self.stop()
             return
         if self.jvm is not None:
             from pyspark import SparkContext
@@ -381,6 +394,10 @@ class Session:
         self.spark.stop()
 
     def stop(self) -> None:
+        """Let go of the session; a shared Connect session stays on the server
+        for the next run (only this client's channel closes)."""
+        if self.tag is not None:
+            self.spark.release_session_on_close = False  # type: ignore[attr-defined]
         self.spark.stop()
 
 
@@ -390,8 +407,11 @@ def start(
     jvm_log: str,
     interrupts: Interrupts,
     app_name: str = "sbus-analyze",
+    shared: bool = False,
 ) -> Session:
     """Start (or join) the Spark described by ``settings``, checked reachable first.
+    On a Connect server, ``shared``: the session this user's runs share there
+    (``shared_session``).
 
     A JVM started here gets ``driver_settings`` and the class archive when there
     is one; if it does not start with the archive, the archive is dropped and the
@@ -404,7 +424,7 @@ def start(
                 "--memory sizes a JVM that analyze starts; a Connect server's memory "
                 "is set where the server starts (sbus-relay spark-server --memory)"
             )
-        return _remote_session(remote, settings, interrupts, app_name)
+        return _remote_session(remote, settings, interrupts, app_name, shared)
     starting = not jvm_running()
     conf = driver_settings(settings, heap_mib)
     own_options = DRIVER_OPTIONS in settings.conf
@@ -461,18 +481,60 @@ def _off_main_thread(build: Callable[..., SparkSession], *args: Any) -> SparkSes
 
 
 def _remote_session(
-    url: str, settings: SparkSettings, interrupts: Interrupts, app_name: str
+    url: str, settings: SparkSettings, interrupts: Interrupts, app_name: str, shared: bool
 ) -> Session:
+    """A session on the Connect server at ``url``, its settings given as it is
+    created (one round trip).  ``shared`` (and no --conf): this user's shared
+    session on that server (``shared_session``), else a session of its own."""
     from pyspark.sql import SparkSession
 
-    conf = {**SESSION_CONF, **SESSION_TIME_ZONE}
+    conf = {**SESSION_CONF, **SESSION_TIME_ZONE, **settings.conf}
     interrupts.arm()
-    spark = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
-    session = Session(spark, url, None, given=settings.conf)
-    session.configure(conf)
-    for key, value in settings.conf.items():
-        spark.conf.set(key, value)
-    return session
+    shared = shared and not settings.conf
+    for renew in (False, True):
+        target = f"{url}/;session_id={shared_session(url, renew)}" if shared else url
+        builder = SparkSession.builder.remote(target).appName(app_name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        try:
+            spark = builder.create()
+        except Exception as exc:
+            # The shared session was closed (the server's idle timeout): a new one.
+            if not shared or renew or CLOSED_SESSION not in str(exc):
+                raise
+            continue
+        break
+    tag = f"sbus-analyze-{os.getpid()}-{uuid.uuid4().hex[:8]}" if shared else None
+    if tag is not None:
+        spark.addTag(tag)
+    return Session(spark, url, None, given=settings.conf, tag=tag)
+
+
+def shared_session(url: str, renew: bool = False) -> str:
+    """The id of the Connect session this user's runs share on the server at
+    ``url``, kept in the cache directory (SESSIONS_DIR); a new one when
+    ``renew`` (the server closed the old one) or when there is none yet.
+
+    A session is the server's warm state for its runs: the classes Spark
+    generates and compiles for a query are kept per session (the JIT compiles
+    them once), and so are its Python workers (``--raw``); a session of its own
+    per run pays for both every time.  Runs may share it at once: the settings
+    a run gives it (partition sizes) change how the work is split, not the
+    result; a run given --conf gets a session of its own."""
+    from sbus_relay.ops.cachedir import cache_dir
+
+    path = cache_dir() / SESSIONS_DIR / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if not renew:
+        try:
+            return str(uuid.UUID(path.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    made = str(uuid.uuid4())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(made + "\n")
+    os.replace(tmp, path)
+    return made
 
 
 def build_session(
