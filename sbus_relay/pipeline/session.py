@@ -36,11 +36,12 @@ import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sbus_relay.protocol.errors import SbusError
 
-from . import classarchive
+from . import classarchive, scratch
 from .defaults import CONNECT_PORT
 from .inputs import InputError
 
@@ -244,11 +245,27 @@ def _jvm_process() -> subprocess.Popen[bytes] | None:
     return proc if isinstance(proc, subprocess.Popen) else None
 
 
-def driver_settings(settings: SparkSettings, heap_mib: int) -> dict[str, str]:
-    """Every setting of a JVM we start (not the class archive), --conf last."""
+def driver_settings(
+    settings: SparkSettings, heap_mib: int, tmp: Path | None = None
+) -> dict[str, str]:
+    """Every setting of a JVM we start (not the class archive), --conf last.
+    With ``tmp``, the JVM's temporary files and Spark's scratch go there
+    (``scratch``), and an executor's too when the master is on this machine;
+    JVM options given by --conf follow ours (theirs win)."""
     heap = {"spark.driver.memory": settings.memory or f"{heap_mib}m"}
     cluster = CLUSTER_CONF if settings.cluster else {}
-    return {**BASE_CONF, **DRIVER_CONF, **heap, **cluster, **SESSION_TIME_ZONE, **settings.conf}
+    ours = {**BASE_CONF, **DRIVER_CONF, **heap, **cluster, **SESSION_TIME_ZONE}
+    if tmp is None:
+        return {**ours, **settings.conf}
+    ours.update(scratch.spark_conf(tmp))
+    keys = [DRIVER_OPTIONS]
+    if settings.cluster and settings.master is not None and on_loopback(settings.master):
+        keys.append(EXECUTOR_OPTIONS)
+    conf = {**ours, **settings.conf}
+    for key in keys:
+        options = [scratch.java_options(tmp), ours.get(key, ""), settings.conf.get(key, "")]
+        conf[key] = " ".join(o for o in options if o)
+    return conf
 
 
 def with_archive(conf: dict[str, str], archive: str, master: str | None) -> dict[str, str]:
@@ -332,6 +349,9 @@ class Session:
     #: The tag of this run's operations on a Connect session that runs share
     #: (``shared_session``): Ctrl-C interrupts those, and the session stays.
     tag: str | None = None
+    #: The temporary directory of the JVM started here (``scratch``), removed
+    #: once it is stopped.
+    scratch: Path | None = None
 
     def parallelism(self) -> int:
         """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
@@ -389,6 +409,7 @@ class Session:
             SparkContext._active_spark_context = None
             SparkContext._gateway = None
             SparkContext._jvm = None
+            scratch.remove(self.scratch)
             return
         self.spark.sparkContext.cancelAllJobs()
         self.spark.stop()
@@ -398,7 +419,10 @@ class Session:
         for the next run (only this client's channel closes)."""
         if self.tag is not None:
             self.spark.release_session_on_close = False  # type: ignore[attr-defined]
-        self.spark.stop()
+        try:
+            self.spark.stop()
+        finally:
+            scratch.remove(self.scratch)
 
 
 def start(
@@ -426,7 +450,21 @@ def start(
             )
         return _remote_session(remote, settings, interrupts, app_name, shared)
     starting = not jvm_running()
-    conf = driver_settings(settings, heap_mib)
+    tmp = scratch.make() if starting else None
+    try:
+        return _local_session(settings, heap_mib, jvm_log, app_name, tmp)
+    except BaseException:
+        scratch.remove(tmp)
+        raise
+
+
+def _local_session(
+    settings: SparkSettings, heap_mib: int, jvm_log: str, app_name: str, tmp: Path | None
+) -> Session:
+    """A session in this process: on the JVM running here, or on one started
+    now (``tmp``: its temporary directory, ``scratch``)."""
+    starting = tmp is not None
+    conf = driver_settings(settings, heap_mib, tmp)
     own_options = DRIVER_OPTIONS in settings.conf
     archive = classarchive.java_option() if starting and not own_options else None
     fell_back = False
@@ -450,6 +488,7 @@ def start(
     session = Session(
         spark, None, _jvm_process() if starting else None, archive, fell_back, settings.conf
     )
+    session.scratch = tmp
     spark.sparkContext.setLogLevel("ERROR")
     return session
 
