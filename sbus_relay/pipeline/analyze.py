@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -163,6 +164,10 @@ class AnalysisResult:
     summary: dict[str, Any]
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     chart_series: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds of the Spark job (its result on the driver) and of the tables
+    #: derived and written (``run``).
+    job_s: float = 0.0
+    tables_s: float = 0.0
 
 
 def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
@@ -370,7 +375,9 @@ def _part(df: DataFrame, part: int, columns: dict[str, Any]) -> DataFrame:
     )
 
 
-def result_parts(stored: DataFrame, opts: AnalyzeOptions) -> DataFrame:
+def result_parts(
+    stored: DataFrame, opts: AnalyzeOptions, grain: tuple[int, int] | None = None
+) -> DataFrame:
     """The job's one result, lazily, from ``stored`` rows of the three sets
     (rollups at their own grain, raw rows aggregated: ``job_sets``): each set
     summed on its own columns at the report's depth and window (the cells
@@ -384,34 +391,34 @@ def result_parts(stored: DataFrame, opts: AnalyzeOptions) -> DataFrame:
 
     Each set is read with a filter on ``_set`` that Spark pushes to the files:
     a rollup keeps each set in row groups of its own, so each part reads only
-    its own rows."""
+    its own rows.  With ``grain`` (depth, window), the rows are one rollup's,
+    each set summed already at that depth and window: a set is summed again
+    only where the report's depth (every set but the keys) or window (the
+    cells) differs from it."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     w = opts.window_ns
     in_set = F.col("_set")
     prefix = F.substring_index(F.col("prefix"), "/", opts.depth)
-    cells = (
-        stored.where(in_set == F.lit(R.CELL_SET))
-        .select(
-            prefix.alias("prefix"),
-            F.expr(f"window_start_ns div {w} * {w}").alias("window_start_ns"),
-            *("instance", "messages", "bytes", "first_ns", "last_ns"),
+    same_depth = grain is not None and grain[0] == opts.depth
+    cells = stored.where(in_set == F.lit(R.CELL_SET)).select(
+        prefix.alias("prefix"),
+        F.expr(f"window_start_ns div {w} * {w}").alias("window_start_ns"),
+        *("instance", "messages", "bytes", "first_ns", "last_ns"),
+    )
+    if not (same_depth and grain is not None and grain[1] == w):
+        cells = cells.groupBy(*CELLS).agg(*_resums())
+    sizes = stored.where(in_set == F.lit(R.SIZE_SET)).select(
+        prefix.alias("prefix"), "size", "messages"
+    )
+    if not same_depth:
+        sizes = sizes.groupBy(*SIZES).agg(F.sum("messages").alias("messages"))
+    keys = stored.where(in_set == F.lit(R.KEY_SET)).select("key", "messages", "bytes")
+    if grain is None:
+        keys = keys.groupBy("key").agg(
+            F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
         )
-        .groupBy(*CELLS)
-        .agg(*_resums())
-    )
-    sizes = (
-        stored.where(in_set == F.lit(R.SIZE_SET))
-        .select(prefix.alias("prefix"), "size", "messages")
-        .groupBy(*SIZES)
-        .agg(F.sum("messages").alias("messages"))
-    )
-    keys = (
-        stored.where(in_set == F.lit(R.KEY_SET))
-        .groupBy("key")
-        .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes"))
-    )
 
     def top_by(first: str, second: str, part: int) -> DataFrame:
         order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
@@ -438,17 +445,23 @@ def result_parts(stored: DataFrame, opts: AnalyzeOptions) -> DataFrame:
     return result
 
 
-def compute(stored: DataFrame, opts: AnalyzeOptions, persist: bool = False) -> Computed:
-    """The job: ``result_parts`` of ``stored``, computed in one query and
-    collected as Arrow in one round trip.  ``persist``: keep ``stored`` while
-    the query runs, for rows that would otherwise be computed once per part
-    (the Python workers' sums, which Spark cannot filter before they are made)."""
+def compute(
+    stored: DataFrame,
+    opts: AnalyzeOptions,
+    persist: bool = False,
+    grain: tuple[int, int] | None = None,
+) -> Computed:
+    """The job: ``result_parts`` of ``stored`` (summed at ``grain`` when given),
+    computed in one query and collected as Arrow in one round trip.
+    ``persist``: keep ``stored`` while the query runs, for rows that would
+    otherwise be computed once per part (the Python workers' sums, which Spark
+    cannot filter before they are made)."""
     from pyspark import StorageLevel
 
     if persist:
         stored = stored.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        result = result_parts(stored, opts).toArrow()
+        result = result_parts(stored, opts, grain).toArrow()
     finally:
         if persist:
             stored.unpersist()
@@ -667,9 +680,13 @@ def run(
             if inputs.checked
             else Sources(raw=list(inputs.paths))
         )
+    t0 = time.monotonic()
     job = compute_sets(spark, inputs, sources, base, say)
+    t1 = time.monotonic()
     files = len(inputs.paths) if inputs.checked else None
-    return finish(spark, job, opts, base, inputs, files, out_dir)
+    result = finish(spark, job, opts, base, inputs, files, out_dir)
+    result.job_s, result.tables_s = t1 - t0, time.monotonic() - t1
+    return result
 
 
 def compute_sets(
@@ -688,7 +705,7 @@ def compute_sets(
     from .session import is_spark_error
 
     if not (sources.raw and inputs.checked):
-        return compute(job_sets(spark, inputs, sources, opts), opts)
+        return compute(job_sets(spark, inputs, sources, opts), opts, grain=sources.grain)
     try:
         return compute(job_sets(spark, inputs, sources, opts), opts, persist=True)
     except Exception as exc:
