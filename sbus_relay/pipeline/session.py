@@ -524,7 +524,8 @@ def _remote_session(
 ) -> Session:
     """A session on the Connect server at ``url``, its settings given as it is
     created (one round trip).  ``shared`` (and no --conf): this user's shared
-    session on that server (``shared_session``), else a session of its own."""
+    session on that server (``shared_session``), opened anew when the server
+    has closed it; else a session of its own."""
     from pyspark.sql import SparkSession
 
     conf = {**SESSION_CONF, **SESSION_TIME_ZONE, **settings.conf}
@@ -538,7 +539,13 @@ def _remote_session(
         try:
             spark = builder.create()
         except Exception as exc:
-            # The shared session was closed (the server's idle timeout): a new one.
+            # A session the server closed (idle too long) says so as its
+            # settings are given.  pyspark made it the active session: its
+            # channel is closed here, not by the garbage collector.
+            failed = SparkSession.getActiveSession()
+            if failed is not None:
+                failed.release_session_on_close = False  # type: ignore[attr-defined]
+                failed.stop()
             if not shared or renew or CLOSED_SESSION not in str(exc):
                 raise
             continue
