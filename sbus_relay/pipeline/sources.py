@@ -66,6 +66,10 @@ class Sources:
     merged_rows: int = 0
     merged_into: list[str] = field(default_factory=list)
     merge_seconds: float = 0.0
+    #: (depth, window) of the rows read when they are one rollup's (a capture
+    #: file's or a merged one): each set is then summed already, at that grain,
+    #: and the job sums only what the report's depth or window asks of it.
+    grain: tuple[int, int] | None = None
 
     def lines(self) -> list[str]:
         """What was rolled up and merged, for the operator (nothing when nothing was)."""
@@ -148,6 +152,7 @@ def plan(
             known[path] = _rollup_of(Path(path), files[path], depth, out, previous, sources)
         return known[path]
 
+    grains: list[tuple[int, int]] = []
     left = dict(files)
     elsewhere = None if out is None else out / ROLLUPS_DIR
     for directory in sorted({Path(d) for d in directories}, key=lambda d: len(d.parts)):
@@ -165,6 +170,7 @@ def plan(
         if kept is not None and path == str(kept) and out is not None:
             path = _keep(path, out)
         sources.rollups.append(path)
+        grains.append((cover.merged.depth, cover.merged.window_ns))
         for member in cover.merged.members:
             left.pop(member, None)
         if cover.added:
@@ -176,8 +182,11 @@ def plan(
         info = rollup_of(path)
         if info is not None and info.serves(depth, window_ns):
             sources.rollups.append(info.path)
+            grains.append((info.depth, info.window_ns))
         else:
             sources.raw.append(path)
+    if len(grains) == 1 and not sources.raw:
+        sources.grain = grains[0]
     sources.seconds = time.monotonic() - t0 - sources.merge_seconds
     return sources
 
