@@ -117,6 +117,7 @@ TABLES = (
     "top_keys_by_messages",
     "top_keys_by_bytes",
     "instances",
+    "instance_prefixes",
     "bursts",
     "size_histogram",
 )
@@ -794,6 +795,7 @@ def finish(
         "top_keys_by_messages": job.top_by_messages,
         "top_keys_by_bytes": job.top_by_bytes,
         "instances": D.instances(cells),
+        "instance_prefixes": D.instance_prefixes(cells),
         "bursts": D.bursts(pw, recorded, opts.burst_factor, opts.burst_min_messages),
         "size_histogram": D.size_histogram(sizes),
     }
@@ -836,6 +838,9 @@ def finish(
         ),
         "top_keys_by_bytes": _sorted_rows(tables["top_keys_by_bytes"], [("rank", "ascending")]),
         "instances": inst,
+        "instance_prefixes": _sorted_rows(
+            tables["instance_prefixes"], [("instance", "ascending"), ("messages", "descending")]
+        ),
         "bursts": _bursts_in_order(tables["bursts"]),
         "size_histogram": _sorted_rows(tables["size_histogram"], [("bucket", "ascending")]),
     }

@@ -67,6 +67,24 @@ def instances(cells: pa.Table) -> pa.Table:
     )
 
 
+def instance_prefixes(cells: pa.Table) -> pa.Table:
+    """Messages and bytes per (instance, prefix): what each host's bus carried,
+    family by family (a fleet's report), by instance, then prefix."""
+    g = (
+        cells.group_by(["instance", "prefix"], use_threads=False)
+        .aggregate([("messages", "sum"), ("bytes", "sum")])
+        .sort_by([("instance", "ascending"), ("prefix", "ascending")])
+    )
+    return pa.table(
+        {
+            "instance": g["instance"],
+            "prefix": g["prefix"],
+            "messages": g["messages_sum"],
+            "bytes": g["bytes_sum"],
+        }
+    )
+
+
 def weighted_percentiles(values: Any, counts: Any, qs: Sequence[float]) -> list[float | None]:
     """Exact percentiles of ``values`` (ascending integers) occurring ``counts`` times.
 
