@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -413,12 +412,14 @@ def size_report(
         print(verdict(f"target: a new {FOLLOW_ROWS:,}-row capture file in the followed report "
                       f"within {FOLLOW_TARGET_S:g} s: {lat:.1f} s", follow,
                       lat <= FOLLOW_TARGET_S))  # fmt: skip
-    if LOCAL in med or CONNECT in med:
-        print(f"memory: captures {size / 2**20:,.0f} MiB on disk; local driver JVM peak "
-              f"{med.get(LOCAL, {}).get('driver_jvm', math.nan):,.0f} MiB (heap "
-              f"{heap_mib(size)} MiB); Connect server JVM peak "
-              f"{med.get(CONNECT, {}).get('driver_jvm', math.nan):,.0f} MiB "
-              f"(heap {SERVER_MEMORY})")  # fmt: skip
+    said = [f"captures {size / 2**20:,.0f} MiB on disk"]
+    if LOCAL in med:
+        said.append(f"local driver JVM peak {med[LOCAL]['driver_jvm']:,.0f} MiB "
+                    f"(heap {heap_mib(size)} MiB)")  # fmt: skip
+    if CONNECT in med:
+        said.append(f"Connect server JVM peak {med[CONNECT]['driver_jvm']:,.0f} MiB "
+                    f"(heap {SERVER_MEMORY})")  # fmt: skip
+    print("memory: " + "; ".join(said))
     if warm:
         breakdown(warm[-1], bench.events, f"the last warm Connect run ({rows:,} rows)")
     if raw:
