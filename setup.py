@@ -1,6 +1,9 @@
 """The compiled parts of sbus_relay; everything else is in pyproject.toml.
 
 * ``sbus_relay.bus._batchio`` (C): many packets per system call.
+* ``sbus_relay.link._natsc`` (Cython over libnats, the official NATS C
+  client): the NATS link's nats.c engine, built only where ``pkg-config``
+  finds libnats (``libnats-dev``); elsewhere the link runs nats-py.
 * The hot path's Python modules, compiled by Cython each into a module of its
   own beside its source (``sbus_relay/accel.py`` lists them and explains).
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,6 +85,49 @@ def _compiled_extensions() -> list[Extension]:
     return list(compiled)
 
 
+def _libnats() -> dict[str, list[str]] | None:
+    """pkg-config's flags for libnats, or None where it is not installed."""
+    if shutil.which("pkg-config") is None:
+        return None
+    try:
+        cflags = subprocess.run(
+            ["pkg-config", "--cflags", "libnats"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        libs = subprocess.run(
+            ["pkg-config", "--libs", "libnats"], capture_output=True, text=True, check=True
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {
+        "include_dirs": [f[2:] for f in cflags if f.startswith("-I")],
+        "library_dirs": [f[2:] for f in libs if f.startswith("-L")],
+        "libraries": [f[2:] for f in libs if f.startswith("-l")],
+    }
+
+
+def _nats_c_extension() -> list[Extension]:
+    """The link's nats.c engine, where libnats and Cython are (one line says why not)."""
+    if os.environ.get(accel.PURE_PYTHON_ENV, "") not in ("", "0"):
+        return []
+    flags = _libnats()
+    if flags is None:
+        print("sbus_relay: libnats not found (pkg-config libnats): the NATS link runs nats-py")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        return []
+    ext = Extension(
+        "sbus_relay.link._natsc", ["sbus_relay/link/_natsc.pyx"], optional=True, **flags
+    )
+    built = cythonize(
+        [ext], compiler_directives={"language_level": "3"}, build_dir="build/cython", quiet=True
+    )
+    for e in built:
+        e.optional = True
+    return list(built)
+
+
 class BuildExt(build_ext):
     """Builds what it can, then records the sources of what was compiled."""
 
@@ -113,6 +161,7 @@ setup(
             "sbus_relay.bus._batchio", ["sbus_relay/bus/_batchio.c"], optional=True
         ),
         *_compiled_extensions(),
+        *_nats_c_extension(),
     ],
     cmdclass={"build_ext": BuildExt},
 )

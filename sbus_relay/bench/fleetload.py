@@ -20,6 +20,10 @@ from sbus_relay.client import Client
 _STAMP = struct.Struct("!q")
 #: Seconds a subscriber waits for the next message before it reports what it got.
 QUIET = 3.0
+#: Distinct keys (subjects) a publisher goes round: ``<key>/<i mod KEYS>``.
+KEYS = 1000
+#: Messages in one ``publish_many`` of the batched publisher.
+CHUNK = 256
 
 
 def _say(line: str) -> None:
@@ -50,11 +54,11 @@ def _pace(i: int, start: float, rate: int) -> None:
             time.sleep(ahead)
 
 
-def sbus_sub(address: str, key: str, n: int) -> None:
+def sbus_sub(address: str, key: str, n: int, batch: bool = False) -> None:
     latencies: list[int] = []
     last = 0
-    with Client(address, timeout=30) as c:
-        c.subscribe(key)
+    with Client(address, timeout=30, batch=batch) as c:
+        c.subscribe(key + "/")
         c.whoami()  # the SUB is in before we say ready
         _say("ready")
         while len(latencies) < n:
@@ -75,10 +79,24 @@ def sbus_pub(address: str, key: str, n: int, rate: int, size: int) -> None:
         sys.stdin.readline()
         first = time.monotonic_ns()
         start = time.perf_counter()
-        k = key.encode()
+        keys = [b"%s/%d" % (key.encode(), j) for j in range(KEYS)]
         for i in range(n):
             _pace(i, start, rate)
-            c.publish(k, _STAMP.pack(time.monotonic_ns()) + pad)
+            c.publish(keys[i % KEYS], _STAMP.pack(time.monotonic_ns()) + pad)
+    _say(json.dumps({"first_ns": first}))
+
+
+def sbus_pub_batched(address: str, key: str, n: int, size: int) -> None:
+    """The client library's batched mode: ``publish_many`` of CHUNK messages."""
+    pad = _payloads(n, size)
+    with Client(address, timeout=30, batch=True) as c:
+        _say("ready")
+        sys.stdin.readline()
+        first = time.monotonic_ns()
+        keys = [b"%s/%d" % (key.encode(), j) for j in range(KEYS)]
+        for i in range(0, n, CHUNK):
+            now = _STAMP.pack(time.monotonic_ns())
+            c.publish_many((keys[j % KEYS], now + pad) for j in range(i, min(i + CHUNK, n)))
     _say(json.dumps({"first_ns": first}))
 
 
@@ -100,7 +118,7 @@ async def _nats_sub(url: str, subject: str, n: int) -> None:
             done.set()
 
     nc = await nats.connect(url)
-    await nc.subscribe(subject, cb=cb, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    await nc.subscribe(subject + ".>", cb=cb, pending_msgs_limit=-1, pending_bytes_limit=-1)
     await nc.flush()
     _say("ready")
     while not done.is_set():
@@ -127,13 +145,14 @@ async def _nats_pub(url: str, subject: str, n: int, rate: int, size: int) -> Non
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     first = time.monotonic_ns()
     start = time.perf_counter()
+    subjects = ["%s.%d" % (subject, j) for j in range(KEYS)]
     for i in range(n):
         if rate:
             ahead = start + i / rate - time.perf_counter()
             if ahead > 0:
                 await nc.flush()
                 await asyncio.sleep(ahead)
-        await nc.publish(subject, _STAMP.pack(time.monotonic_ns()) + pad)
+        await nc.publish(subjects[i % KEYS], _STAMP.pack(time.monotonic_ns()) + pad)
     await nc.flush()
     await nc.close()
     _say(json.dumps({"first_ns": first}))

@@ -78,7 +78,19 @@ TARGETS: tuple[Target, ...] = (
         "client", "2 -> 4 batched, bus CPU per delivery / NATS's", "cpu_ratio_2to4", 1.0, False,
         "x",
     ),
+    Target("fleet", "host -> host rate, buses / native nats-py", "ratio", 1.0, True, "x"),
+    Target(
+        "fleet", "CPU per message per bus, its link included", "cpu_us_per_msg_max", 2.0, False,
+        "us.2",
+    ),
+    Target(
+        "fleet", "p99 added by two buses at 10,000 msg/s", "p99_added_ms", 0.3, False, "ms.2",
+        low=-1e9,
+    ),
 )  # fmt: skip
+#: Load average (1 min) above which a scenario that records it (``fleet``)
+#: is no measure: its targets are not judged.
+LOAD_MAX = 2.0
 
 #: A target's verdicts: its figure meets the bound, misses it, is noise (outside
 #: what is possible), or was not measured (no reference, the scenario failed or
@@ -130,8 +142,17 @@ def evaluate(name: str, entry: dict[str, Any]) -> None:
         if name == "stalled" and entry["ratio"] is not None:
             entry["overhead"] = 1.0 - entry["ratio"]
     verdicts = [verdict(t, entry) for t in TARGETS if t.scenario == name]
+    loaded = entry.get("load_max")
+    if loaded is not None and loaded > LOAD_MAX and entry.get("status") == "ok":
+        for v in verdicts:
+            v.update(met=None, verdict=UNMEASURED, note=loaded_note(loaded))
     if verdicts:
         entry["targets"] = verdicts
+
+
+def loaded_note(load: float) -> str:
+    """The one line that refuses a run on a busy machine."""
+    return f"load average {load:g} above {LOAD_MAX:g}: not a measure (rerun on a quiet machine)"
 
 
 def verdict(target: Target, entry: dict[str, Any] | None) -> dict[str, Any]:
@@ -209,6 +230,8 @@ def summary_line(counts: dict[str, int]) -> str:
 
 
 _BOUND_FORMATS = {
+    "us.2": "{op} {v:.1f} us",
+    "ms.2": "{op} {v:.1f} ms",
     "%": "{op} {v:g} %",
     "B": "{op} {v:,.0f} B",
     "us": "{op} {v:,.0f} us",
@@ -216,6 +239,8 @@ _BOUND_FORMATS = {
     "msgs": "{op} {v:,.0f}",
 }
 _VALUE_FORMATS = {
+    "us.2": "{v:.2f} us",
+    "ms.2": "{v:.2f} ms",
     "%": "{v:.1f} %",
     "B": "{v:,.0f} B",
     "us": "{v:,.0f} us",
@@ -309,6 +334,8 @@ def format_table(results: dict[str, Any]) -> str:
             lines += ["", format_continuity(scenarios[name])]
     if "client" in scenarios:
         lines += ["", *format_client(scenarios["client"])]
+    if "fleet" in scenarios:
+        lines += ["", *format_fleet(scenarios["fleet"])]
     lines += ["", *format_targets(results)]
     meta = results["meta"]
     runs = f"Medians of {meta['repeat']} interleaved runs" if meta["repeat"] != 1 else "One run"
@@ -369,6 +396,49 @@ def format_client(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The fleet scenario's sides, as its lines name them.
+FLEET_SIDES = {
+    "native": "two native nats-py clients",
+    "buses": "through two buses (a client per message)",
+    "batched": "through two buses, a batched sbus client",
+    "limit": "nats-server between two C clients (the limit)",
+}
+
+
+def format_fleet(entry: dict[str, Any]) -> list[str]:
+    """The fleet scenario's figures: each side, CPU per bus, memory, the load."""
+    if entry.get("status") != "ok":
+        return [f"fleet: {str(entry.get('status', '')).upper()}: {entry.get('reason', '')}"]
+    lines = [f"fleet (engine {entry.get('engine') or '?'}), {entry['messages']:,} messages a run:"]
+    for side, title in FLEET_SIDES.items():
+        s = entry["sides"].get(side)
+        if s is None:
+            continue
+        line = f"  {title:<48} {s['median']:>10,.0f} msg/s"
+        if "p99_us" in s:
+            line += (
+                f"  p50/p99 at 10,000/s {_fmt(s['p50_us'], ',.0f')}/{_fmt(s['p99_us'], ',.0f')} us"
+            )
+        if "cpu_us_per_msg" in s:
+            (ab, al), (bb, bl) = s["cpu_us_parts"]
+            line += (
+                f"  CPU per message: sending bus {ab:.2f} + its link {al:.2f} us,"
+                f" receiving {bb:.2f} + {bl:.2f} us"
+            )
+        lines.append(line)
+    for when in ("rss_idle", "rss_load"):
+        if when in entry:
+            shown = ", ".join(
+                f"host {h}: master {r['master'] / 2**20:.1f} MiB + link {r['link'] / 2**20:.1f} MiB"
+                for h, r in zip("ab", entry[when], strict=False)
+            )
+            lines.append(f"  RSS {'idle' if when == 'rss_idle' else 'under load'}: {shown}")
+    lines.append(f"  load average {entry['load_before']:g} before, {entry['load_after']:g} after")
+    if entry["load_max"] > LOAD_MAX:
+        lines.append(f"  {loaded_note(entry['load_max'])}")
+    return lines
+
+
 def format_footprint(foot: dict[str, Any]) -> list[str]:
     """An idle relay's RSS beside its floor, and what it imports only when asked."""
     if foot["status"] != "ok":
@@ -406,7 +476,8 @@ def format_targets(results: dict[str, Any]) -> list[str]:
         else:
             value = _fmt_value(target, v["value"]) if target else f"{v['value']:g}"
         word = VERDICT_WORDS[v["verdict"]]
-        note = f"  ({v['note']})" if v["verdict"] == NOISE else ""
+        shown = v["verdict"] == NOISE or (v["verdict"] == UNMEASURED and v["value"] is not None)
+        note = f"  ({v['note']})" if shown and v["note"] else ""
         lines.append(f"{v['label']:<46} {value:>12} {v['target']:>12}  {word}{note}")
     lines += ["", summary_line(summarize(verdicts))]
     return lines

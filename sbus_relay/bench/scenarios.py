@@ -94,6 +94,8 @@ class Tools:
     sbusd: tuple[str, ...]
     sbus_relay: tuple[str, ...]
     reference: Path | None
+    #: the NATS C load generator (where libnats is installed), for the fleet's limit
+    natsload: Path | None = None
 
 
 def _entry_point(script: str, func: str) -> tuple[str, ...]:
@@ -117,6 +119,7 @@ def find_tools(
         sbusd=tuple(sbusd) if sbusd else _entry_point("sbusd", "sbusd_main"),
         sbus_relay=_entry_point("sbus-relay", "main"),
         reference=reference,
+        natsload=programs.get("natsload"),
     )
 
 

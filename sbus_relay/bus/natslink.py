@@ -1,77 +1,116 @@
-"""The bus's side of its NATS link (docs/nats.md).
+"""The bus's side of its NATS link (docs/nats.md, "How it is built").
 
-Theory of operation.  The link's traffic is one ``Connection`` on one end
-of a ``SOCK_SEQPACKET`` socket pair; a ``NatsBridge`` (``bus.natsbridge``)
-serves the other end from a thread of its own.  To the bus the link is
-what a relay's upstream link is: one more recipient in the subscription
+Theory of operation.  The link is a process of its own, the bus's child
+(``python -m sbus_relay.cli.link``, its code in ``sbus_relay/link/``), joined
+to the bus by one ``SOCK_SEQPACKET`` socket pair: nothing else is shared, so
+the link never takes the hub's GIL and the hub never waits on it.  The bus's
+end is a ``Connection`` like any client's, made once and kept across the
+link process's restarts (what it queues survives them).  To the bus the link
+is what a relay's upstream link is: one more recipient in the subscription
 index, its *quiet* holder, holding the patterns the other hosts want, so one
 match serves local subscribers and NATS alike, and a message goes to NATS
 only when another host wants it.  Its connection reads, batches, queues
 (bounded, in order) and drops (counted, with the drop episode) exactly as a
-client's does, and as the upstream link's it is never paused: no publisher
-waits for NATS.
+client's does, and as the upstream link's it is never paused.
 
 * The index's first/last callbacks become ``SUB``/``UNSUB`` notices on the
-  connection (coalesced per pattern); the bridge subscribes on NATS and tells
+  connection (coalesced per pattern); the link subscribes on NATS and tells
   the other hosts.
-* What the bridge sends back is ``MSG`` from other hosts (routed like any
-  publish, never back to the link: its echo is off) and ``SUB``/``UNSUB``
-  as the other hosts' interest changes, taken as the link's holds
-  (``UpstreamHost.upstream_interest``, which also tells our relays).
+* What the link sends back is ``MSG`` from other hosts (routed like any
+  publish, never back to the link: its echo is off), ``SUB``/``UNSUB`` as
+  the other hosts' interest changes (the link's holds,
+  ``UpstreamHost.upstream_interest``), and control packets
+  (``protocol.linkwire``): settled, synced, its stats, its log records.
+* The process is started, supervised and restarted here: if it dies, the
+  link's holds are let go, every public key is held again, and a new process
+  starts after a back-off (``RESTART_MIN`` doubling to ``RESTART_MAX``),
+  logged.  It dies with the bus (``PR_SET_PDEATHSIG``, and the EOF of its
+  socket when the bus closes its end); nothing here ever waits for it.
+
+What it owns: the link process's life, the link's holds, what the link last
+reported.  What it may touch: its ``Connection`` and, through
+``UpstreamHost``, its bus.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
 import gevent
 
+from sbus_relay.ops import children
 from sbus_relay.ops.config import ServerConfig
-from sbus_relay.protocol import codec
+from sbus_relay.protocol import codec, linkwire
+from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.flood import OutboundQueue
 from sbus_relay.protocol.limits import SEND_BUFFER
 
+from .batchio import send_one
 from .connection import Connection
-from .natsbridge import NatsBridge
-from .natstobus import SETTLED
 from .upstream import UpstreamHost, link_connection
 
-#: Seconds between two looks at the bridge while waiting for it to join.
+#: Seconds between two looks at the link while waiting for it to join.
 JOIN_POLL = 0.005
 #: Seconds a new process of a live upgrade waits for its link to join NATS
 #: before it lets the old one go (well within the hand-over's UPGRADE_TIMEOUT).
 JOIN_WAIT = 3.0
 #: What the link holds until the other hosts' interest is known: every public key.
 EVERYTHING = b""
-_SETTLED = codec.encode_cmsg(SETTLED)
+#: Seconds before a link process that died is started again, doubling up to
+#: the most; a link that ran ``RESTART_RESET`` seconds starts from the least again.
+RESTART_MIN = 0.5
+RESTART_MAX = 30.0
+RESTART_RESET = 60.0
+#: Seconds a link process whose socket closed may take to end before it is
+#: killed, and between two looks at it meanwhile.
+LINGER = 1.0
+REAP_POLL = 0.01
+#: The link process's module (its command line: ``sys.executable -m`` it).
+LINK_MODULE = "sbus_relay.cli.link"
 
 
 class NatsLink:
-    """A bus's link to NATS: its connection to the bridge, and the bridge."""
+    """A bus's link to NATS: its connection to the link process, and that process."""
 
     def __init__(self, host: UpstreamHost, config: ServerConfig, log: Any) -> None:
         nats = config.nats
         assert nats is not None
         self.host = host
         self.name = nats.host or config.instance
+        self.config = nats
         self.log = log.bind(link="nats")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for s in (ours, theirs):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-            s.setblocking(False)
+        self._log_level = config.log_level
         queue = OutboundQueue(nats.queue_bytes, nats.queue_messages, upward=True)
         self.conn = link_connection(host, self, queue, self.log)
         self.conn.label = "nats"
-        self.conn.attach(ours.detach())
-        self.conn.packs = True  # the bridge reads packed batches
-        self.bridge = NatsBridge(theirs, nats, self.name, log)
+        self.proc: subprocess.Popen[bytes] | None = None
         self.started = False
+        self.stopping = False
         self.join_wait = JOIN_WAIT
         #: holds taken over from the process before a live upgrade (``adopt``)
         self.adopted: dict[bytes, int] = {}
         self.holding = False  # holds every public key until the others' interest is known
+        self.synced = False  # the link's server has every local pattern (``wait_joined``)
+        #: what the link process last reported (``protocol.linkwire.Stats``)
+        self.stats = linkwire.Stats()
+        self.restarts = 0
+        self._delay = RESTART_MIN
+        self._since = 0.0  # when the running process started (monotonic)
+        self._restart: Any = None  # the timer of the next start
+        self._reaper: Any = None  # the timer that reaps the process after a stop
+
+    @property
+    def identity(self) -> bytes | None:
+        """The prefix of this host's identities when they cross (None: they stay home)."""
+        from sbus_relay.protocol.natsinterest import host_identity
+
+        return host_identity(self.name) if self.config.identities else None
 
     def adopt(self, holds: dict[bytes, int]) -> None:
         """A live upgrade: hold what the old process's link held (the other
@@ -82,41 +121,76 @@ class NatsLink:
         self.adopted = holds
 
     def start(self) -> None:
-        """Tell the bridge every local pattern, then let it join NATS."""
-        for pattern in self.host.local_patterns():
-            self.conn.notify(pattern, True)
-        # until the bridge says the other hosts' interest is known, every public
+        """Hold every public key, start the link process, tell it every local pattern."""
+        # until the link says the other hosts' interest is known, every public
         # key goes to NATS (where only hosts subscribed to it get it)
         self.host.upstream_interest(EVERYTHING, True)
         self.holding = True
         self.started = True
-        self.conn.opened()
-        self.bridge.start()
-        identity = self.bridge.identity
+        self._spawn()
+        identity = self.identity
         self.log.info(
             "nats.starting",
             host=self.name,
-            servers=list(self.bridge.config.servers),
+            servers=list(self.config.servers),
             identities=identity.decode() if identity is not None else None,
+            pid=self.proc.pid if self.proc is not None else None,
         )
+
+    def _hello(self) -> bytes:
+        """The link's settings: every ``nats`` setting the hello carries, by name."""
+        c = self.config
+        same: dict[str, Any] = {
+            f.name: list(v) if isinstance(v := getattr(c, f.name), tuple) else v
+            for f in dataclasses.fields(linkwire.Hello)
+            if hasattr(c, f.name)
+        }
+        return linkwire.encode_hello(
+            linkwire.Hello(**{**same, "host": self.name, "log_level": self._log_level})
+        )
+
+    def _spawn(self) -> None:
+        """A new link process on a new socket pair; the connection serves our end."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        send_one(ours.fileno(), self._hello())  # first, before anything the connection sends
+        argv = [sys.executable, "-m", LINK_MODULE, "--fd", str(theirs.fileno())]
+        try:
+            self.proc = children.spawn(argv, pass_fds=(theirs.fileno(),))
+        except OSError as e:
+            ours.close()
+            theirs.close()
+            self.log.error("nats.link_not_started", error=str(e))
+            self._schedule_restart()
+            return
+        theirs.close()
+        self._since = time.monotonic()
+        self.synced = False
+        self.conn.attach(ours.detach())
+        self.conn.packs = True  # the link reads packed batches
+        for pattern in self.host.local_patterns():
+            self.conn.notify(pattern, True)
+        self.conn.owe_ready()  # answered ``link/synced`` once NATS has them all
+        self.conn.opened()
 
     def wait_joined(self, timeout: float) -> bool:
         """Wait (cooperatively) until the link is on NATS with every local
         pattern subscribed there: a new process of a live upgrade does, before
         the old one lets its own link go.  False if ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
-        written = None
         while time.monotonic() < deadline:
-            if written is None and self.bridge.connected and not self.conn._has_notices():
-                written = time.monotonic()  # every SUB is in the bridge's socket
-            if written is not None and self.bridge.synced > written:
+            if self.synced:
                 return True
             gevent.sleep(JOIN_POLL)
         return False
 
     def stop(self) -> None:
-        """Leave NATS (the other hosts are told) and close the link."""
-        self.bridge.stop()
+        """Close the link: its process says goodbye on NATS and ends (not waited for)."""
+        self.stopping = True
+        if self._restart is not None:
+            self._restart.close()
+            self._restart = None
         self.conn.close("server_stopping")
 
     def subscribe(self, pattern: bytes) -> None:
@@ -132,51 +206,162 @@ class NatsLink:
     # --- the connection's handler -------------------------------------------------
 
     def handle(self, conn: Connection, packet: bytes) -> None:
-        """The other hosts' interest changed (the bridge sends only SUB/UNSUB besides MSG)."""
-        if packet.startswith(codec.SUB):
-            self.host.upstream_interest(packet[len(codec.SUB) :], True)
-        elif packet.startswith(codec.UNSUB):
-            self.host.upstream_interest(packet[len(codec.UNSUB) :], False)
-        elif packet == _SETTLED and self.holding:
-            self.holding = False
-            self.host.upstream_interest(EVERYTHING, False)
-            for pattern, count in self.adopted.items():
-                for _ in range(count):
-                    self.host.upstream_interest(pattern, False)
-            self.adopted = {}
+        """What the link process says besides MSG: interest, control packets."""
+        try:
+            event = codec.decode(packet)
+        except PeerError as e:
+            self.log.error("nats.bad_packet", error=e.detail)
+            return
+        if isinstance(event, codec.Subscribe):
+            self.host.upstream_interest(event.pattern, True)
+        elif isinstance(event, codec.Unsubscribe):
+            self.host.upstream_interest(event.pattern, False)
+        elif isinstance(event, codec.Control):
+            self._control(event.key, event.payload or b"")
+
+    def _control(self, key: bytes, payload: bytes) -> None:
+        try:
+            if key == linkwire.STATS:
+                self.stats = linkwire.decode_stats(payload)
+            elif key == linkwire.LOG:
+                level, event, fields = linkwire.decode_log(payload)
+                say = getattr(self.log, level, None)
+                if say is None or level not in ("debug", "info", "warning", "error", "critical"):
+                    say = self.log.warning
+                say(event, **{k: v for k, v in fields.items() if k != "event"})
+            elif key == linkwire.SETTLED:
+                self._settled()
+            elif key == linkwire.SYNCED:
+                self.synced = True
+        except PeerError as e:
+            self.log.error("nats.bad_packet", error=e.detail)
+
+    def _settled(self) -> None:
+        if not self.holding:
+            return
+        self.holding = False
+        self.host.upstream_interest(EVERYTHING, False)
+        for pattern, count in self.adopted.items():
+            for _ in range(count):
+                self.host.upstream_interest(pattern, False)
+        self.adopted = {}
 
     def lost(self, conn: Connection, reason: str, detail: str) -> None:
-        """The bridge's end closed: the bridge has ended (its log says why)."""
-        self.log.error("nats.link_lost", reason=reason, detail=detail)
-        conn.close(reason, detail)
+        """The link process's end closed: it has ended (or is ending); unless
+        the bus stops, a new one starts after a back-off, once it is reaped."""
+        conn.detach()
+        if self.stopping:
+            return
+        self.stats = linkwire.Stats(state="starting", engine=self.stats.engine)
+        self._forget_interest()
+        self._ended(reason, detail, time.monotonic() + LINGER)
+
+    def _ended(self, reason: str, detail: str, deadline: float) -> None:
+        """Log how the process ended once it is reaped (polled, never waited
+        for), then schedule its successor; one that runs on past ``LINGER``
+        with its socket closed is killed."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            if time.monotonic() < deadline:
+                self._reaper = gevent.get_hub().loop.timer(REAP_POLL)
+                self._reaper.start(self._ended, reason, detail, deadline)
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            self._reap_later(proc)
+            ended = "killed: its socket closed but it ran on"
+        else:
+            ended = "not started" if proc is None else children.how_it_ended(proc.returncode)
+        if self.stopping:
+            return
+        self.log.error(
+            "nats.link_lost",
+            reason=reason,
+            detail=detail,
+            process=ended,
+            restart_in=self._next_delay(),
+        )
+        self._schedule_restart()
+
+    def _next_delay(self) -> float:
+        if time.monotonic() - self._since >= RESTART_RESET:
+            self._delay = RESTART_MIN
+        return self._delay
+
+    def _schedule_restart(self) -> None:
+        delay = self._next_delay()
+        self._delay = min(self._delay * 2, RESTART_MAX)
+        self._restart = gevent.get_hub().loop.timer(delay)
+        self._restart.start(self._restarted)
+
+    def _restarted(self) -> None:
+        self._restart = None
+        if self.stopping:
+            return
+        self.restarts += 1
+        self._spawn()
+        self.log.info(
+            "nats.link_restarted",
+            pid=self.proc.pid if self.proc is not None else None,
+            restarts=self.restarts,
+        )
+
+    def _forget_interest(self) -> None:
+        """Let go of every hold of the link, then hold every public key again."""
+        index = self.host.router.index
+        for pattern, count in index.patterns_of(self.conn).items():
+            for _ in range(count):
+                self.host.upstream_interest(pattern, False)
+        self.adopted = {}
+        self.host.upstream_interest(EVERYTHING, True)
+        self.holding = True
 
     def forget(self, conn: Connection) -> None:
         """The link's connection closed for good."""
+        self._reap_later()
+
+    def _reap_later(self, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """The process ends by itself (after its goodbye): reaped without waiting."""
+        proc = proc or self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        self._reaper = gevent.get_hub().loop.timer(0.5)
+        self._reaper.start(self._reap_later, proc)
 
     # --- what it shows ----------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
         """The link as ``/healthz``, ``/clients``, ``top`` and the metrics show it."""
-        b = self.bridge
+        s = self.stats
         count, nbytes = self.conn.queued
+        proc = self.proc
+        alive = proc is not None and proc.returncode is None
+        shape = children.footprint(proc.pid) if alive and proc is not None else None
         return {
             "host": self.name,
-            "state": b.state,
-            "connected": b.connected,
-            "server": b.server,
-            "sent": b.sent,
-            "sent_bytes": b.sent_bytes,
-            "received": b.received,
-            "received_bytes": b.received_bytes,
-            "drops": {"queue_overflow": self.conn.dropped, **b.drops},
-            "unconfirmed": b.unconfirmed,
+            "state": s.state,
+            "connected": s.connected,
+            "server": s.server,
+            "engine": s.engine,
+            "sent": s.sent,
+            "sent_bytes": s.sent_bytes,
+            "received": s.received,
+            "received_bytes": s.received_bytes,
+            "drops": {"queue_overflow": self.conn.dropped, **s.drops},
+            "unconfirmed": s.unconfirmed,
             "queued_messages": count,
             "queued_bytes": nbytes,
-            "to_bus_queued": b.to_bus_queued,
-            "reconnects": b.reconnects,
-            "rtt": b.rtt,
-            "subscriptions": b.subscriptions,
-            "remote_hosts": b.remote_hosts,
-            "remote_patterns": b.remote_patterns,
+            "to_bus_queued": s.to_bus_queued,
+            "reconnects": s.reconnects,
+            "rtt": s.rtt_us / 1e6,
+            "subscriptions": s.subscriptions,
+            "remote_hosts": s.remote_hosts,
+            "remote_patterns": s.remote_patterns,
             "settled": not self.holding,
+            "process": {
+                "pid": proc.pid if alive and proc is not None else None,
+                "threads": shape[0] if shape else 0,
+                "rss_bytes": shape[1] if shape else 0,
+                "restarts": self.restarts,
+            },
         }

@@ -1,7 +1,9 @@
 """Publish one message: sbus-relay pub KEY [PAYLOAD | -].
 
 Like ``mosquitto_pub -t KEY -m PAYLOAD`` or ``nats pub KEY PAYLOAD``.  ``-``
-reads the payload from stdin (bytes, unchanged); no payload is an empty one.
+reads the payload from stdin (bytes, unchanged).  A forgotten payload is
+refused with a hint; an empty message is asked for with ``-n`` (as
+``mosquitto_pub -n``) or an explicit ``''``.
 It exits 0 only once the bus has taken the message: after the MSG it asks
 whoami, and as the server handles a client's packets in order, the reply
 proves the MSG was accepted.  A refusal exits 1 with the server's reason.
@@ -50,8 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """KEY, optional PAYLOAD (or - for stdin), or --lines KEY|-; -a ADDRESS."""
     add_address_argument(parser)
     parser.add_argument("key", metavar="KEY", nargs="?", help="routing key")
+    parser.add_argument("payload", metavar="PAYLOAD", nargs="?", help="payload; - reads stdin")
     parser.add_argument(
-        "payload", metavar="PAYLOAD", nargs="?", default="", help="payload; - reads stdin"
+        "-n",
+        "--null-message",
+        action="store_true",
+        help="publish an empty payload (as an explicit '' does)",
     )
     parser.add_argument(
         "--lines",
@@ -73,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if args.lines is not None:
         if args.key is not None:
             raise UsageError("--lines takes its key as its own value: pub --lines KEY|-")
+        if args.null_message:
+            raise UsageError("-n publishes one empty message; --lines publishes stdin's lines")
         return _lines(address, args.lines)
     if args.key is None:
         raise UsageError("a KEY to publish to is needed (or --lines KEY|-)")
+    payload_text = _payload_argument(args)
     key = os.fsencode(args.key)
     if not valid_key(key):
         # The bus would take it and drop it (reserved_key): say so instead.
@@ -84,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
             "keys (!/cred/<gid>/<uid>/<pid>/...) may; the bus would drop it"
         )
 
-    if args.payload == "-":
+    if payload_text == "-":
         _check_stdin("a payload of -")
         # Read one byte more than fits in a packet, so that too much input is
         # an error rather than a silently truncated message (docs/protocol.md, Packets).
         payload = sys.stdin.buffer.read(MAX_PACKET + 1)
     else:
-        payload = os.fsencode(args.payload)
+        payload = os.fsencode(payload_text)
     try:
         with Client(address, timeout=CONFIRM_TIMEOUT, reconnect=False) as client:
             client.publish(key, payload)
@@ -107,6 +116,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"sbus-relay pub: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _payload_argument(args: argparse.Namespace) -> str:
+    """The PAYLOAD argument, "" for ``-n``; a forgotten one is a UsageError
+    (publishing an empty message by mistake would exit 0 and say nothing)."""
+    from sbus_relay.protocol.errors import UsageError
+
+    if args.null_message:
+        if args.payload is not None:
+            raise UsageError("-n publishes an empty payload: give no PAYLOAD with it")
+        return ""
+    if args.payload is None:
+        raise UsageError(
+            f"no payload for {args.key!r}: give one (pub KEY PAYLOAD), - to read it"
+            " from stdin, or -n for an empty message"
+        )
+    return str(args.payload)
 
 
 def _lines(address: Address, target: str) -> int:

@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: config_from(args, start),
         source=args.config or COMMAND_LINE,
         take_over=bool(getattr(args, "take_over", None)),
+        announce=True,
     )
 
 
@@ -238,12 +239,15 @@ def run_server(
     *,
     source: str = COMMAND_LINE,
     take_over: bool = False,
+    announce: bool = False,
 ) -> int:
     """Listen, (maybe) daemonise, serve until a signal or the last client leaves.
 
     ``reload`` reads the config again on SIGHUP (``source`` names its file);
     without one SIGHUP stops the server, as it does the reference sbusd.
     ``take_over``: take over the bus answering on the address, if one does.
+    ``announce``: a daemon's caller is told in one line where it went (``serve``;
+    ``sbusd`` is silent, as the reference daemon is).
     """
     _log_to(config, None, source)
     start_dir = os.getcwd()  # where an upgrade runs this command line again
@@ -287,7 +291,8 @@ def run_server(
         else:
             pidfile = os.path.abspath(config.pidfile)
             keep_stderr = config.log_file is None and stderr_is_a_file()
-            ready = daemonize(pidfile, keep_stderr=keep_stderr)
+            line = _where_it_went(config, printable, pidfile, keep_stderr) if announce else None
+            ready = daemonize(pidfile, keep_stderr=keep_stderr, announce=line)
             if not keep_stderr:
                 # The caller's terminal or pipe is not ours: the system log takes
                 # over, now or when a reload drops the log file.
@@ -316,6 +321,28 @@ def run_server(
         _keep_the_terminal(log, owed)
     log.info("exited", address=printable, status=status, handed_over=handed_over)
     return status
+
+
+def _where_it_went(
+    config: ServerConfig, address: str, pidfile: str, keep_stderr: bool
+) -> Callable[[int], str]:
+    """The line ``serve`` prints as it goes into the background, given the
+    daemon's pid: where it serves, its pid (and pid file), where it logs."""
+    if config.log_file == logsetup.SYSLOG or (config.log_file is None and not keep_stderr):
+        logs = f"syslog (journalctl -t {logsetup.syslog_ident()})"
+    elif config.log_file is not None:
+        logs = os.path.abspath(config.log_file)
+    else:
+        logs = os.path.realpath("/proc/self/fd/2")  # the file this stderr is
+    kept = "" if pidfile == os.devnull else f", pid file {pidfile}"
+
+    def line(pid: int) -> str:
+        return (
+            f"sbus-relay serve: in the background as pid {pid}{kept}, serving {address},"
+            f" logging to {logs}; stop it with kill {pid} (-f keeps a bus in the foreground)"
+        )
+
+    return line
 
 
 def _keep_the_terminal(log: Any, owed: list[int]) -> None:
@@ -362,9 +389,6 @@ def _take_over(
     port is taken (the same network: the old socket comes with the bus); and
     linger once this process hands the bus on in its turn."""
     from sbus_relay.ops.handover import take_over
-
-    if config.nats is not None:
-        import nats  # noqa: F401  (now, not while the old process waits frozen)
 
     web_sock = None
     if from_new_side and config.metrics:

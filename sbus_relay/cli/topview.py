@@ -502,13 +502,24 @@ def bus_header(view: BusView) -> str:
 
 
 def nats_summary(link: dict[str, Any]) -> str:
-    """The NATS link in a few words: state, server, other hosts, traffic, losses."""
+    """The NATS link in a few words: state, server, other hosts, traffic, losses,
+    and its process (pid, threads, resident memory)."""
     state = f"nats {link.get('server') or '-'}" if link.get("connected") else "nats DOWN"
     drops = sum(int(n) for n in (link.get("drops") or {}).values())
-    return (
+    words = (
         f"{state} hosts {link.get('remote_hosts', 0)} out {link.get('sent', 0)}"
         f" in {link.get('received', 0)} queued {link.get('queued_messages', 0)} lost {drops}"
     )
+    process = link.get("process")
+    if isinstance(process, dict):
+        if process.get("pid"):
+            words += (
+                f" link pid {process['pid']} {link.get('engine') or '?'}"
+                f" {process.get('threads', 0)} threads {human_bytes(process.get('rss_bytes', 0))}"
+            )
+        else:
+            words += " link process DOWN"
+    return words
 
 
 def bus_totals(view: BusView) -> str:

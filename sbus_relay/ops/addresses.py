@@ -378,11 +378,33 @@ def connect(address: Address | str, *, timeout: float | None = None) -> socket.s
         sock.settimeout(None)
     except OSError as exc:
         sock.close()
-        hint = ""
+        why = f"{exc.strerror or exc}"
         if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-            hint = " (is a bus running there? start one with 'sbus-relay serve -a ADDRESS -f')"
-        raise AddressError(f"cannot connect to {address}: {exc.strerror or exc}{hint}") from exc
+            why = _not_a_bus(address) or (
+                f"{why} (is a bus running there? start one with 'sbus-relay serve -a ADDRESS -f')"
+            )
+        raise AddressError(f"cannot connect to {address}: {why}") from exc
     return sock
+
+
+def _not_a_bus(address: Address) -> str | None:
+    """What a path that refused a connection is, when it is no socket at all
+    (a directory, a regular file: the kernel says only "Connection refused")."""
+    if address.kind != "path":
+        return None
+    try:
+        kind = os.stat(address.path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(kind):
+        return None
+    if stat.S_ISDIR(kind):
+        what = "a directory, not a socket"
+    elif stat.S_ISREG(kind):
+        what = "a regular file, not a socket"
+    else:
+        what = "not a socket"
+    return f"{address.path} is {what} (a bus's address is the socket file it listens on)"
 
 
 def systemd_listeners() -> list[socket.socket]:

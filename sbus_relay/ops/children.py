@@ -68,12 +68,13 @@ def spawn(
     env: Mapping[str, str] | None = None,
     text: bool = False,
     outlive_parent: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[Any]:
     """Start ``argv``; stderr goes to ``log`` (appended, or fresh unless ``append``)
     or, without one, stays the parent's.  ``outlive_parent`` leaves out the
     death signal, for the one kind of child meant to go on alone (a background
-    job, in a session of its own).  Raises ``OSError`` (from the log, or from
-    the exec)."""
+    job, in a session of its own).  ``pass_fds`` stay open in the child.
+    Raises ``OSError`` (from the log, or from the exec)."""
     if stdout == "log" and log is None:
         raise ValueError("stdout='log' needs a log file")
     err: IO[bytes] | None = None
@@ -90,6 +91,7 @@ def spawn(
             text=text,
             start_new_session=new_session,
             preexec_fn=None if outlive_parent else die_with_parent,
+            pass_fds=tuple(pass_fds),
         )
     finally:
         if err is not None:
@@ -134,6 +136,21 @@ def process_status(pid: int) -> tuple[str, int] | None:
         return fields[0], int(fields[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def footprint(pid: int) -> tuple[int, int] | None:
+    """A live process's (threads, resident bytes) from /proc; None once it is gone."""
+    threads = rss = -1
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as stream:
+            for line in stream:
+                if line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return (threads, rss) if threads >= 0 and rss >= 0 else None
 
 
 def children_of(pid: int) -> set[int]:

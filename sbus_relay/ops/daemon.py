@@ -45,7 +45,11 @@ class DaemonError(SbusError):
 
 
 def daemonize(
-    pidfile: str, *, ready_timeout: float = DAEMON_READY_TIMEOUT, keep_stderr: bool = True
+    pidfile: str,
+    *,
+    ready_timeout: float = DAEMON_READY_TIMEOUT,
+    keep_stderr: bool = True,
+    announce: Callable[[int], str] | None = None,
 ) -> Callable[[], None]:
     """Detach; returns only in the daemon, with a function to call once ready.
 
@@ -54,7 +58,9 @@ def daemonize(
 
     The original process exits 0 when that function is called, or 1 (after
     printing the daemon's reason, if it gave one) when the daemon exits first
-    or is not ready within ``ready_timeout`` seconds.
+    or is not ready within ``ready_timeout`` seconds.  ``announce``, given the
+    daemon's pid, makes the line that the original process prints on its
+    stderr once the daemon is ready (``sbusd``, as the reference, says nothing).
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -81,10 +87,11 @@ def daemonize(
         # Raised, not _exit: the caller still removes the socket file it made.
         raise DaemonError(reason) from exc
     _detach_stdio(keep_stderr)
+    line = announce(os.getpid()) if announce is not None else ""
 
     def ready() -> None:
         with contextlib.suppress(OSError):
-            os.write(write_fd, _READY)
+            os.write(write_fd, _READY + line.encode("utf-8", "replace")[:_MAX_REPORT])
             os.close(write_fd)
 
     return ready
@@ -112,6 +119,9 @@ def _wait_ready(fd: int, timeout: float) -> int:
             break
         data += chunk
         if data[:1] == _READY:
+            # the daemon's one write: its line, if any, came with it
+            if data[1:]:
+                sys.stderr.write(data[1:].decode("utf-8", "replace") + "\n")
             return 0
     if data[:1] == _FAILED:
         sys.stderr.write(f"sbusd: {data[1:].decode('utf-8', 'replace')}\n")

@@ -215,6 +215,11 @@ def _add_fields(
     return event
 
 
+def syslog_ident() -> str:
+    """The name this process's lines carry in syslog (``journalctl -t NAME``)."""
+    return os.path.basename(sys.argv[0]) or "sbus"
+
+
 def configure(
     level: str = "info",
     fmt: str = "auto",
@@ -236,10 +241,7 @@ def configure(
     writer: _Writer
     if target == SYSLOG:
         # kept across a reload: closing it after opening anew would close both
-        if isinstance(_current, _SyslogWriter):
-            writer = _current
-        else:
-            writer = _SyslogWriter(os.path.basename(sys.argv[0]) or "sbus")
+        writer = _current if isinstance(_current, _SyslogWriter) else _SyslogWriter(syslog_ident())
         tty = False
     elif target is not None:
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -310,3 +312,30 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def configure_relay(level: str, send: Any) -> None:
+    """Configure structlog in a helper process whose lines its parent bus writes
+    (the NATS link process): each record at ``level`` or above goes to
+    ``send(level, event, fields)``, and nothing is written here."""
+    global _level
+    _level = LEVELS[level.lower()]
+
+    def relay(_logger: Any, method: str, event: structlog.typing.EventDict) -> Any:
+        name = "error" if method == "exception" else method
+        message = str(event.pop("event", ""))
+        event.pop("level", None)
+        send(name, message, event)
+        raise structlog.DropEvent
+
+    structlog.configure(
+        processors=[
+            _below_level,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.format_exc_info,
+            relay,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        logger_factory=structlog.PrintLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )

@@ -15,6 +15,7 @@ them separated by commas, as ``serve --nats`` takes them) or a mapping:
       identities: false    # true: identities (!/cred/) cross, prefixed with their host
       queue_messages: 65536
       queue_bytes: 16MiB
+      engine: auto         # nats.c where it was built, else nats-py; or either by name
 
 Every error is one ``ConfigError`` naming the file, ``nats.<key>`` and why.
 """
@@ -53,7 +54,10 @@ _KEYS = (
     "identities",
     "queue_messages",
     "queue_bytes",
+    "engine",
 )
+#: The NATS clients the link may run (``link/engine.py``), and "auto".
+ENGINES = ("auto", "nats.c", "nats-py")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class NatsConfig:
     identities: bool = False
     queue_messages: int = limits.UPSTREAM_QUEUE_MESSAGES
     queue_bytes: int = limits.UPSTREAM_QUEUE_BYTES
+    #: the link's NATS client: "auto" (nats.c where built, else nats-py), or one by name
+    engine: str = "auto"
 
     def with_servers(self, servers: tuple[str, ...]) -> NatsConfig:
         """The same settings with other servers (``serve --nats`` over a file's ``nats:``)."""
@@ -194,6 +200,10 @@ def parse_nats(source: str, key: str, value: Any) -> NatsConfig | None:
         values["queue_messages"] = _count(source, name("queue_messages"), value["queue_messages"])
     if "queue_bytes" in value:
         values["queue_bytes"] = _size(source, name("queue_bytes"), value["queue_bytes"])
+    if "engine" in value:
+        if value["engine"] not in ENGINES:
+            raise ConfigError(source, name("engine"), f"expected one of {', '.join(ENGINES)}")
+        values["engine"] = value["engine"]
     ways = [k for k in ("user", "token", "creds", "nkey") if k in values]
     if len(ways) > 1:
         raise ConfigError(

@@ -84,3 +84,25 @@ class NatsCollector:
             "Distinct patterns the other hosts want (what may leave this host).",
             value=s["remote_patterns"],
         )
+        process = s.get("process")
+        if isinstance(process, dict):
+            # the link's process of its own (docs/nats.md, "How it is built")
+            yield GaugeMetricFamily(
+                "sbus_nats_link_up",
+                "1 while the link's process runs, else 0 (being restarted).",
+                value=1 if process.get("pid") else 0,
+            )
+            yield GaugeMetricFamily(
+                "sbus_nats_link_resident_bytes",
+                "Resident memory of the link's process.",
+                value=process.get("rss_bytes", 0),
+            )
+            yield GaugeMetricFamily(
+                "sbus_nats_link_threads", "Threads of the link's process.",
+                value=process.get("threads", 0),
+            )  # fmt: skip
+            yield CounterMetricFamily(
+                "sbus_nats_link_restarts",
+                "Times the link's process died and was started again.",
+                value=process.get("restarts", 0),
+            )

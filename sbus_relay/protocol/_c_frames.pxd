@@ -13,3 +13,14 @@ cpdef bint is_batch(bytes packet)
 @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
                nul=Py_ssize_t, packet=bytes, packets=list, keys=list)
 cpdef tuple unpack(bytes frame)
+
+cdef object _LENGTH
+
+cdef class BatchFrame:
+    cdef public bytearray data
+    cdef public Py_ssize_t count
+    cdef public Py_ssize_t limit
+
+    @cython.locals(size=Py_ssize_t, data=bytearray)
+    cpdef bint add(self, bytes head, bytes payload)
+    cpdef bytes frame(self)

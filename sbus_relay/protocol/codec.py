@@ -112,6 +112,13 @@ def encode_msg(key: bytes, payload: bytes) -> bytes:
     return MSG + key + NUL + payload
 
 
+def msg_head(key: bytes) -> bytes:
+    """``MSG <key>\\0``: what every message packet of ``key`` begins with (a
+    packet is its head and its payload: ``head + payload``), checked once."""
+    _check_field(key)
+    return MSG + key + NUL
+
+
 def encode_cmsg(key: bytes, payload: bytes | None = None) -> bytes:
     """``CMSG <key>[\\0<payload>]``; servers always pass a payload (docs/protocol.md, "Packets")."""
     _check_field(key)

@@ -6,18 +6,21 @@ message are parsed here instead, allocating only what is kept (the key, and
 a batch's packets):
 
     MSG <key>\\0<payload>              ``msg_key``: the key, or None for any other packet
-    CMSG batch\\0(<length><MSG>)...     ``unpack``: the MSG packets and their keys
+    CMSG batch\\0(<length><MSG>)...     ``unpack``: the MSG packets and their keys;
+                                      ``BatchFrame``: one built message by message
 
 (docs/protocol.md, "Packets" and "Packed batches").  ``msg_end`` serves a
 reader that receives into a buffer of its own (the recorder).  Bad input
 raises ``PeerError("protocol_error", ...)``, nothing else.  Compiled with the
 rest of the hot path (``sbus_relay.accel``).
 
-What it owns: how those two packets are parsed.  What it may touch: nothing
-(pure functions).
+What it owns: how those two packets are parsed, and a packed batch built on
+the hot path.  What it may touch: nothing (pure functions, and the frame it builds).
 """
 
 from __future__ import annotations
+
+import struct
 
 from sbus_relay.accel import load_compiled
 
@@ -29,6 +32,8 @@ _MSG = b"MSG "
 _NUL = 0
 #: The head of a packed batch (``codec.BATCH_HEAD``, which packs them).
 _BATCH = b"CMSG batch\0"
+#: A packed message's length: 4 bytes, big-endian.
+_LENGTH = struct.Struct(">I").pack
 
 
 def msg_key(packet: bytes) -> bytes | None:
@@ -84,6 +89,38 @@ def msg_end(buffer: bytes | bytearray, length: int) -> int:
     if nul < 0 or length > MAX_PACKET:
         raise PeerError("protocol_error", "malformed or over-long MSG")
     return nul
+
+
+class BatchFrame:
+    """A packed batch built message by message, each given as its packet's
+    head (``codec.msg_head``) and its payload, so that no packet is made on the way:
+    at most ``BATCH_MESSAGES`` messages and ``limit`` bytes (a message larger
+    than that goes alone).  ``frame()`` is what to send: the batch, or the lone
+    MSG packet of a batch of one."""
+
+    __slots__ = ("count", "data", "limit")
+
+    def __init__(self, limit: int = MAX_PACKET) -> None:
+        self.data = bytearray(_BATCH)
+        self.count = 0
+        self.limit = limit
+
+    def add(self, head: bytes, payload: bytes) -> bool:
+        """Add one message; False (nothing added) when the frame is full."""
+        size = len(head) + len(payload)
+        if self.count and (self.count >= BATCH_MESSAGES or len(self.data) + 4 + size > self.limit):
+            return False
+        data = self.data
+        data += _LENGTH(size)
+        data += head
+        data += payload
+        self.count += 1
+        return True
+
+    def frame(self) -> bytes:
+        if self.count == 1:
+            return bytes(self.data[len(_BATCH) + 4 :])
+        return bytes(self.data)
 
 
 load_compiled(globals(), "sbus_relay.protocol._c_frames")

@@ -151,6 +151,8 @@ class SubjectMap:
         key = b"/".join([decode_token(t) for t in body.split(b".")])
         if is_secret(key) != subject.startswith(self._secret):
             raise MappingError("key in the wrong domain")
+        if b"\0" in key:
+            raise MappingError("a NUL, which no key holds")
         return key
 
     def subscription(self, pattern: bytes) -> bytes | None:
@@ -192,3 +194,17 @@ def relaxed(pattern: bytes) -> bytes | None:
 def exact(pattern: bytes) -> bool:
     """Whether ``pattern``'s NATS subscription carries exactly its keys."""
     return relaxed(pattern) == canonical(pattern)
+
+
+def long_payload(key: bytes, payload: bytes) -> bytes:
+    """What goes on ``<prefix>._l`` for a key whose subject is too long: the
+    key, a NUL, the payload."""
+    return key + b"\0" + payload
+
+
+def split_long(data: bytes) -> tuple[bytes, bytes] | None:
+    """(key, payload) of a message on ``<prefix>._l``; None if it is not one."""
+    key, nul, payload = data.partition(b"\0")
+    if not nul or not key:
+        return None
+    return key, payload

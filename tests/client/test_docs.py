@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.client.conftest import Master
 
@@ -30,6 +31,15 @@ def examples() -> dict[str, str]:
 
 def test_every_example_is_found() -> None:
     assert set(examples()) == set(PRINTS)
+
+
+def test_every_example_connects_where_make_run_listens_unless_told() -> None:
+    makefile = (DOC.parents[1] / "Makefile").read_text()
+    config = re.search(r"^run: .*\n\t.*-C (\S+)", makefile, re.M)
+    assert config is not None
+    listens = yaml.safe_load((DOC.parents[1] / config.group(1)).read_text())["address"]
+    for name, code in examples().items():
+        assert f'os.environ.get("SBUS_ADDRESS", "{listens}")' in code, name
 
 
 @pytest.mark.parametrize("name", sorted(PRINTS))

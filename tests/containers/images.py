@@ -2,18 +2,25 @@
 the project's image built on it from ``configs/deploy/Dockerfile``.
 
 No image registry is needed.  The base comes from ``debootstrap`` (Debian's
-package mirror) imported into podman; the image is built with the
-Dockerfile's own build arguments for a build without a package index: the
-wheels of the dependencies are downloaded here, with this venv's pip, and
-mounted into the build (``PIP_INSTALL_OPTIONS``); the Spark extra and the
-Java runtime are left out (``EXTRAS=``, ``JRE=``), so that a build takes a
-minute or two, not ten.
+package mirror) imported into podman; the image is built from the wheel
+``make dist`` makes of this checkout's sources, with the Dockerfile's own
+build arguments for a build without a package index: the wheels of the
+dependencies are downloaded here, with this venv's pip, and mounted into the
+build (``PIP_INSTALL_OPTIONS``); the Spark extra and the Java runtime are
+left out (``EXTRAS=``, ``JRE=``), so that a build takes a minute or two, not
+ten.
 
 Both are reused while their inputs are the same: each is tagged with a digest
 of what it was made from (the base: suite, mirror, packages; the image: the
 base, the build arguments and every file of the build context), and an older
 tag of the same name is removed when a new one is made.  The wheels are kept
 under ``CACHE`` for the same reason.
+
+Two more images are the base with packages removed (``stripped_image``): a
+fresh Debian 12 as a new user has it, before the README's line of packages,
+and one with Python but no C compiler, where the project's wheel must run
+compiled.  The project's own sdist and wheel (``make dist``, ``dist``) are
+built once per set of sources and kept under ``CACHE`` too.
 """
 
 from __future__ import annotations
@@ -34,23 +41,39 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 #: That release's Python: the wheels downloaded here are for it, whatever runs the tests.
 BASE_PYTHON = "3.11"
-#: What the Dockerfile needs of a base: Python with venv, and (the build stage)
-#: a C compiler and Python's headers for the hot path.
-BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev")
+#: What the tests need of a base: Python with venv; a C compiler, Python's
+#: headers, libnats (the C NATS client) and pkg-config for the builds made in it
+#: (the hot path, the NATS link's nats.c engine; the stripped images remove them).
+BASE_PACKAGES = (
+    "python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "libnats-dev", "pkg-config",
+)  # fmt: skip
 BASE_NAME = "localhost/sbus-relay-test-base"
 IMAGE_NAME = "localhost/sbus-relay-test"
 #: Kept between runs: the dependencies' wheels, one directory per set.
 CACHE = Path("/var/cache/sbus-relay-tests")
 #: The most a debootstrap, a wheel download or an image build may take.
 BUILD_TIMEOUT = 1200
-#: The build context: what the Dockerfile's COPY lines name.
-CONTEXT_FILES = (
-    "pyproject.toml", "setup.py", "README.md", "configs/master.yaml", "configs/relay.yaml",
-)  # fmt: skip
+#: The build context: what the Dockerfile's COPY lines name, beside the
+#: wheel of ``dist()`` in dist/.
+CONTEXT_FILES = ("configs/master.yaml", "configs/relay.yaml")
 #: Left out of the copied package: what an install here built beside the sources.
-BUILT_HERE = ("__pycache__", "*.so", "*.c", "_compiled.json", "*.egg-info")
-#: Kept: the helper's C source is a source, not a build product.
-C_SOURCES = ("_batchio.c",)
+#: (Cython writes its C files under build/, never beside the sources: every
+#: .c there is a source, the helper's and the load generator's.)
+BUILT_HERE = ("__pycache__", "*.so", "_compiled.json", "*.egg-info")
+#: What ``make dist`` builds from: the package and the files that say how.
+DIST_FILES = ("pyproject.toml", "setup.py", "README.md", "Makefile")
+#: The base with every package removed that a minimal Debian 12 (debootstrap's
+#: minbase: priority "required", and apt) lacks, but these:
+STRIPPED = {
+    # a fresh machine: no Python, venv, compiler, make or git
+    "fresh": (),
+    # Python and its venv, but no C compiler and no Python headers
+    "no-compiler": ("python3", "python3-venv"),
+}
+#: Commands that would compile a C extension; none may be left by ``stripped_image``.
+COMPILERS = ("cc", "gcc", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-gcc-12", "c99")
+#: Packages of the tests run against the installed wheel (tests/firstrun/test_wheel.py).
+TEST_REQUIREMENTS = ("pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100")
 
 
 def _digest(*parts: bytes) -> str:
@@ -135,6 +158,80 @@ def base_image(podman: str) -> str:
     return name
 
 
+def stripped_image(podman: str, kind: str) -> str:
+    """The base with the packages of ``STRIPPED[kind]`` only (beyond a minimal
+    Debian's), unless it exists: every package is marked as installed
+    automatically, the required ones, apt and those kept as asked for, and apt
+    removes the rest."""
+    base = base_image(podman)
+    keep = STRIPPED[kind]
+    name = f"{BASE_NAME}-{kind}:{_digest(base.encode(), ' '.join(keep).encode())}"
+    if image_exists(podman, name):
+        return name
+    required = "dpkg-query -W -f '${Package} ${Priority}\\n' | awk '$2 == \"required\" {print $1}'"
+    script = "\n".join([
+        "set -e",
+        "export DEBIAN_FRONTEND=noninteractive",
+        "apt-mark auto $(dpkg-query -W -f '${Package}\\n') >/dev/null",
+        f"apt-mark manual apt $({required}) {' '.join(keep)} >/dev/null",
+        "apt-get autoremove --purge -y -q >/dev/null",
+        *[f"! command -v {c}" for c in COMPILERS],
+    ])  # fmt: skip
+    work = f"sbus-strip-{kind}-{os.getpid()}"
+    try:
+        _run([podman, "run", "--name", work, "--network=none", base, "bash", "-c", script],
+             f"removing packages from the base ({kind})")  # fmt: skip
+        _run([podman, "commit", "-q", work, name], "podman commit")
+    finally:
+        subprocess.run([podman, "rm", "-f", work], capture_output=True, timeout=120, check=False)
+    _drop_other_tags(podman, f"{BASE_NAME}-{kind}", name)
+    return name
+
+
+def _copy_sources(target: Path, names: tuple[str, ...]) -> None:
+    """``names`` and the package, as this checkout has them, without what an
+    install here built beside the sources."""
+    for name in names:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target / name)
+    shutil.copytree(REPO / "sbus_relay", target / "sbus_relay", ignore=_ignore)
+
+
+def dist() -> Path:
+    """A directory with ``make dist``'s sdist and wheel of this checkout's
+    sources (the working tree as it is), built once per set of sources with
+    this test run's venv (``make`` sees its install as current)."""
+    venv = Path(sys.executable).parent.parent
+    if not (venv / ".installed-dev").exists():
+        raise AssertionError(f"{venv} is no dev install by make: make .venv/.installed-dev")
+    work = Path(tempfile.mkdtemp(prefix="sbus-dist-", dir="/var/tmp"))
+    try:
+        _copy_sources(work, DIST_FILES)
+        target = CACHE / f"dist-{_context_digest(work).decode()}"
+        if target.is_dir():
+            return target
+        (work / ".venv").symlink_to(venv)
+        for path in work.rglob("*"):  # older than the venv's stamps: nothing is reinstalled
+            if not path.is_symlink():
+                os.utime(path, (0, 0))
+        _run(["make", "dist"], "make dist", cwd=work)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target.with_name(target.name + ".partial"), ignore_errors=True)
+        shutil.copytree(work / "dist", target.with_name(target.name + ".partial"))
+        target.with_name(target.name + ".partial").rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for old in CACHE.glob("dist-*"):
+        if old != target and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def testing_wheels() -> Path:
+    """A directory with the wheels of the tests run against an installed wheel."""
+    return _downloaded("test-wheels", list(TEST_REQUIREMENTS))
+
+
 def _requirements() -> list[str]:
     """The package's dependencies and its build's requirements (pyproject.toml)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -143,13 +240,16 @@ def _requirements() -> list[str]:
 
 def wheels() -> Path:
     """A directory with the wheels of every requirement, downloaded once per set."""
-    wanted = _requirements()
+    return _downloaded("wheels", _requirements())
+
+
+def _downloaded(kind: str, wanted: list[str]) -> Path:
     key = _digest(" ".join(wanted).encode(), BASE_PYTHON.encode())
-    target = CACHE / f"wheels-{key}"
+    target = CACHE / f"{kind}-{key}"
     if target.is_dir():
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix="wheels-", dir=CACHE))
+    partial = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=CACHE))
     try:
         # pip wheel, not download: a requirement with no wheel on the index (nkeys
         # is an sdist) is built here; this interpreter is the image's version
@@ -159,7 +259,7 @@ def wheels() -> Path:
         partial.rename(target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    for old in CACHE.glob("wheels-*"):
+    for old in CACHE.glob(f"{kind}-*"):
         if old != target and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return target
@@ -168,16 +268,18 @@ def wheels() -> Path:
 def _ignore(directory: str, names: list[str]) -> set[str]:
     import fnmatch
 
-    dropped = {n for pattern in BUILT_HERE for n in fnmatch.filter(names, pattern)}
-    return dropped - set(C_SOURCES)
+    return {n for pattern in BUILT_HERE for n in fnmatch.filter(names, pattern)}
 
 
 def _context(target: Path) -> None:
-    """The Dockerfile's build context: what it copies, as this checkout has it."""
+    """The Dockerfile's build context: the configs it copies, as this checkout
+    has them, and the wheel ``make dist`` built of its sources."""
     for name in CONTEXT_FILES:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, target / name)
-    shutil.copytree(REPO / "sbus_relay", target / "sbus_relay", ignore=_ignore)
+    (target / "dist").mkdir()
+    for wheel in dist().glob("*.whl"):
+        shutil.copy2(wheel, target / "dist" / wheel.name)
     (target / "Dockerfile").write_bytes(DOCKERFILE.read_bytes())
 
 

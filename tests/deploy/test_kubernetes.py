@@ -45,46 +45,90 @@ OPERATOR_FIELDS = {
 WORKLOADS = {"Deployment", "DaemonSet"}
 
 
-def kustomization() -> dict[str, Any]:
-    document = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+#: What can be deployed: the base (each node's master a bus of that node alone)
+#: and the base with the NATS component (the nodes' masters joined by NATS).
+VARIANTS = {"base": KUBERNETES, "nats": DEPLOY / "kubernetes-nats"}
+#: The NATS component, and the client Service of its cluster (the chart's release "nats").
+COMPONENT = KUBERNETES / "nats"
+
+
+def kustomization(root: Path = KUBERNETES) -> dict[str, Any]:
+    document = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert isinstance(document, dict)
     return document
 
 
-def _plain() -> list[dict[str, Any]]:
-    """The objects as the plain files give them, without kubectl."""
-    k = kustomization()
+def _plain(root: Path = KUBERNETES) -> list[dict[str, Any]]:
+    """The objects as the plain files give them, without kubectl: resources
+    (files, or directories of other kustomizations), generated ConfigMaps,
+    the namespace, then the components' JSON patches (only ``add``, which is
+    all they use)."""
+    k = kustomization(root)
     objects: list[dict[str, Any]] = []
-    for name in k["resources"]:
-        objects += [d for d in yaml.safe_load_all((KUBERNETES / name).read_text()) if d]
+    for name in k.get("resources", []):
+        if (root / name).is_dir():
+            objects += _plain(root / name)
+        else:
+            objects += [d for d in yaml.safe_load_all((root / name).read_text()) if d]
     for generator in k.get("configMapGenerator", []):
-        data = {Path(f).name: (KUBERNETES / f).read_text() for f in generator["files"]}
+        data = {Path(f).name: (root / f).read_text() for f in generator["files"]}
         labels = generator.get("options", {}).get("labels", {})
         meta = {"name": generator["name"], **({"labels": labels} if labels else {})}
         objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
     for obj in objects:
-        if obj["kind"] != "Namespace":
+        if obj["kind"] != "Namespace" and "namespace" in k:
             obj["metadata"].setdefault("namespace", k["namespace"])
+    for component in k.get("components", []):
+        for patch in kustomization(root / component)["patches"]:
+            operations = yaml.safe_load((root / component / patch["path"]).read_text())
+            for obj in objects:
+                if (obj["kind"], obj["metadata"]["name"]) == (
+                    patch["target"]["kind"],
+                    patch["target"]["name"],
+                ):
+                    for operation in operations:
+                        _add(obj, operation)
     return objects
 
 
-def render() -> tuple[list[dict[str, Any]], str]:
+def _add(document: dict[str, Any], operation: dict[str, Any]) -> None:
+    """One JSON patch ``add`` (RFC 6902), as kustomize applies it."""
+    assert operation["op"] == "add", operation
+    *parents, last = operation["path"].strip("/").split("/")
+    node: Any = document
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    value = json.loads(json.dumps(operation["value"]))
+    if last == "-":
+        node.append(value)
+    elif isinstance(node, list):
+        node.insert(int(last), value)
+    else:
+        node[last] = value
+
+
+def render(root: Path = KUBERNETES) -> tuple[list[dict[str, Any]], str]:
     """The kustomization's objects, and how they were rendered."""
     kubectl = shutil.which("kubectl")
     if kubectl is None or os.environ.get("SBUS_TEST_PLAIN_MANIFESTS"):
-        return _plain(), "plain files"
+        return _plain(root), "plain files"
     result = subprocess.run(
-        [kubectl, "kustomize", str(KUBERNETES)],
+        [kubectl, "kustomize", str(root)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d], "kubectl kustomize"
 
 
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def objects() -> list[dict[str, Any]]:
-    rendered, how = render()
-    print(f"rendered with {how}: {len(rendered)} objects")
+def objects(variant: str) -> list[dict[str, Any]]:
+    rendered, how = render(VARIANTS[variant])
+    print(f"{variant}: rendered with {how}: {len(rendered)} objects")
     return rendered
 
 
@@ -216,7 +260,7 @@ def test_one_image_of_this_version_for_every_container(objects: list[dict[str, A
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert entry["newTag"] == version
     images = image_of(objects)
-    rendered_by_kustomize = render()[1] == "kubectl kustomize"
+    rendered_by_kustomize = render()[1] == "kubectl kustomize"  # the same for every variant
     expected = f"{entry['newName']}:{version}" if rendered_by_kustomize else entry["name"]
     assert images == {expected}
 
@@ -266,14 +310,50 @@ def test_every_serve_command_and_config_passes_serve_check(objects: list[dict[st
         assert result.stdout.strip().endswith("valid")
 
 
-def test_the_masters_nats_settings_are_accepted(objects: list[dict[str, Any]]) -> None:
-    (config,) = [c for name, _, c in serve_commands(objects) if name == "master"]
-    nats = load_config(str(config)).nats
+def _master_nats(objects: list[dict[str, Any]]) -> Any:
+    """The master's ``nats`` settings as its command line and config give them."""
+    import argparse
+
+    from sbus_relay.cli import serve
+
+    ((_, args, config),) = [c for c in serve_commands(objects) if c[0] == "master"]
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    parsed = parser.parse_args(
+        [a if a != args[args.index("-C") + 1] else str(config) for a in args[1:]]
+    )
+    return serve.config_from(parsed).nats
+
+
+def test_the_master_links_to_nats_only_with_the_component(
+    objects: list[dict[str, Any]], variant: str
+) -> None:
+    pod = named(objects, "DaemonSet", "sbus-master")["spec"]["template"]["spec"]
+    secrets = [v for v in pod["volumes"] if "secret" in v]
+    nats = _master_nats(objects)
+    if variant == "base":
+        assert nats is None and secrets == []
+        return
     assert nats is not None
-    assert nats.servers == ("nats://nats.sbus.svc:4222",)
+    assert nats.servers == (f"nats://nats.{kustomization()['namespace']}.svc:4222",)
     assert (nats.subject_prefix, nats.export, nats.import_) == ("sbus", (b"",), (b"",))
     # the name on NATS is each pod's own (its instance), never one shared by the nodes
     assert nats.host is None
+    # the credentials' Secret: optional, mounted where master.yaml's comment says
+    ((volume,),) = [secrets]
+    assert volume["secret"] == {"secretName": "sbus-nats", "optional": True}
+    (master,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in master["volumeMounts"]}
+    assert mounts[volume["name"]] == "/etc/sbus-nats"
+    assert "/etc/sbus-nats/" in (KUBERNETES / "master.yaml").read_text()
+
+
+def test_the_deploy_steps_say_which_to_pick() -> None:
+    guide = (REPO / "docs" / "kubernetes.md").read_text()
+    deploy = guide[guide.index("## Deploy") : guide.index("## What runs")]
+    for root in VARIANTS.values():
+        assert f"kubectl apply -k {root.relative_to(REPO)}\n" in deploy, root
+    assert "nats/nats-values.yaml" in deploy  # the cluster the component expects
 
 
 def port_of(text: str) -> int:
@@ -350,10 +430,10 @@ def test_the_dashboard_config_map_is_the_committed_dashboard(objects: list[dict[
 
 
 def test_the_nats_chart_values_run_a_cluster() -> None:
-    values = yaml.safe_load((KUBERNETES / "nats-values.yaml").read_text())
+    values = yaml.safe_load((COMPONENT / "nats-values.yaml").read_text())
     assert values["config"]["cluster"]["enabled"] is True
     assert values["config"]["cluster"]["replicas"] >= 3
-    master = yaml.safe_load((KUBERNETES / "master.yaml").read_text())
-    (server,) = master["nats"]["servers"]
+    nats = _master_nats(render(VARIANTS["nats"])[0])
+    (server,) = nats.servers
     # the chart's client Service is named after the release, in the kustomization's namespace
     assert re.fullmatch(rf"nats://nats\.{kustomization()['namespace']}\.svc:4222", server)

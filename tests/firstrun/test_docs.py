@@ -11,9 +11,9 @@
   (``bench --only client``) it states; between them those runs judged every
   target of the code, and every figure its prose quotes is in those tables;
   the scenario table's targets are the code's;
-* the README says how to get the reference, which tests ``make test`` and
-  ``make test-slow`` run (in the Makefile's words), and for how long; every
-  ``make`` target the docs name exists.
+* the README says how to get the reference; CONTRIBUTING.md says which tests
+  ``make test`` and ``make test-slow`` run (in the Makefile's words), and for
+  how long; every ``make`` target the docs name exists.
 """
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ from sbus_relay.bench.runner import DEFAULT_MESSAGES, DEFAULT_REPEAT, SCENARIO_N
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "grafana" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "grafana" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 #: Files whose text may cite paths and modules of the tree.
 CITING = [
     *DOCS,
@@ -57,6 +62,7 @@ NOT_MODULES = {
     "sbus_relay.rollup.window_ns": "a rollup's metadata: its windows' length",
     "sbus_relay.rollup.rows": "a rollup's metadata: its capture's rows",
     "sbus_relay.egg": "setuptools' metadata directory",
+    "sbus_relay.libs": "the directory of a wheel's bundled shared libraries (auditwheel)",
 }
 #: Path-like words that are not paths of this tree.
 NOT_PATHS = {"grafana/grafana"}  # the Grafana container image
@@ -113,6 +119,8 @@ def _resolves(dotted: str) -> bool:
         base = ROOT.joinpath(*parts[:cut])
         if base.with_suffix(".c").is_file() and cut == len(parts):
             return True  # a compiled module, built from its C source
+        if base.with_suffix(".pyx").is_file() and cut == len(parts):
+            return True  # a compiled module, built from its Cython source (link/_natsc.pyx)
         if base.with_suffix(".pxd").is_file() and cut == len(parts):
             return True  # the compiled build of a Python module (sbus_relay.accel)
         module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else None
@@ -314,13 +322,13 @@ def _recipe(makefile: str, target: str) -> str:
     return match.group(1)
 
 
-def test_the_readme_says_which_tests_make_test_and_make_test_slow_run_and_how_long() -> None:
+def test_contributing_says_which_tests_make_test_and_make_test_slow_run_and_how_long() -> None:
     makefile = (ROOT / "Makefile").read_text()
     chosen = re.search(r"^PYTEST_ARGS \?= (.+)$", makefile, re.MULTILINE)
     assert chosen and "$(PYTEST_ARGS)" in _recipe(makefile, "test")
     assert 'pytest -m "slow and spark"' in _recipe(makefile, "test")
     assert "pytest -m slow" in _recipe(makefile, "test-slow")
-    top = (ROOT / "README.md").read_text().split("## ")[0]
+    top = (ROOT / "CONTRIBUTING.md").read_text().split("## The first run")[0]
     # what each target selects, in the Makefile's own words
     assert f"pytest {chosen.group(1)}" in top, top
     assert "make test-slow" in top and "pytest -m slow" in top, top
@@ -350,3 +358,60 @@ def test_the_pipeline_s_window_examples_are_the_code_s() -> None:
         number, unit = values[2 * i : 2 * i + 2]
         seconds = float(number) * (60 if unit == "min" else 1)
         assert seconds == auto_window(span_s * 10**9), (span_s, number, unit)
+
+
+# --- every example runs -------------------------------------------------------------
+
+#: The docs' Python examples that are programs (``# example: NAME`` first), and
+#: the test file that runs each as written against a real bus.
+EXAMPLES_RUN_BY = {
+    ("docs/client.md", "asyncio"): "tests/client/test_docs.py",
+    ("docs/client.md", "gevent"): "tests/client/test_docs.py",
+    ("docs/client.md", "thread"): "tests/client/test_docs.py",
+    ("docs/pipeline.md", "datasource"): "tests/pipeline/test_datasource.py",
+}
+#: The README's one Python example: tests/firstrun/test_first_run.py runs it.
+README_EXAMPLE_AFTER = "From Python"
+
+
+def test_every_python_example_in_the_docs_is_run_by_a_test() -> None:
+    unrun = []
+    for doc in DOCS:
+        text = doc.read_text()
+        where = str(doc.relative_to(ROOT))
+        for block in re.finditer(r"```python\n(.*?)```", text, re.S):
+            first = block.group(1).splitlines()[0]
+            named = re.fullmatch(r"# example: (\w+)", first)
+            if named is not None and (where, named.group(1)) in EXAMPLES_RUN_BY:
+                runner = ROOT / EXAMPLES_RUN_BY[(where, named.group(1))]
+                assert "# example: " in runner.read_text() or "examples()" in runner.read_text()
+                assert doc.name in runner.read_text(), f"{runner} does not read {where}"
+                continue
+            before = text[: block.start()]
+            if where == "README.md" and before.rstrip().endswith(README_EXAMPLE_AFTER + ":"):
+                continue
+            line = before.count("\n") + 1
+            unrun.append(f"{where}:{line}: {first!r} (no test runs it)")
+    assert unrun == []
+
+
+#: Terms the README uses before it explains them, each with its glossary entry.
+GLOSSARY_TERMS = (
+    "**sbus.**",
+    "**The reference `sbusd`.**",
+    "**Master, relay.**",
+    "**Identity, `!/cred/`.**",
+    "**Flood control.**",
+    "**The `up` tree.**",
+    "**Socket activation.**",
+    "**NATS, the NATS link, a fleet.**",
+)
+
+
+def test_the_glossary_explains_the_readme_s_terms_and_the_readme_points_to_it() -> None:
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    for term in GLOSSARY_TERMS:
+        assert f"\n{term}" in glossary, term
+    readme = (ROOT / "README.md").read_text()
+    # before the first section: a newcomer reads it before any command
+    assert "docs/glossary.md" in readme[: readme.index("\n## ")]

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from .harness import chaos, faults, fuzz, load, soak
+from .harness import chaos, faults, fleetchaos, fuzz, load, soak
 from .harness.__main__ import _failures
+from .harness.fabric import fabric_problem
+from .harness.fleet import nats_binary
 from .harness.secret import run_secret
 
 pytestmark = pytest.mark.slow
@@ -49,3 +51,11 @@ def test_full_soak() -> None:
 @pytest.mark.timeout(2400)
 def test_full_chaos() -> None:
     _held({"chaos": chaos.run_chaos(duration=1800.0, seed=7)})
+
+
+@pytest.mark.timeout(2400)
+def test_full_fleet_chaos() -> None:
+    problem = fabric_problem() or (None if nats_binary() else "no nats-server installed")
+    if problem is not None:
+        pytest.skip(f"FLEET NAMESPACES SKIPPED: {problem}")
+    _held({"fleetchaos": fleetchaos.run_fleetchaos(duration=1800.0, seed=7)})

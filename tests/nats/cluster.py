@@ -194,6 +194,23 @@ class Host:
         result: dict[str, Any] = doc["server"]["nats"]
         return result
 
+    def count(self, name: str) -> int:
+        """A counter (or drop count) of the link once it has stopped moving: the link process
+        reports every STATS_SECONDS, so a reading is at most that old."""
+        from sbus_relay.link.bridge import STATS_SECONDS
+
+        def read() -> Any:
+            link = self.link()
+            return link[name] if name in link else link["drops"][name]
+
+        last = read()
+        while True:
+            time.sleep(STATS_SECONDS * 2.5)
+            now = read()
+            if now == last:
+                return int(now)
+            last = now
+
     def healthz(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/healthz", timeout=2) as r:
             return str(r.read().decode())

@@ -198,7 +198,12 @@ def test_what_a_paused_server_swallows_is_counted(tmp_path: Path) -> None:
                             time.sleep(0.002)
 
                     publish(200)
-                    wait_until(lambda: a.link()["unconfirmed"] == 0, 30, "a's sends confirmed")
+                    # (the link reports every STATS_SECONDS: ``sent`` says the report is new)
+                    wait_until(
+                        lambda: a.link()["sent"] >= sent and a.link()["unconfirmed"] == 0,
+                        30,
+                        "a's sends confirmed",
+                    )
                     reconnects = a.link()["reconnects"]
                     victim.pause()
                     try:

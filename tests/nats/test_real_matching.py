@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sbus_relay.bus.natsbridge import write_held
+from sbus_relay.link.natspy_private import write_held
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.natsmap import SubjectMap, relaxed
 from tests.nats.cluster import NatsServer, free_port

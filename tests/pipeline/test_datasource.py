@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,35 +216,20 @@ def test_batch_write_publishes_and_checks_columns(spark: Any, sbusd: BusProcess)
         ).mode("append").save()
 
 
-#: The documented streaming example, as a user would run it: no PYSPARK_PYTHON set.
-STREAM_EXAMPLE = """
-import sys, time
-from sbus_relay.pipeline.datasource import register
-from sbus_relay.client import Client
-from pyspark.sql import SparkSession
+#: docs/pipeline.md, whose example runs here as written.
+PIPELINE_DOC = Path(__file__).resolve().parents[2] / "docs" / "pipeline.md"
 
-spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-register(spark)
-live = (spark.readStream.format("sbus").option("address", sys.argv[1])
-        .option("pattern", "doc/").load())
-query = live.writeStream.format("memory").queryName("doc").start()
-query.processAllAvailable()
-with Client(sys.argv[1], timeout=10) as pub:
-    pub.publish("doc/1", b"x")
-for _ in range(200):
-    query.processAllAvailable()
-    if spark.sql("select count(*) from doc").collect()[0][0]:
-        break
-    time.sleep(0.1)
-print("rows", spark.sql("select count(*) from doc").collect()[0][0])
-query.stop()
-spark.stop()
-"""
+
+def documented_example() -> str:
+    """docs/pipeline.md's ``# example: datasource`` block."""
+    found = re.search(r"```python\n(# example: datasource\n.*?)```", PIPELINE_DOC.read_text(), re.S)
+    assert found is not None, "docs/pipeline.md has no '# example: datasource' block"
+    return found.group(1)
 
 
 @pytest.mark.spark
 @pytest.mark.timeout(SPARK_TEST_TIMEOUT)
-def test_documented_stream_example_needs_no_pyspark_python(
+def test_the_documented_example_runs_as_written_with_no_pyspark_python(
     spark: Any, sbusd: BusProcess, tmp_path: Path
 ) -> None:
     import os
@@ -251,12 +237,15 @@ def test_documented_stream_example_needs_no_pyspark_python(
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env["SBUS_ADDRESS"] = sbusd.address
+    script = tmp_path / "example.py"
+    script.write_text(documented_example())
     result = subprocess.run(
-        [sys.executable, "-c", STREAM_EXAMPLE, sbusd.address],
+        [sys.executable, str(script)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=SPARK_TEST_TIMEOUT - 30,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rows 1" in result.stdout
+    assert re.search(r"\|\s*sensors/kitchen/temp\s*\|\s*21\.5\s*\|", result.stdout), result.stdout
 
 
 @pytest.mark.spark

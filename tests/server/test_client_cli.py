@@ -71,7 +71,7 @@ def test_pub_sub_round_trip(sbusd: BusProcess, tmp_path: Path) -> None:
     pub(sbusd.address, "a/b", "hello world")
     pub(sbusd.address, "nope", "not for us")
     pub(sbusd.address, "z", "-", data=b"tab\there\nnul\0bin\xff\\ \xc3\xa9")
-    pub(sbusd.address, "a/c")  # no payload: an empty one
+    pub(sbusd.address, "a/c", "-n")  # an empty payload, asked for
     status, out = sub.finish()
     assert status == 0
     assert out.decode("utf-8").splitlines() == [

@@ -23,6 +23,7 @@ LAYERS = {
     "protocol": 1,
     "ops": 2,
     "bus": 3,
+    "link": 3,  # the NATS link process: beside the bus, neither imports the other
     "client": 4,
     "pipeline": 5,
     "bench": 5,

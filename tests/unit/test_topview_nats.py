@@ -28,3 +28,15 @@ def test_the_link_up_and_down() -> None:
 
 def test_no_link_no_words() -> None:
     assert "nats" not in bus_header(view(None))
+
+
+def test_the_link_process() -> None:
+    link = {
+        "connected": True, "server": "10.1.1.1:4222", "remote_hosts": 1, "sent": 0,
+        "received": 0, "queued_messages": 0, "drops": {}, "engine": "nats.c",
+        "process": {"pid": 4242, "threads": 8, "rss_bytes": 30 << 20, "restarts": 0},
+    }  # fmt: skip
+    header = bus_header(view(link))
+    assert "link pid 4242 nats.c 8 threads 30" in header and "MiB" in header
+    gone = {**link, "process": {"pid": None, "threads": 0, "rss_bytes": 0, "restarts": 1}}
+    assert bus_header(view(gone)).endswith("link process DOWN")

@@ -4,7 +4,8 @@ Run from the repository root with the project's venv.  Each run starts its own
 servers on Unix sockets under /tmp, prints its figures and exits 1 if any
 promise was broken.  ``--quick`` runs the short versions that
 ``tests/hardening/test_runs.py`` also runs; ``pytest -m slow tests/hardening``
-runs the full ones.  See docs/reliability.md.
+runs the full ones.  ``fleetchaos`` (root: it makes network namespaces) runs
+three hosts joined by NATS under partitions.  See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNS = ("fuzz", "faults", "load", "soak", "chaos", "all")
+RUNS = ("fuzz", "faults", "load", "soak", "chaos", "fleetchaos", "all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="the short versions (seconds)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
     parser.add_argument(
-        "--seed", type=int, default=7, help="seed of the fuzz, secret and chaos runs"
+        "--seed", type=int, default=7, help="seed of the fuzz, secret, chaos and fleetchaos runs"
     )
     parser.add_argument(
         "--soak-seconds", type=float, metavar="S", help="soak length (default 120, quick 10)"
@@ -35,6 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="chaos length (default 1800, quick 120)",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        metavar="M",
+        help="fleetchaos length in minutes (default 30, quick 2)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=50.0,
+        metavar="R",
+        help="fleetchaos: messages a second from each of its nine publishers (default 50)",
     )
 
 
@@ -77,6 +91,26 @@ def _chaos(args: argparse.Namespace) -> dict[str, Any]:
     return {"chaos": run_chaos(duration=seconds, seed=args.seed)}
 
 
+def _fleetchaos(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.hardening.harness.fabric import fabric_problem
+    from tests.hardening.harness.fleet import nats_binary
+    from tests.hardening.harness.fleetchaos import run_fleetchaos
+
+    problem = fabric_problem() or (None if nats_binary() else "no nats-server installed")
+    if problem is not None:
+        raise SystemExit(f"fleetchaos cannot run here: {problem}")
+    minutes = args.minutes or (2.0 if args.quick else 30.0)
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    return {
+        "fleetchaos": run_fleetchaos(
+            duration=minutes * 60, seed=args.seed, rate=args.rate, progress=progress
+        )
+    }
+
+
 def _failures(figures: dict[str, Any]) -> list[str]:
     out = []
     for name, part in figures.items():
@@ -93,7 +127,8 @@ def _failures(figures: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the chosen hardening runs; print figures; 1 if any promise was broken."""
     chosen = ("fuzz", "faults", "load", "soak") if args.run == "all" else (args.run,)
-    table = {"fuzz": _fuzz, "faults": _faults, "load": _load, "soak": _soak, "chaos": _chaos}
+    table = {"fuzz": _fuzz, "faults": _faults, "load": _load, "soak": _soak, "chaos": _chaos,
+             "fleetchaos": _fleetchaos}  # fmt: skip
     figures: dict[str, Any] = {}
     started = time.monotonic()
     for name in chosen:

@@ -1,0 +1,18 @@
+# Types for the compiled build of inbound.py (sbus_relay.accel).
+cimport cython
+
+cdef class Inbound:
+    cdef public object map
+    cdef object _import
+    cdef object _identity
+    cdef object _subs
+    cdef object _writer
+    cdef object _control
+    cdef dict _decided
+    cdef Py_ssize_t _version
+    cdef public Py_ssize_t received
+    cdef public Py_ssize_t received_bytes
+    cdef public dict drops
+
+    @cython.locals(known=object, decided=object)
+    cpdef message(self, Py_ssize_t sid, bytes subject, object headers, bytes payload)

@@ -1,0 +1,415 @@
+"""One host's presence on NATS: the link process's main object.
+
+What it owns: the link's lifecycle (joining, reading the bus's packets while
+NATS is there, timers, stopping on the bus's EOF or SIGTERM), its state and
+the stats it reports.  What it may touch: its end of the socket pair (read
+here, written through ``BusWriter``), the engine, and its parts:
+``Outbound`` (bus -> NATS), ``Inbound`` (NATS -> bus), ``Subscriptions``,
+``Gossip`` (interest), ``Confirmations``.  Everything runs on one asyncio
+loop in one thread: the engine hands its threads' work to it (``Sink``).
+
+While NATS is away the link stops reading its end: what the bus publishes
+meanwhile waits in the bus's bounded queue for the link, in order, and what
+overflows is dropped there and counted (the link's drop episode).  Once
+connected again the link resubscribes, re-announces its snapshot, asks for
+everyone's, and reads on (``RESUME_GRACE`` later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sbus_relay.protocol import codec, linkwire, natsinterest
+from sbus_relay.protocol.errors import PeerError
+from sbus_relay.protocol.limits import MAX_PACKET
+from sbus_relay.protocol.natsmap import SubjectMap
+
+from .confirm import CONFIRM_SECONDS, Confirmations
+from .engine import Engine, Outgoing
+from .gossip import Gossip
+from .inbound import Inbound
+from .outbound import SUBJECT_MAX, Outbound
+from .subscriptions import INTEREST_SID, LONG_SID, SNAPSHOT_SID, Subscriptions
+from .tobus import BusWriter
+
+#: Seconds after first joining NATS until the other hosts' interest is taken
+#: as known (they answer the snapshot request within a round trip); until
+#: then the bus holds every public key for the link.
+INTEREST_SETTLE = 1.0
+#: Packets read from the bus per wake-up before NATS's own work gets a turn.
+READ_BATCH = 256
+#: Seconds a link that reconnected holds what waited meanwhile before it sends
+#: it: the other hosts of a restarted server reconnect (every RECONNECT_WAIT)
+#: and resubscribe within it, so the held messages reach them.
+RESUME_GRACE = 0.5
+#: Seconds between two stats packets to the bus (and at once on a change of state).
+STATS_SECONDS = 0.5
+#: Seconds the goodbye and what is held may take to leave at a stop.
+CLOSE_TIMEOUT = 1.0
+#: Seconds the round trip that answers the bus's ``interest/ready`` may take
+#: before it is tried again (``link/synced`` only ever follows one that succeeded).
+SYNC_TIMEOUT = 5.0
+
+
+class Bridge:
+    """The link: the bus's packets to NATS and back (see the module's doc)."""
+
+    def __init__(
+        self, sock: socket.socket, hello: linkwire.Hello, engine: Engine, log: Any
+    ) -> None:
+        self.hello = hello
+        self.log = log
+        self.engine = engine
+        self._sock = sock
+        sock.setblocking(False)
+        self._fd = sock.fileno()
+        self.map = SubjectMap(hello.subject_prefix)
+        #: the prefix of this host's identities when they cross (None: they stay home)
+        self.identity = natsinterest.host_identity(hello.host) if hello.identities else None
+        self.state = "starting"
+        self.connected = False
+        self.server = ""
+        self.reconnects = 0
+        self.refused = 0  # nats_refused
+        self.slow = 0  # slow_consumer
+        self.sent_bytes = 0
+        self.settled = False
+        self._ever = False  # connected once
+        self._closing = False
+        self._erred = False  # an error was said since the link was last up
+        self._watching = False
+        self._sync_owed = False
+        self._syncing = False
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.writer = BusWriter(sock, self._loop)
+        self.subs = Subscriptions()
+        self.outbound = Outbound(self.map, hello.export, self.identity)
+        self.inbound = Inbound(
+            self.map, hello.import_, self.identity, self.subs, self.writer, self._control
+        )
+        #: the engine's messages go straight to ``inbound`` (one call a message);
+        #: it hands back those of the link's own subscriptions (``_control``)
+        self.on_message = self.inbound.message
+        self.gossip = Gossip(
+            self.map, hello.host, hello.identities, self._publish, self.writer, log
+        )
+        self.confirm = Confirmations(engine, log)
+        self._announce_soon = False
+        #: the engine's calls, made one after the other in this order: a
+        #: subscription never overtakes its own removal, nor a message another
+        self._ops: deque[Callable[[], Awaitable[Any]]] = deque()
+        self._outbox: list[Outgoing] = []
+        self._running = False
+        self._tasks: set[asyncio.Future[Any]] = set()  # held until done (the loop holds weakly)
+
+    # --- the process's life ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Join NATS and serve until the bus closes its end (or SIGTERM)."""
+        loop = self._loop
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.set_exception_handler(self._unexpected)
+        engine = self.engine
+        await engine.subscribe(INTEREST_SID, self.map.interest_all, False)
+        await engine.subscribe(SNAPSHOT_SID, self.map.snapshot, True)
+        await engine.subscribe(LONG_SID, self.map.long, True)
+        self.state = "connecting"
+        self._report()
+        tasks = [
+            self._task(self._every(natsinterest.HEARTBEAT, self._tick)),
+            self._task(self._every(CONFIRM_SECONDS, self._confirm)),
+            self._task(self._every(STATS_SECONDS, self._report)),
+        ]
+        await engine.start(self)
+        try:
+            await self._stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            self.confirm.stop()
+            self._reading(False)
+            await self._close()
+
+    def _unexpected(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What a callback or task raised (a bug): one log line with its
+        traceback, which the bus writes; the link goes on."""
+        error = context.get("exception")
+        self.log.error(
+            "nats.link_error",
+            message=str(context.get("message", "")),
+            exc_info=error if isinstance(error, BaseException) else None,
+        )
+
+    def _task(self, coro: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _every(self, seconds: float, what: Any) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            result = what()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _close(self) -> None:
+        self._closing = True
+        if self.connected:
+            await self.gossip.goodbye()
+        # (away from NATS, nothing is held for it: no flush to wait for)
+        await self.engine.close(CLOSE_TIMEOUT if self.connected else 0)
+        self.connected = False
+        self.state = "closed"
+        self.log.info("nats.closed", sent=self.confirm.sent, received=self.inbound.received)
+        self._report()
+        self.writer.stop()
+
+    # --- the engine's word (``engine.Sink``) ----------------------------------------------
+
+    def on_connected(self, server: str, again: bool) -> None:
+        self.server = server
+        if again:
+            self.reconnects += 1
+        first = not self._ever
+        self._ever = True
+        if first:
+            self._loop.call_later(INTEREST_SETTLE, self._settle)
+        self._task(self._joined(first))
+
+    async def _joined(self, first: bool) -> None:
+        await self.gossip.joined()
+        self.connected = True
+        self.state = "connected"
+        self._erred = False
+        self.log.info(
+            "nats.connected",
+            server=self.server,
+            patterns=len(self.gossip.local.patterns),
+            engine=self.engine.name,
+        )
+        self._report()
+        if first:
+            self._reading(True)
+        else:
+            # what was held while away waits a moment more: the other hosts of a
+            # restarted server reconnect and resubscribe meanwhile, and then it reaches them
+            self._loop.call_later(RESUME_GRACE, self._resume)
+
+    def on_disconnected(self) -> None:
+        if self.connected and not self._closing:
+            self.log.warning("nats.lost", server=self.server)
+        self.confirm.connection_lost(self.server, self._closing)
+        self.connected = False
+        self.state = "reconnecting" if self._ever else "connecting"
+        self._reading(False)
+        self._report()
+
+    def on_error(self, text: str) -> None:
+        # the first error while away is news (a refused sign-in, say); its repeats are not
+        say = self.log.debug if self._erred else self.log.warning
+        self._erred = not self.connected
+        say("nats.error", error=text)
+
+    def on_slow_consumer(self, dropped: int) -> None:
+        self.slow += dropped
+
+    def _control(self, sid: int, subject: bytes, payload: bytes) -> None:
+        """A message on the interest or the snapshot subject."""
+        if sid == INTEREST_SID:
+            self._task(self.gossip.on_interest(subject, payload))
+        elif sid == SNAPSHOT_SID and self.connected:
+            self._task(self.gossip.on_snapshot_asked(payload))
+
+    def _settle(self) -> None:
+        """The other hosts have had time to answer: what they want is known."""
+        self.settled = True
+        self.writer.control(linkwire.SETTLED_PACKET)
+
+    def _resume(self) -> None:
+        if self.connected:
+            self._reading(True)
+
+    # --- bus -> NATS ------------------------------------------------------------------------
+
+    def _reading(self, on: bool) -> None:
+        """Watch the bus's end for packets (while NATS is there), or stop."""
+        if on and not self._watching:
+            self._loop.add_reader(self._fd, self._readable)
+            self._readable()  # read what waited meanwhile
+        elif not on and self._watching:
+            self._loop.remove_reader(self._fd)
+        self._watching = on
+
+    def _readable(self) -> None:
+        out: list[Outgoing] = []
+        changed = False
+        for _ in range(READ_BATCH):
+            try:
+                packet = self._sock.recv(MAX_PACKET)
+            except BlockingIOError:
+                break
+            except OSError:
+                packet = b""
+            if not packet:
+                self._stop.set()  # the bus has gone, or stops us
+                self._reading(False)
+                break
+            changed = self._from_bus(packet, out) or changed
+        if out:
+            if not self._outbox:
+                self._do(self._send)
+            self._outbox.extend(out)
+        if changed:
+            self._schedule_announce()
+        if self._sync_owed and not self._syncing:
+            self._task(self._sync())
+
+    def _from_bus(self, packet: bytes, out: list[Outgoing]) -> bool:
+        """Act on one packet from the bus; True if it changed our interest."""
+        try:
+            messages = linkwire.messages(packet)
+            if messages is not None:
+                add = self.outbound.add
+                for key, payload in messages:
+                    add(out, key, payload, None)
+                return False
+            event = codec.decode(packet)
+        except PeerError as e:  # a bug of the bus's: said, and the packet left
+            self.log.error("nats.bad_packet", error=e.detail, head=packet[:32].hex())
+            return False
+        if isinstance(event, codec.Subscribe | codec.Unsubscribe):
+            self._local(event.pattern, isinstance(event, codec.Subscribe))
+            return True
+        if isinstance(event, codec.Control) and event.key == linkwire.READY:
+            self._sync_owed = True
+        return False
+
+    def _do(self, op: Callable[[], Awaitable[Any]]) -> None:
+        """Call the engine after the calls asked for before."""
+        self._ops.append(op)
+        if not self._running:
+            self._running = True
+            self._task(self._run_ops())
+
+    async def _run_ops(self) -> None:
+        try:
+            while self._ops:
+                await self._ops.popleft()()
+        finally:
+            self._running = False
+
+    async def _send(self) -> None:
+        out, self._outbox = self._outbox, []
+        refused = await self.engine.publish(out)
+        self.refused += refused
+        self.confirm.sent += len(out) - refused
+        self.sent_bytes += sum(len(p) for _, _, p in out)  # refused ones are rare
+
+    def _local(self, pattern: bytes, present: bool) -> None:
+        """One of this host's patterns came or went."""
+        if not natsinterest.acceptable(pattern, owner=self.identity):
+            return  # identities stay on their host, unless they cross
+        self.gossip.local.change(pattern, present)
+        made = self.subs.change(pattern, present)
+        if made is None:
+            return
+        sid, r = made
+        if present:
+            subject = self.map.subscription(r)
+            if subject is not None and len(subject) <= SUBJECT_MAX:
+                self._do(lambda: self.engine.subscribe(sid, subject, True))
+        else:
+            self._do(lambda: self.engine.unsubscribe(sid))
+
+    def _schedule_announce(self) -> None:
+        if not self._announce_soon:
+            self._announce_soon = True
+            self._loop.call_soon(lambda: self._task(self._send_delta()))
+
+    async def _send_delta(self) -> None:
+        self._announce_soon = False
+        if self.connected:
+            await self.gossip.delta()
+
+    async def _sync(self) -> None:
+        """The bus asked (``interest/ready``): say ``synced`` once the server has
+        every subscription made so far; never after a round trip that failed."""
+        self._syncing = True
+        try:
+            while self._sync_owed and not self._closing:
+                self._sync_owed = False
+                if await self.engine.round_trip(SYNC_TIMEOUT) is None:
+                    self._sync_owed = True  # asked again after the next round trip
+                    await asyncio.sleep(CONFIRM_SECONDS)
+                    continue
+                self.writer.control(linkwire.SYNCED_PACKET)
+        finally:
+            self._syncing = False
+
+    async def _publish(self, batch: list[Outgoing]) -> int:
+        """The gossip's announcements (not counted as traffic)."""
+        return await self.engine.publish(batch)
+
+    # --- timers -------------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        """Heartbeats, forgetting silent hosts; while NATS is away, the bus's EOF."""
+        self.gossip.expire()
+        if self.connected:
+            await self.gossip.heartbeat()
+        elif not self._watching:
+            try:
+                if self._sock.recv(1, socket.MSG_PEEK) == b"":
+                    self._stop.set()  # the bus stopped while NATS was away
+            except BlockingIOError:
+                pass
+            except OSError:
+                self._stop.set()
+
+    def _confirm(self) -> None:
+        if self.connected and self.confirm.due():
+            self.confirm.start()
+
+    def stats(self) -> linkwire.Stats:
+        inb, outb = self.inbound, self.outbound
+        return linkwire.Stats(
+            state=self.state,
+            connected=self.connected,
+            server=self.server,
+            engine=self.engine.name,
+            sent=self.confirm.sent,
+            sent_bytes=self.sent_bytes,
+            received=inb.received,
+            received_bytes=inb.received_bytes,
+            reconnects=self.reconnects,
+            unconfirmed=self.confirm.unconfirmed,
+            to_bus_queued=self.writer.queued,
+            subscriptions=len(self.subs),
+            remote_hosts=len(self.gossip.remote.hosts),
+            remote_patterns=len(self.gossip.remote.union),
+            rtt_us=int(self.confirm.rtt * 1e6),
+            settled=self.settled,
+            drops={
+                **inb.drops,
+                "not_exported": outb.drops["not_exported"],
+                "secret": outb.drops["secret"] + inb.drops["secret"],
+                "nats_refused": self.refused,
+                "slow_consumer": self.slow,
+                "unconfirmed": self.confirm.lost,
+            },
+        )
+
+    def _report(self) -> None:
+        self.writer.stats(linkwire.encode_stats(self.stats()))
+
+
+async def serve(sock: socket.socket, hello: linkwire.Hello, engine: Engine, log: Any) -> None:
+    """The link process's work, from its hello to its end."""
+    await Bridge(sock, hello, engine, log).run()

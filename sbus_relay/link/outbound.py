@@ -1,0 +1,76 @@
+"""Bus -> NATS: which of the bus's messages leave this host, and on which subject.
+
+What it owns: the export filter, the rule for identities on the way out, the
+key -> subject cache and the long-key subject; its own drop counters.  What
+it may touch: nothing (it returns what to publish; the bridge hands it to the
+engine).
+"""
+
+from __future__ import annotations
+
+from sbus_relay.protocol.index import SubscriptionIndex
+from sbus_relay.protocol.keys import is_secret
+from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX
+from sbus_relay.protocol.natsmap import SubjectMap, long_payload
+
+from .engine import Headers, Outgoing
+
+#: Longest subject published: NATS's default max_control_line is 4096 bytes
+#: and the PUB line holds the subject, the size and a few bytes more.  A key
+#: whose subject is longer goes on ``<prefix>._l`` with the key in the payload.
+SUBJECT_MAX = 4000
+#: Keys (and subjects) whose mapping is kept: most traffic repeats a few keys,
+#: and mapping one costs a pass over its bytes in Python.
+MAPPING_CACHE = 4096
+
+
+def key_filter(patterns: tuple[bytes, ...] | list[bytes]) -> SubscriptionIndex | None:
+    """An index of ``patterns`` to match keys against (None: every public key)."""
+    if tuple(patterns) == (b"",):
+        return None
+    index: SubscriptionIndex = SubscriptionIndex()
+    for p in patterns:
+        index.add(0, p)
+    return index
+
+
+class Outbound:
+    """Messages from the bus as (subject, headers, payload) for NATS.  What
+    becomes of a key is worked out once and kept (a subject, or the reason it
+    stays home), so a message costs one lookup."""
+
+    def __init__(self, map_: SubjectMap, export: list[bytes], identity: bytes | None) -> None:
+        self.map = map_
+        self._export = key_filter(export)
+        #: the prefix of this host's identities when they cross (None: they stay home)
+        self._identity = identity
+        self._decided: dict[bytes, bytes | str] = {}
+        self._long = map_.long
+        self.drops = {"not_exported": 0, "secret": 0}
+
+    def add(self, out: list[Outgoing], key: bytes, payload: bytes, headers: Headers) -> None:
+        """Append ``key``'s message to ``out`` if it may leave this host."""
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decide(key)
+        if isinstance(decided, str):
+            self.drops[decided] += 1
+        elif len(decided) <= SUBJECT_MAX:
+            out.append((decided, headers, payload))
+        else:  # every host takes these and its bus keeps what it wants
+            out.append((self._long, headers, long_payload(key, payload)))
+
+    def _decide(self, key: bytes) -> bytes | str:
+        decided: bytes | str
+        if is_secret(key) and (self._identity is None or key.startswith(self._identity)):
+            # to another host's identity (held here only for its owner), or never
+            decided = "secret"
+        elif not is_secret(key) and self._export is not None and not self._export.match(key):
+            decided = "not_exported"
+        else:
+            decided = self.map.subject(key)
+        if len(key) <= MATCH_CACHE_KEY_MAX:  # a long key is worked out afresh, not kept
+            if len(self._decided) >= MAPPING_CACHE:
+                self._decided.clear()
+            self._decided[key] = decided
+        return decided
