@@ -20,7 +20,8 @@ one (``sweep``: its pid is gone).
 It is made in ``$TMPDIR`` when that is set (the tests set it to a directory of
 their run's, which must be empty when they end), else in the cache directory
 (SCRATCH_DIR): never in ``/tmp`` behind the user's back, so that a run that
-is killed leaves nothing there either.
+is killed leaves nothing there either (unless the cache directory cannot be
+written: then the system's temporary directory, rather than no run at all).
 """
 
 from __future__ import annotations
@@ -66,11 +67,18 @@ def sweep(where: Path | None = None) -> None:
 
 
 def make() -> Path:
-    """A new directory for a JVM of this process (those of gone processes swept first)."""
+    """A new directory for a JVM of this process (those of gone processes swept
+    first); in the system's temporary directory when the cache directory
+    cannot be written (a home that is not there, read-only)."""
     where = root()
-    where.mkdir(parents=True, exist_ok=True)
-    sweep(where)
-    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=where))
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        sweep(where)
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=where))
+    except OSError:
+        where = Path(tempfile.gettempdir())
+        sweep(where)
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=where))
 
 
 def remove(directory: Path | None) -> None:
