@@ -176,6 +176,9 @@ def cover(
             parts.append((info.path, Path(path).parent, {path: mine[path]}))
     if len(mine) - len(rest) < MIN_FILES:
         return everything
+    if own is not None and [p for p, _, _ in parts] == [own.path]:
+        # Current but for files that have no rollup to add (unreadable ones).
+        return Cover(own, rest) if own.serves(depth, window_ns) else everything
     merged = _merge(parts, directory, writable, elsewhere)
     if merged is None or not merged.serves(depth, window_ns):
         return everything
