@@ -119,6 +119,9 @@ ENGINES = {
 #: rows and --follow's seeding there take tens of minutes each.
 LARGE_ROWS = 100_000_000
 LARGE_ENGINES = ("duckdb", "connect", "cluster")
+#: The longest wait, before each run, for the load average to fall below 1
+#: (``timedruns.settle``; ``--settle``).
+SETTLE_S = 60.0
 #: One directory of a fleet: ``host<NN>``, its instance the same.
 HOST_NAME = "host{:02d}"
 
@@ -262,6 +265,8 @@ class Bench:
                  cluster_url: str | None, worker: int | None) -> None:  # fmt: skip
         self.work, self.url, self.server, self.events = work, url, server, events
         self.cluster_url, self.worker = cluster_url, worker
+        #: Seconds each run may wait for the load average to settle (``timedruns.settle``).
+        self.settle_s = 0.0
         bin_dir = os.path.dirname(sys.executable)
         self.analyze = [os.path.join(bin_dir, "sbus-relay"), "analyze"]
 
@@ -288,7 +293,8 @@ class Bench:
         log = out.with_name(out.name + ".log")
         worker = self.worker if engine == CLUSTER else None
         server = self.server if "connect" in engine else None
-        return timed(engine, self.command(engine, captures, out, size), log, worker, server)
+        cmd = self.command(engine, captures, out, size)
+        return timed(engine, cmd, log, worker, server, self.settle_s)
 
     def warm_up(self, captures: Path, label: str) -> None:
         """The server's first run over ``captures`` (not counted): its lines say
@@ -432,7 +438,7 @@ def _class_archive_line() -> None:
 
 
 @contextlib.contextmanager
-def bench_setup(base: Path, with_cluster: bool) -> Iterator[Bench]:
+def bench_setup(base: Path, with_cluster: bool, settle_s: float = 0.0) -> Iterator[Bench]:
     """A Connect server (event log on) and, ``with_cluster``, a standalone
     cluster, for every size; their files under ``base``, removed after."""
     from sbus_relay.bench.cluster import standalone_cluster
@@ -455,13 +461,15 @@ def bench_setup(base: Path, with_cluster: bool) -> Iterator[Bench]:
             if with_cluster
             else None
         )
-        yield Bench(work, opts.url, server.pid, str(events), cluster.url if cluster else None,
-                    cluster.worker.pid if cluster else None)  # fmt: skip
+        bench = Bench(work, opts.url, server.pid, str(events), cluster.url if cluster else None,
+                      cluster.worker.pid if cluster else None)  # fmt: skip
+        bench.settle_s = settle_s
+        yield bench
 
 
 def analysis_benchmark(
     sizes: list[int], base: Path, runs: int, asked: list[str] | None, skip: tuple[str, ...],
-    command: str,
+    command: str, settle_s: float = 0.0,
 ) -> int:  # fmt: skip
     """Every size in turn, one Connect server (and one cluster) for all of them;
     then whether the warm report stays within FLAT_FACTOR of the smallest size's."""
@@ -469,7 +477,7 @@ def analysis_benchmark(
     plans = {rows: engines_for(rows, asked, skip) for rows in sizes}
     ok = True
     warm: dict[int, list[Run]] = {}
-    with bench_setup(base, any(CLUSTER in e for e in plans.values())) as bench:
+    with bench_setup(base, any(CLUSTER in e for e in plans.values()), settle_s) as bench:
         print(f"command: {command}; data in {base}", flush=True)
         for rows in sizes:
             directory = base / f"synth{rows}"
@@ -497,13 +505,13 @@ def analysis_benchmark(
 
 
 def fleet_benchmark(hosts: int, rows: int, base: Path, runs: int, asked: list[str],
-                    command: str) -> int:  # fmt: skip
+                    command: str, settle_s: float = 0.0) -> int:  # fmt: skip
     """A fleet's report: ``hosts`` hosts' directories of ``rows`` rows in all, by
     DuckDB and by Connect warm, against Connect warm over one directory of as
     many rows; every table (the per-host ones among them) equal to DuckDB's."""
     _class_archive_line()
     engines = [ENGINES[e] for e in asked]
-    with bench_setup(base, CLUSTER in engines) as bench:
+    with bench_setup(base, CLUSTER in engines, settle_s) as bench:
         print(f"command: {command}; data in {base}", flush=True)
         fleet = base / f"fleet{hosts}x{rows}"
         files = prepare(fleet, rows, hosts)
@@ -531,11 +539,11 @@ def fleet_benchmark(hosts: int, rows: int, base: Path, runs: int, asked: list[st
     return 0 if ok else 1
 
 
-def follow_benchmark(sizes: list[int], base: Path, runs: int) -> int:
+def follow_benchmark(sizes: list[int], base: Path, runs: int, settle_s: float = 0.0) -> int:
     """The --follow probe alone, on a Connect server of its own: ``runs`` new
     files into each size's followed capture; print each time and the median."""
     ok = True
-    with bench_setup(base, False) as bench:
+    with bench_setup(base, False, settle_s) as bench:
         for rows in sizes:
             files = prepare(base / f"synth{rows}", rows)
             probe = FollowProbe(bench.work / f"follow{rows}", files, bench.url)
@@ -559,12 +567,12 @@ def follow_benchmark(sizes: list[int], base: Path, runs: int) -> int:
     return 0 if ok else 1
 
 
-def raw_benchmark(sizes: list[int], base: Path, runs: int) -> int:
+def raw_benchmark(sizes: list[int], base: Path, runs: int, settle_s: float = 0.0) -> int:
     """DuckDB and Connect warm from raw rows alone, on a Connect server of its
     own given one untimed raw run first: ``runs`` interleaved pairs per size,
     each run with the load average around it; the medians and their ratio."""
     ok = True
-    with bench_setup(base, False) as bench:
+    with bench_setup(base, False, settle_s) as bench:
         for rows in sizes:
             directory = base / f"synth{rows}"
             prepare(directory, rows)
@@ -604,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the synthetic captures are kept (synth<ROWS>/, "
                         "fleet<N>x<ROWS>/; default %(default)s)")  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="interleaved rounds (medians)")
+    parser.add_argument("--settle", type=float, default=SETTLE_S, metavar="SEC",
+                        help="before each run, wait up to SEC seconds for the load average to "
+                        "fall below 1 (default %(default)s; 0: never wait)")  # fmt: skip
     parser.add_argument("--engines", type=lambda v: v.split(","), default=None,
                         help=f"engines to run, of {','.join(ENGINES)} (default: all up to "
                         f"{LARGE_ROWS:,} rows, {','.join(LARGE_ENGINES)} above)")  # fmt: skip
@@ -636,14 +647,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return recorder_benchmark(args.recorder)
     if args.raw_only:
-        return raw_benchmark(args.rows, base, max(1, args.runs))
+        return raw_benchmark(args.rows, base, max(1, args.runs), args.settle)
     if args.follow_only:
-        return follow_benchmark(args.rows, base, max(1, args.runs))
+        return follow_benchmark(args.rows, base, max(1, args.runs), args.settle)
     if args.fleet:
         engines = asked if asked is not None else ["duckdb", "connect"]
         engines = [e for e in engines if e not in skip]
-        return fleet_benchmark(args.fleet, args.rows[0], base, max(1, args.runs), engines, command)
-    return analysis_benchmark(args.rows, base, max(1, args.runs), asked, skip, command)
+        return fleet_benchmark(
+            args.fleet, args.rows[0], base, max(1, args.runs), engines, command, args.settle
+        )
+    return analysis_benchmark(args.rows, base, max(1, args.runs), asked, skip, command, args.settle)
 
 
 if __name__ == "__main__":

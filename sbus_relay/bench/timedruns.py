@@ -28,6 +28,12 @@ from sbus_relay.ops import children
 #: target: above it, other work shares the cores, and a ratio of two engines
 #: says how each suffers, not how fast it is.
 LOAD_LIMIT = 2.0
+#: Before each run, the benchmark waits (at most its ``settle`` seconds) for
+#: the load average to fall below SETTLE_LOAD: the previous run's own load (two
+#: busy cores for a minute make a load average of 1.3) is not the next one's.
+SETTLE_LOAD = 1.0
+#: Seconds between looks at the load average while settling.
+SETTLE_POLL_S = 1.0
 #: The timing analyze prints (runner.Outcome.line) and the peer's.
 SPARK_TIMING = re.compile(r"\((?:Spark start|connected) ([0-9.]+) s, analysis ([0-9.]+) s")
 PEER_TIMING = re.compile(r"^analysis ([0-9.]+) s$", re.M)
@@ -79,14 +85,24 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def settle(seconds: float) -> None:
+    """Wait until the load average is below SETTLE_LOAD, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while load_average() >= SETTLE_LOAD and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)
+
+
 def timed(
     engine: str,
     cmd: list[str],
     log: Path,
     worker: int | None = None,
     server: int | None = None,
+    settle_s: float = 0.0,
 ) -> Run:
-    """Run ``cmd`` to its end (its stderr into ``log``); its figures."""
+    """Run ``cmd`` to its end (its stderr into ``log``), once the load average
+    has settled (``settle``, at most ``settle_s`` seconds); its figures."""
+    settle(settle_s)
     timings = log.with_suffix(".timings.json")
     timings.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}

@@ -39,6 +39,20 @@ def test_each_size_runs_its_engines() -> None:
     assert B.engines_for(5, ["duckdb", "raw"]) == [B.DUCKDB, B.CONNECT_RAW]
 
 
+def test_a_run_waits_for_the_load_to_settle_but_not_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sbus_relay.bench import timedruns
+
+    seen = iter([3.0, 2.0, 0.5, 0.4])
+    monkeypatch.setattr(timedruns, "SETTLE_POLL_S", 0.0)
+    monkeypatch.setattr(timedruns, "load_average", lambda: next(seen))
+    timedruns.settle(60.0)
+    assert next(seen) == 0.4  # it stopped looking once the load was below 1
+    monkeypatch.setattr(timedruns, "load_average", lambda: 5.0)
+    timedruns.settle(0.0)  # never waits with no time to wait
+
+
 #: A command that says what analyze says of its time, as analyze does.
 SAYS_ITS_TIME = """
 import json, os, time
@@ -62,7 +76,7 @@ def test_a_run_records_the_load_around_it_and_its_breakdown(tmp_path: Path) -> N
 def bench(*args: str, data: Path) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "sbus_relay.bench.pipeline", *args, "--runs", "1",
-         "--dir", str(data)],
+         "--settle", "0", "--dir", str(data)],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=BENCH_TIMEOUT - 60,
         env={k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"},
     )  # fmt: skip
