@@ -21,8 +21,9 @@ and part of no run).  Then ``--runs`` rounds, each running the engines in turn
   a JVM of its own (``local[*]``), with the class archive (built first if
   missing), reading the rollups;
 - ``spark connect, warm``: the same with ``--remote``, on one Connect server
-  (``connect``) started before the rounds and given one untimed run first
-  (which merges the directory's rollups, as any first run does); ``..., with
+  (``connect``) started before the rounds and given WARM_RUNS untimed runs
+  first (the first merges the directory's rollups, as any first run does; the
+  others warm the server's JIT); ``..., with
   the report``: the same drawing the report too;
 - ``spark connect, warm, raw``: the same with ``--raw``: every raw row;
 - ``spark cluster``: the same as local with ``--master``, a standalone master
@@ -122,6 +123,9 @@ LARGE_ENGINES = ("duckdb", "connect", "cluster")
 #: The longest wait, before each run, for the load average to fall below 1
 #: (``timedruns.settle``; ``--settle``).
 SETTLE_S = 60.0
+#: Untimed runs over each size before its rounds: the first merges its rollups,
+#: the others warm the server's JIT (a fresh server's first runs compile).
+WARM_RUNS = 3
 #: One directory of a fleet: ``host<NN>``, its instance the same.
 HOST_NAME = "host{:02d}"
 
@@ -297,16 +301,19 @@ class Bench:
         return timed(engine, cmd, log, worker, server, self.settle_s)
 
     def warm_up(self, captures: Path, label: str) -> None:
-        """The server's first run over ``captures`` (not counted): its lines say
-        what it rolled up and merged, as any first run does."""
-        out = self.work / f"first-{label}"
-        first = self.run(CONNECT, captures, out, 0)
-        said = out.with_name(out.name + ".log").read_text(errors="replace").splitlines()
-        for line in said:
-            if "merged the rollups" in line or "rolled up" in line:
-                print(line.removeprefix("sbus-relay analyze: "), flush=True)
-        print(f"{label}: the server's first run over it (not counted): {first.seconds:.1f} s",
-              flush=True)  # fmt: skip
+        """The server's first WARM_RUNS runs over ``captures`` (not counted): the
+        first one's lines say what it rolled up and merged, as any first run
+        does; the others let the server's JIT compile what the job runs, as a
+        server that has served a few reports has."""
+        for i in range(WARM_RUNS):
+            out = self.work / f"first-{label}-{i}"
+            first = self.run(CONNECT, captures, out, 0)
+            said = out.with_name(out.name + ".log").read_text(errors="replace").splitlines()
+            for line in said:
+                if "merged the rollups" in line or "rolled up" in line:
+                    print(line.removeprefix("sbus-relay analyze: "), flush=True)
+            print(f"{label}: the server's run {i + 1} over it (not counted): "
+                  f"{first.seconds:.1f} s", flush=True)  # fmt: skip
 
 
 def rounds(
