@@ -1,10 +1,10 @@
 """One timed run of an analysis engine, and what the benchmark says of many.
 
-Owns how a run is timed (end to end, the machine's load average before and
+What it owns: how a run is timed (end to end, the machine's load average before and
 after it, peak memory, analyze's own breakdown of its time), the table of
 medians, and the rule for stating a ratio or a target: only from runs taken
 at a load average of at most LOAD_LIMIT, else one line saying why not.
-Touches the processes it runs and the files they write.
+What it may touch: the processes it runs and the files they write.
 """
 
 from __future__ import annotations

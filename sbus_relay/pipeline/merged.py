@@ -1,7 +1,7 @@
 """A directory's merged rollup: the rollups of every capture file under it, summed into one.
 
-Owns ``merged.rollups`` files: what one covers, whether it serves a run, making
-and extending it.  Touches the rollups it reads and the file it writes (beside
+What it owns: ``merged.rollups`` files: what one covers, whether it serves a run, making
+and extending it.  What it may touch: the rollups it reads and the file it writes (beside
 the captures, or under analyze's output when their directory is read-only).
 
 A capture file's rollup (``rollup``) keeps a report off the raw rows, but there

@@ -1,8 +1,8 @@
 """A private directory for the temporary files of each JVM the pipeline starts.
 
-Owns the ``sbus-spark-<pid>-*`` directories: where they are, making one for a
+What it owns: the ``sbus-spark-<pid>-*`` directories: where they are, making one for a
 JVM, removing it after, and removing those of processes that are gone.
-Touches nothing else.
+What it may touch: nothing else.
 
 A JVM left to itself writes into ``/tmp`` whatever ``$TMPDIR`` says: Spark's
 ``spark-*``, ``blockmgr-*`` and ``artifacts-*`` directories, the native
