@@ -39,7 +39,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gevent
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     import subprocess
 
     from .connection import Connection
-    from .natslink import NatsLink
 
 EXPORTING = "exporting"
 STARTING = "starting"
@@ -207,10 +206,33 @@ def pidfd_of(pid: int) -> int | None:
         return None
 
 
+class CutsLink(Protocol):
+    """What a cut needs of its link (``natslink.NatsLink``; named here, not
+    imported, for ``natslink`` imports this module)."""
+
+    log: Any
+    conn: Connection
+    cut: LinkCut | None
+
+    def start_process(
+        self, adopt: bool = False, prefer: str = ""
+    ) -> tuple[subprocess.Popen[bytes], socket.socket] | None: ...
+
+    def log_record(self, payload: bytes) -> None: ...
+
+    def switch(self, proc: subprocess.Popen[bytes], fd: int, seconds: float) -> None: ...
+
+    def cut_later(self) -> None: ...
+
+    def restart_afresh(self, why: str) -> None: ...
+
+    def reap_later(self, proc: subprocess.Popen[bytes]) -> None: ...
+
+
 class LinkCut:
     """One cut from the link process running now to a new one (the module's doc)."""
 
-    def __init__(self, link: NatsLink) -> None:
+    def __init__(self, link: CutsLink) -> None:
         self.link = link
         self.log = link.log
         self.token = os.urandom(8).hex()

@@ -36,7 +36,7 @@ from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
-from .engine import Engine, Outgoing
+from .engine import Engine, Headers, Outgoing
 from .gossip import Gossip
 from .handover import Arriving, Leaving
 from .inbound import Inbound
@@ -125,7 +125,7 @@ class Bridge:
         )
         #: the engine's messages go straight to ``inbound`` (one call a message);
         #: it hands back those of the link's own subscriptions (``_control``)
-        self.on_message = self.inbound.message
+        self.on_message: Callable[[int, bytes, Headers, bytes], None] = self.inbound.message
         self.gossip = Gossip(
             self.map,
             hello.host,

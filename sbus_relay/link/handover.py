@@ -41,16 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from sbus_relay.protocol import linkwire, natsorigins
+from sbus_relay.protocol import linkwire, natsledger, natsorigins
 from sbus_relay.protocol.natsenvelope import HEADER
+from sbus_relay.protocol.natsmap import SubjectMap
+from sbus_relay.protocol.natssubs import Subscriptions
 
-from .engine import Headers
+from .confirm import Confirmations
+from .engine import Engine, Headers
+from .gossip import Gossip
+from .inbound import Inbound
+from .outbound import Outbound
 from .subscriptions import COUNTS_SID, FIRST_PATTERN_SID, LONG_SID
-
-if TYPE_CHECKING:
-    from .bridge import Bridge
+from .tobus import BusWriter
 
 #: The layout of the record (kept from one version to the next: a new link
 #: takes up what an older one exported).
@@ -65,6 +70,43 @@ CUT_POLL = 0.005
 #: Messages the new link holds until it takes over; beyond it the newest are
 #: dropped (counted: the receivers' counts show them lost).
 HOLD_MAX = 65_536
+
+
+class Bridge(Protocol):
+    """What a hand-over reads and writes of its link (``bridge.Bridge``; named
+    here, not imported, for the bridge imports this module)."""
+
+    hello: linkwire.Hello
+    log: Any
+    engine: Engine
+    map: SubjectMap
+    server: str
+    connected: bool
+    writer: BusWriter
+    subs: Subscriptions
+    ledger: natsledger.Ledger
+    origins: natsorigins.Origins
+    inbound: Inbound
+    outbound: Outbound
+    gossip: Gossip
+    confirm: Confirmations
+    on_message: Callable[[int, bytes, Headers, bytes], None]
+    arriving: Arriving | None
+    sent_bytes: int
+    reconnects: int
+    refused: int
+    slow: int
+    counts_sent: int
+
+    def resubscribe(self, made: list[tuple[int, bytes]]) -> None: ...
+
+    def stop_reading(self) -> None: ...
+
+    async def ops_done(self) -> None: ...
+
+    async def leave_nats(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def export(bridge: Bridge) -> dict[str, Any]:

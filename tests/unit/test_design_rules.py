@@ -89,6 +89,12 @@ WAIT_ALLOWED: dict[tuple[str, str], str] = {
         "Popen starts the link process and poll() reaps it: it is never waited for"
     ),
     ("ops/lifecycle.py", "import subprocess"): "Popen starts the successor: it never waits",
+    ("bus/linkcut.py", "import subprocess"): (
+        "for the type of a Popen only (TYPE_CHECKING): natslink starts the link process"
+    ),
+    ("bus/linkcut.py", "import select"): (
+        "polls the old link process's pidfd with a timeout of 0: never waits"
+    ),
 }
 #: Modules whose import is a wait in the making on the hub.
 WAITING_MODULES = {"threading", "select", "subprocess", "queue"}
