@@ -95,6 +95,18 @@ HELP: dict[str, tuple[str, str]] = {
         "sbus-relay top configs/dev-hierarchy.yaml",
     ),
 }
+#: More of what a command does, after its line, in its own ``-h``.
+DETAILS = {
+    "upgrade": (
+        "Each bus starts the installed version of itself, which takes its sockets and"
+        " connections over. A master joined to other hosts by NATS hands its running"
+        " link on with them, then cuts over to a link process of the new version that"
+        " goes on under the same name and numbers: no message to or from the other hosts"
+        " is lost, duplicated or reordered. Should the old link die during that cut, a"
+        " new link starts as after any link's death, and the log says so"
+        " (nats.link_handover_failed)."
+    ),
+}
 #: Where the protocol is described, named at the end of ``sbus-relay --help``.
 PROTOCOL_DOC = "docs/protocol.md"
 
@@ -118,7 +130,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
         sub = subparsers.add_parser(
             name,
             help=summary,
-            description=summary,
+            description=f"{summary} {DETAILS[name]}" if name in DETAILS else summary,
             epilog=f"example: {example}" if example else None,
         )
         module.add_arguments(sub)
