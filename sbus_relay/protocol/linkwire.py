@@ -287,7 +287,8 @@ def encode_record(key: bytes, doc: dict[str, Any]) -> list[bytes]:
     data = json.dumps(doc, separators=(",", ":")).encode()
     chunks = [data[i : i + RECORD_PART] for i in range(0, len(data), RECORD_PART)] or [b""]
     last = len(chunks) - 1
-    return [codec.encode_cmsg(key, (PART_LAST if i == last else PART_MORE) + c) for i, c in enumerate(chunks)]
+    flags = [PART_LAST if i == last else PART_MORE for i in range(len(chunks))]
+    return [codec.encode_cmsg(key, f + c) for f, c in zip(flags, chunks, strict=True)]
 
 
 def last_part(payload: bytes) -> bool:
