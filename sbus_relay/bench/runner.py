@@ -578,6 +578,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> dict
         results["targets"] = report.all_verdicts(results)
         results["summary"] = report.summarize(results["targets"])
     finally:
+        ran = results["scenarios"]  # in the order of SCENARIO_NAMES, whatever order they ran in
+        results["scenarios"] = {name: ran[name] for name in SCENARIO_NAMES if name in ran}
         keep = options.keep or not ok
         if keep:
             results["meta"]["logs"] = portable(str(workdir / "logs"), 2)
