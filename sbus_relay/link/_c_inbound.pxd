@@ -18,8 +18,8 @@ cdef class Inbound:
     cdef public dict drops
 
     @cython.locals(known=object, decided=object, holders=object, deliver=bint, head=object,
-                   value=object, held=int)
-    cpdef message(self, Py_ssize_t sid, bytes subject, object headers, bytes payload)
+                   held=int)
+    cpdef message(self, Py_ssize_t sid, bytes subject, object envelope, bytes payload)
     cpdef release(self)
-    cpdef count(self, object headers, bytes payload)
+    cpdef count(self, object envelope, bytes payload)
     cdef _put(self, bytes head, bytes payload)

@@ -31,7 +31,6 @@ from typing import Any
 from sbus_relay.protocol import codec, linkwire, natsinterest, natsledger, natsorigins
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.limits import LINK_READ_BATCH, MAX_PACKET
-from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
@@ -254,14 +253,14 @@ class Bridge:
         self.slow += dropped
         self.origins.slow_consumer()  # fleet: the losses it causes are counted there
 
-    def _control(self, sid: int, subject: bytes, headers: Any, payload: bytes) -> None:
+    def _control(self, sid: int, subject: bytes, envelope: str | None, payload: bytes) -> None:
         """A message on the interest, the snapshot or the counts subject."""
         if sid == INTEREST_SID:
             self._task(self.gossip.on_interest(subject, payload))
         elif sid == SNAPSHOT_SID and self.connected:
             self._task(self.gossip.on_snapshot_asked(payload))
         elif sid == COUNTS_SID:
-            self.inbound.count(headers, payload)
+            self.inbound.count(envelope, payload)
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""
@@ -358,7 +357,7 @@ class Bridge:
         if not counts or not self.connected:
             return
         ledger_of = self.map.ledger_of
-        out = [(ledger_of(host), {HEADER: value}, payload) for host, value, payload in counts]
+        out = [(ledger_of(host), value, payload) for host, value, payload in counts]
         if not self._outbox:
             self._do(self._send)
         self._outbox.extend(out)

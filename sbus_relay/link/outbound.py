@@ -12,11 +12,10 @@ from __future__ import annotations
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX
-from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsledger import Ledger
 from sbus_relay.protocol.natsmap import SubjectMap, long_payload
 
-from .engine import Headers, Outgoing
+from .engine import Outgoing
 
 #: Longest subject published: NATS's default max_control_line is 4096 bytes
 #: and the PUB line holds the subject, the size and a few bytes more.  A key
@@ -38,7 +37,7 @@ def key_filter(patterns: tuple[bytes, ...] | list[bytes]) -> SubscriptionIndex |
 
 
 class Outbound:
-    """Messages from the bus as (subject, headers, payload) for NATS.  What
+    """Messages from the bus as (subject, envelope, payload) for NATS.  What
     becomes of a key is worked out once and kept (a subject, or the reason it
     stays home), so a message costs one lookup."""
 
@@ -66,12 +65,11 @@ class Outbound:
         elif len(decided) <= SUBJECT_MAX:
             seq = self.ledger.stamp(key)
             if seq:
-                out.append((decided, {HEADER: self.ledger.value(seq)}, payload))
+                out.append((decided, self.ledger.value(seq), payload))
         else:  # every host takes these and its bus keeps what it wants
             seq = self.ledger.stamp_long()
             if seq:
-                headers: Headers = {HEADER: self.ledger.value(seq)}
-                out.append((self._long, headers, long_payload(key, payload)))
+                out.append((self._long, self.ledger.value(seq), long_payload(key, payload)))
 
     def _decide(self, key: bytes) -> bytes | str:
         decided: bytes | str
