@@ -26,9 +26,12 @@ elsewhere the public API does the same, slower.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free
 from libc.string cimport memcmp, memcpy, strlen
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.unicode cimport PyUnicode_DecodeASCII
+from cpython.unicode cimport PyUnicode_DATA, PyUnicode_DecodeASCII, PyUnicode_GET_LENGTH
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
 
 cdef extern from "nats/nats.h" nogil:
     ctypedef struct natsConnection:
@@ -455,16 +458,16 @@ cdef natsStatus _publish_one(natsConnection *nc, bytes subject, object envelope,
     cdef Py_ssize_t n
     if envelope is None:
         return natsConnection_Publish(nc, subject, <const char *>payload, len(payload))
-    value = (<str>envelope).encode("ascii")
-    n = PyBytes_GET_SIZE(value)
-    if _private and _HEAD_LEN + n + _TAIL_LEN <= BLOCK_MAX:
+    n = PyUnicode_GET_LENGTH(envelope)
+    if _private and PyUnicode_IS_ASCII(envelope) and _HEAD_LEN + n + _TAIL_LEN <= BLOCK_MAX:
         # the header section encoded here, published as it is (natsc_private.h, 1.)
         memcpy(block, PyBytes_AS_STRING(_HEAD), _HEAD_LEN)
-        memcpy(block + _HEAD_LEN, PyBytes_AS_STRING(value), n)
+        memcpy(block + _HEAD_LEN, PyUnicode_DATA(envelope), n)
         memcpy(block + _HEAD_LEN + n, PyBytes_AS_STRING(_TAIL), _TAIL_LEN)
         natsc_msg_init(&m, subject, block, <int>(_HEAD_LEN + n + _TAIL_LEN),
                        <const char *>payload, <int>len(payload))
         return natsConnection_PublishMsg(nc, <natsMsg *>&m)
+    value = (<str>envelope).encode("ascii")
     s = natsMsg_Create(&made, subject, NULL, <const char *>payload, <int>len(payload))
     if s == NATS_OK:
         s = natsMsgHeader_Set(made, _KEY, value)

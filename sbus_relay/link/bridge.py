@@ -80,7 +80,6 @@ class Bridge:
         self.refused = 0  # nats_refused
         self.slow = 0  # what the engine dropped of slow subscriptions
         self.counts_sent = 0  # fleet: counts published for other hosts
-        self.sent_bytes = 0
         self.settled = False
         self._ever = False  # connected once
         self._closing = False
@@ -283,7 +282,8 @@ class Bridge:
         self._watching = on
 
     def _readable(self) -> None:
-        out: list[Outgoing] = []
+        out = self._outbox
+        queued = len(out)
         changed = False
         for _ in range(LINK_READ_BATCH):
             try:
@@ -297,10 +297,8 @@ class Bridge:
                 self._reading(False)
                 break
             changed = self._from_bus(packet, out) or changed
-        if out:
-            if not self._outbox:
-                self._do(self._send)
-            self._outbox.extend(out)
+        if not queued and out:
+            self._do(self._send)
         if changed:
             self._schedule_announce()
         if self._sync_owed and not self._syncing:
@@ -309,11 +307,7 @@ class Bridge:
     def _from_bus(self, packet: bytes, out: list[Outgoing]) -> bool:
         """Act on one packet from the bus; True if it changed our interest."""
         try:
-            messages = linkwire.messages(packet)
-            if messages is not None:
-                add = self.outbound.add
-                for key, payload in messages:
-                    add(out, key, payload)
+            if self.outbound.take(out, packet):
                 return False
             event = codec.decode(packet)
         except PeerError as e:  # a bug of the bus's: said, and the packet left
@@ -347,7 +341,6 @@ class Bridge:
         self.refused += refused
         # (the counts for other hosts are not traffic: neither sent nor unconfirmed)
         self.confirm.sent += max(0, len(out) - refused - counts)
-        self.sent_bytes += sum(len(p) for _, _, p in out)  # refused ones are rare
         self.counts_sent += counts
 
     def _counts(self, counts: list[tuple[str, str, bytes]]) -> None:
@@ -445,7 +438,7 @@ class Bridge:
             server=self.server,
             engine=self.engine.name,
             sent=self.confirm.sent,
-            sent_bytes=self.sent_bytes,
+            sent_bytes=outb.payload_bytes,  # (what was refused is rare: not taken off)
             received=inb.received,
             received_bytes=inb.received_bytes,
             reconnects=self.reconnects,

@@ -42,7 +42,7 @@ class Inbound:
     costs one lookup."""
 
     __slots__ = (
-        "_control", "_decided", "_identity", "_import", "_releasing", "_soon", "_subs",
+        "_control", "_decided", "_identity", "_import", "_now", "_releasing", "_soon", "_subs",
         "_version", "_writer", "drops", "map", "origins", "received", "received_bytes",
     )  # fmt: skip
 
@@ -68,6 +68,7 @@ class Inbound:
         self.origins = origins
         self._soon = soon
         self._releasing = False
+        self._now = 0.0
         self._decided: dict[bytes, Decision] = {}
         self._version = subs.version
         self.received = self.received_bytes = 0
@@ -102,7 +103,9 @@ class Inbound:
             self.drops[head] += 1
             return
         if envelope is not None:  # another host's: held, released in its origin's order
-            held = self.origins.arrive(envelope, holders, deliver, (head, payload), time.time())
+            if not self._releasing:
+                self._now = time.time()  # (once a turn of the loop: they arrive together)
+            held = self.origins.arrive(envelope, holders, deliver, (head, payload), self._now)
             if held == FIRST and not self._releasing:
                 self._releasing = True
                 self._soon(self.release)

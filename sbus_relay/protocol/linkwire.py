@@ -219,13 +219,13 @@ SETTLED_PACKET = codec.encode_cmsg(SETTLED, b"")
 SYNCED_PACKET = codec.encode_cmsg(SYNCED, b"")
 
 
-def messages(packet: bytes) -> list[tuple[bytes, bytes]] | None:
-    """(key, payload) of each message of a ``MSG`` or a packed batch, in order;
-    None for any other packet.  ``PeerError`` if it is malformed."""
+def messages(packet: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    """The keys and the payloads of the messages of a ``MSG`` or a packed
+    batch, in order; None for any other packet.  ``PeerError`` if it is
+    malformed."""
     if frames.is_batch(packet):
-        packets, keys = frames.unpack(packet)
-        return [(k, p[len(k) + 5 :]) for p, k in zip(packets, keys, strict=True)]
-    key = frames.msg_key(packet)
-    if key is None:
+        return frames.unpack_messages(packet)
+    parts = frames.msg_parts(packet)
+    if parts is None:
         return None
-    return [(key, packet[len(key) + 5 :])]
+    return [parts[0]], [parts[1]]
