@@ -73,6 +73,9 @@ LINGER = 1.0
 REAP_POLL = 0.01
 #: The link process's module (its command line: ``sys.executable -m`` it).
 LINK_MODULE = "sbus_relay.cli.link"
+#: The lowest level of the records the link process sends: all of them (the
+#: bus's own level, reloaded with its config, decides what is written).
+LINK_LOG_LEVEL = "debug"
 
 
 class NatsLink:
@@ -85,7 +88,6 @@ class NatsLink:
         self.name = nats.host or config.instance
         self.config = nats
         self.log = log.bind(link="nats")
-        self._log_level = config.log_level
         queue = OutboundQueue(nats.queue_bytes, nats.queue_messages, upward=True)
         self.conn = link_connection(host, self, queue, self.log)
         self.conn.label = "nats"
@@ -145,8 +147,11 @@ class NatsLink:
             for f in dataclasses.fields(linkwire.Hello)
             if hasattr(c, f.name)
         }
+        # every record of the link's crosses (they are events, never one a
+        # message): the bus writes them through its own logger, whose level
+        # is the one a reload sets, so one level rules both processes
         return linkwire.encode_hello(
-            linkwire.Hello(**{**same, "host": self.name, "log_level": self._log_level})
+            linkwire.Hello(**{**same, "host": self.name, "log_level": LINK_LOG_LEVEL})
         )
 
     def _spawn(self) -> None:

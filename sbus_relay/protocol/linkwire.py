@@ -78,7 +78,8 @@ class Hello:
     tls_ca: str | None = None
     #: "auto" (nats.c where it is built, else nats-py), "nats.c" or "nats-py"
     engine: str = "auto"
-    #: the lowest level of the records the link sends (the bus's own level)
+    #: the lowest level of the records the link sends (the bus sends "debug":
+    #: its own logger, at the level its config says now, decides what is written)
     log_level: str = "info"
 
 
