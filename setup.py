@@ -135,7 +135,13 @@ def _nats_c_extension() -> list[Extension]:
 
 
 class BuildExt(build_ext):
-    """Builds what it can, then records the sources of what was compiled."""
+    """Builds what it can, each core compiling a module at a time (unless ``-j``
+    says how many), then records the sources of what was compiled."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
 
     def run(self) -> None:
         super().run()

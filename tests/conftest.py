@@ -53,6 +53,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.chmod(run_dir, 0o755)  # as /tmp: another user's client reaches a test's socket
     os.environ["SBUS_TEST_TMPDIR"] = os.environ["TMPDIR"] = run_dir
     tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    # A JVM ignores $TMPDIR: every one that Spark's launcher starts (a test's
+    # own SparkSession, a documented example run as a user would) writes its
+    # temporary files here too, so that what one leaves is seen as well.  The
+    # pipeline gives the JVMs it starts directories of their own in it.
+    jvm = f"-Djava.io.tmpdir={run_dir} -XX:-UsePerfData"
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {jvm}".strip()
     config.stash[_RUN_DIR] = run_dir
     config.stash[_MADE_BY] = {}
 

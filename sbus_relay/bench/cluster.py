@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbus_relay.ops import children
+from sbus_relay.pipeline import scratch
 from sbus_relay.pipeline.classarchive import spark_home
 
 #: Seconds the master and the worker get to start and register.
@@ -72,8 +72,11 @@ def _java() -> str:
     return java
 
 
-def _start(cls: str, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    cmd = [_java(), f"-Xmx{DAEMON_HEAP}", "-cp", f"{spark_home() / 'jars'}/*", cls, *args]
+def _start(
+    cls: str, args: list[str], log: Path, env: dict[str, str], tmp: Path
+) -> subprocess.Popen[bytes]:
+    cmd = [_java(), f"-Xmx{DAEMON_HEAP}", *scratch.java_options(tmp).split()]
+    cmd += ["-cp", f"{spark_home() / 'jars'}/*", cls, *args]
     # Its own process group: stopped with its executors.
     return children.spawn(cmd, log=log, append=False, stdout="log", new_session=True, env=env)
 
@@ -98,14 +101,17 @@ def standalone_cluster(
 ) -> Iterator[Cluster]:
     """Start a master and a worker (``cores``, ``memory`` for executors); stop them after."""
     own_dir = work_dir is None
-    wd = Path(tempfile.mkdtemp(prefix="sbus-spark-")) if work_dir is None else Path(work_dir)
+    wd = scratch.make() if work_dir is None else Path(work_dir)
     wd.mkdir(parents=True, exist_ok=True)
+    tmp = wd / "tmp"  # the daemons' and executors' temporary files (``scratch``)
+    tmp.mkdir(exist_ok=True)
     # SPARK_SCALA_VERSION: the worker's launcher looks for a build tree without it.
     env = dict(
         os.environ,
         SPARK_HOME=str(spark_home()),
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_SCALA_VERSION=SCALA_VERSION,
+        SPARK_LOCAL_DIRS=str(tmp),
     )
     port = _free_port()
     url = f"spark://127.0.0.1:{port}"
@@ -114,6 +120,7 @@ def standalone_cluster(
         ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())],
         wd / "master.log",
         env,
+        tmp,
     )
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -124,6 +131,7 @@ def standalone_cluster(
              "--webui-port", str(_free_port()), "--work-dir", str(wd / "work")],
             wd / "worker.log",
             env,
+            tmp,
         )  # fmt: skip
         _wait_for(wd / "worker.log", "Successfully registered with master", worker)
         yield Cluster(url, master, worker, wd)

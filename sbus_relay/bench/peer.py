@@ -130,6 +130,11 @@ def queries(files: list[str], opts: AnalyzeOptions, windows: int, out: str) -> l
             "instances",
         ),
         copy(
+            "select instance, prefix, sum(messages)::bigint as messages, "
+            "sum(bytes)::bigint as bytes from cells group by all",
+            "instance_prefixes",
+        ),
+        copy(
             "with scoped as (select 'prefix' as scope, prefix, window_start_ns, messages, bytes "
             "from pw union all select 'total', '', window_start_ns, sum(messages)::bigint, "
             "sum(bytes)::bigint from pw group by window_start_ns), "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +61,10 @@ def generate(
     payload: bool = False,
     seed: int = 1,
     start_ns: int = 1_700_000_000 * 10**9,
+    instance_names: Sequence[str] | None = None,
 ) -> list[Path]:
-    """Write ``messages`` synthetic rows under ``out``; return the files written."""
+    """Write ``messages`` synthetic rows under ``out``; return the files written.
+    Their instances are ``host0``... (``instances`` of them), or ``instance_names``."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     keys = np.array(_keys(rng, keys_per_family), dtype=object)
@@ -70,7 +73,10 @@ def generate(
     weights /= weights.sum()
     # Media-like families carry big payloads; the rest small ones.
     big = np.array([k.startswith(("media/", "logs/")) for k in keys])
-    names = np.array([f"host{i}" for i in range(instances)], dtype=object)
+    if instance_names is None:
+        instance_names = [f"host{i}" for i in range(instances)]
+    instances = len(instance_names)
+    names = np.array(list(instance_names), dtype=object)
     span_ns = int(seconds * 1e9)
     burst_starts = rng.integers(0, max(1, span_ns - BURST_SECONDS * 10**9), BURSTS)
     files = []

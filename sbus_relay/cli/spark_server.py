@@ -16,6 +16,7 @@ import argparse
 import signal
 import sys
 import types
+from pathlib import Path
 
 from sbus_relay.pipeline import defaults as D
 
@@ -53,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"{PROG}: {missing}", file=sys.stderr)
         return EXIT_USAGE
+    from sbus_relay.pipeline import scratch
+
+    with scratch.directory() as tmp:  # the server's temporary files, removed after it
+        return _serve(args, tmp)
+
+
+def _serve(args: argparse.Namespace, tmp: Path) -> int:
     from sbus_relay.ops import children
     from sbus_relay.pipeline import connect
     from sbus_relay.pipeline.inputs import InputError
@@ -60,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         opts = connect.ServerOptions(args.host, args.port, spark_settings(args))
-        proc = connect.start(opts)
+        proc = connect.start(opts, tmp=tmp)
     except InputError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -120,6 +121,7 @@ TABLES = (
     "top_keys_by_messages",
     "top_keys_by_bytes",
     "instances",
+    "instance_prefixes",
     "bursts",
     "size_histogram",
 )
@@ -167,6 +169,10 @@ class AnalysisResult:
     summary: dict[str, Any]
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     chart_series: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds of the Spark job (its result on the driver) and of the tables
+    #: derived and written (``run``).
+    job_s: float = 0.0
+    tables_s: float = 0.0
 
 
 def partitioning(input_bytes: int, parallelism: int) -> dict[str, str]:
@@ -288,14 +294,6 @@ def _as_sets(df: DataFrame, set_id: int) -> DataFrame:
     )
 
 
-def rolled_up(df: DataFrame) -> DataFrame:
-    """The sets held by rollups (``rollup``), or by ``follow``'s state: the rows
-    of the three sets, without the rows naming files."""
-    from pyspark.sql import functions as F
-
-    return df.where(F.col("_set") != F.lit(R.FILE_SET))
-
-
 @dataclass
 class Computed:
     """What the Spark job returns: the small aggregates, on the driver."""
@@ -326,11 +324,6 @@ def reaggregate(state: DataFrame, window_ns: int, depth: int | None = None) -> D
     )
 
 
-#: Columns the small sets are sorted on once collected: the tables derived from
-#: them then come out the same wherever Spark ran (local, cluster, Connect).
-SMALL_ORDER = [(c, "ascending") for c in ("_set", "prefix", "window_start_ns", "instance", "size")]
-
-
 def _sums() -> list[Any]:
     """The aggregates of raw rows: messages, bytes, first and last receive time."""
     from pyspark.sql import functions as F
@@ -355,55 +348,166 @@ def _resums() -> list[Any]:
     ]
 
 
-#: ``_set`` of the row that carries the number of distinct keys (in ``messages``)
-#: among the small sets ``compute`` collects.
-KEY_COUNT_SET = -2
+#: The parts of the job's one result (``compute``), told apart by ``_part``.
+CELLS_PART = 0
+SIZES_PART = 1
+KEY_COUNT_PART = 2
+TOP_BY_MESSAGES_PART = 3
+TOP_BY_BYTES_PART = 4
+#: The columns of the job's result: every part's rows in one table, the
+#: columns a part has no use for null.
+RESULT_COLUMNS = (
+    ("_part", "int"), ("prefix", "string"), ("window_start_ns", "long"),
+    ("instance", "string"), ("size", "long"), ("key", "string"), ("rank", "int"),
+    ("messages", "long"), ("bytes", "long"), ("first_ns", "long"), ("last_ns", "long"),
+)  # fmt: skip
+#: RESULT_COLUMNS as Arrow types.
+_ARROW_TYPES = {"int": pa.int32(), "long": pa.int64(), "string": pa.string()}
+RESULT_SCHEMA = pa.schema([(c, _ARROW_TYPES[t]) for c, t in RESULT_COLUMNS])
 
 
-def compute(sets: DataFrame, opts: AnalyzeOptions) -> Computed:
-    """The job from a DataFrame of the three sets (``aggregate``, ``reaggregate``),
-    persisted while it runs two jobs: the small sets and the number of distinct
-    keys, collected as Arrow (their size is bounded by prefixes x windows x
-    instances and prefixes x distinct sizes, not by the traffic); and the two
-    top-key rankings, the keys left in Spark because they are unbounded."""
-    from pyspark import StorageLevel
+def _part(df: DataFrame, part: int, columns: dict[str, Any]) -> DataFrame:
+    """``df``'s ``columns`` (result column: expression) as rows of ``part`` of
+    the result; absent columns null.  Its columns are named, never asked for
+    (on a Connect server every question about a plan is a round trip)."""
     from pyspark.sql import functions as F
 
-    sets = sets.persist(StorageLevel.MEMORY_AND_DISK)
+    return df.select(
+        *[
+            (F.lit(part) if c == "_part" else columns.get(c, F.lit(None))).cast(t).alias(c)
+            for c, t in RESULT_COLUMNS
+        ]
+    )
+
+
+def result_parts(
+    stored: DataFrame, opts: AnalyzeOptions, grain: tuple[int, int] | None = None
+) -> DataFrame:
+    """The job's one result, lazily, from ``stored`` rows of the three sets
+    (rollups at their own grain, raw rows aggregated: ``job_sets``): each set
+    summed on its own columns at the report's depth and window (the cells
+    re-binned exactly: the stored windows divide the report's), and as rows:
+
+    - the cells and the size histograms, whose number is bounded by prefixes x
+      windows x instances and prefixes x distinct sizes (at most 409,600), not
+      by the traffic: the driver derives the tables from them (``derive``);
+    - of the per-key counts, which are unbounded and stay in Spark: their
+      number and the two top-key rankings, ranked there.
+
+    Each set is read with a filter on ``_set`` that Spark pushes to the files:
+    a rollup keeps each set in row groups of its own, so each part reads only
+    its own rows.  With ``grain`` (depth, window), the rows are one rollup's,
+    each set summed already at that depth and window: a set is summed again
+    only where the report's depth (every set but the keys) or window (the
+    cells) differs from it."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = opts.window_ns
+    in_set = F.col("_set")
+    prefix = F.substring_index(F.col("prefix"), "/", opts.depth)
+    same_depth = grain is not None and grain[0] == opts.depth
+    cells = stored.where(in_set == F.lit(R.CELL_SET)).select(
+        prefix.alias("prefix"),
+        F.expr(f"window_start_ns div {w} * {w}").alias("window_start_ns"),
+        *("instance", "messages", "bytes", "first_ns", "last_ns"),
+    )
+    if not (same_depth and grain is not None and grain[1] == w):
+        cells = cells.groupBy(*CELLS).agg(*_resums())
+    sizes = stored.where(in_set == F.lit(R.SIZE_SET)).select(
+        prefix.alias("prefix"), "size", "messages"
+    )
+    if not same_depth:
+        sizes = sizes.groupBy(*SIZES).agg(F.sum("messages").alias("messages"))
+    keys = stored.where(in_set == F.lit(R.KEY_SET)).select("key", "messages", "bytes")
+    if grain is None:
+        keys = keys.groupBy("key").agg(
+            F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")
+        )
+
+    def top_by(first: str, second: str, part: int) -> DataFrame:
+        order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
+        # At most opts.top rows, ranked there (one partition of that many rows).
+        ranked = keys.orderBy(*order).limit(opts.top)
+        rank = F.row_number().over(Window.partitionBy(F.lit(0)).orderBy(*order))
+        columns = {"key": F.col("key"), "rank": rank}
+        return _part(ranked, part, {**columns, **{c: F.col(c) for c in ("messages", "bytes")}})
+
+    col = {c: F.col(c) for c in ("prefix", "window_start_ns", "instance", "size", "messages")}
+    col.update({c: F.col(c) for c in ("bytes", "first_ns", "last_ns")})
+    parts = [
+        _part(cells, CELLS_PART, {c: col[c] for c in (*CELLS, "messages", "bytes",
+                                                      "first_ns", "last_ns")}),
+        _part(sizes, SIZES_PART, {c: col[c] for c in (*SIZES, "messages")}),
+        _part(keys.agg(F.count(F.lit(1)).alias("messages")), KEY_COUNT_PART,
+              {"messages": col["messages"]}),
+        top_by("messages", "bytes", TOP_BY_MESSAGES_PART),
+        top_by("bytes", "messages", TOP_BY_BYTES_PART),
+    ]  # fmt: skip
+    result = parts[0]
+    for part in parts[1:]:
+        result = result.unionAll(part)
+    return result
+
+
+def compute(
+    stored: DataFrame,
+    opts: AnalyzeOptions,
+    persist: bool = False,
+    grain: tuple[int, int] | None = None,
+) -> Computed:
+    """The job: ``result_parts`` of ``stored`` (summed at ``grain`` when given),
+    computed in one query and collected as Arrow in one round trip.
+    ``persist``: keep ``stored`` while the query runs, for rows that would
+    otherwise be computed once per part (the Python workers' sums, which Spark
+    cannot filter before they are made)."""
+    from pyspark import StorageLevel
+
+    if persist:
+        stored = stored.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        is_key = F.col("_set") == F.lit(R.KEY_SET)
-        keys = sets.where(is_key).select("key", "messages", "bytes")
-        counted = _as_sets(keys.agg(F.count(F.lit(1)).alias("messages")), KEY_COUNT_SET)
-        small = sets.where(~is_key).unionByName(counted).toArrow()
-        ranked = _keys(keys, opts)
+        result = result_parts(stored, opts, grain).toArrow()
     finally:
-        sets.unpersist()
+        if persist:
+            stored.unpersist()
+    return split(result)
+
+
+def split(result: pa.Table) -> Computed:
+    """The job's result apart: the cells sorted and typed alike wherever Spark
+    ran (so are the tables derived from them), the size histograms typed (what
+    is derived from them does not depend on their order), the rankings in rank
+    order, the number of distinct keys.  The parts come in order (a union's
+    partitions are its children's, in turn): each is then a slice of the
+    result, else a filter of it."""
     import pyarrow.compute as pc
 
-    is_count = pc.equal(small["_set"], KEY_COUNT_SET)
-    distinct = pc.sum(small.filter(is_count)["messages"]).as_py() or 0
-    return _split(small.filter(pc.invert(is_count)), (*ranked, distinct))
+    parts = result["_part"].combine_chunks() if result.num_rows else pa.array([], pa.int32())
+    runs = pc.run_end_encode(parts)
+    ends = runs.run_ends.to_pylist()
+    starts = [0, *ends[:-1]]
+    where = dict(zip(runs.values.to_pylist(), zip(starts, ends, strict=True), strict=True))
+    ordered = len(where) == len(ends)
 
+    def part(n: int, columns: list[str]) -> pa.Table:
+        table = result.select(columns)
+        if ordered:
+            start, end = where.get(n, (0, 0))
+            return table.slice(start, end - start)
+        return table.filter(pc.equal(parts, n))
 
-def _keys(keys: DataFrame, opts: AnalyzeOptions) -> tuple[Any, Any]:
-    """The two top-key rankings from per-key counts, in one job."""
-    from pyspark.sql import functions as F
+    cells = part(CELLS_PART, [*CELLS, "messages", "bytes", "first_ns", "last_ns"])
+    cells = cells.cast(CELLS_SCHEMA).sort_by([(c, "ascending") for c in CELLS])
+    sizes = part(SIZES_PART, [*SIZES, "messages"]).rename_columns([*SIZES, "n"])
+    sizes = sizes.cast(SIZES_SCHEMA)
 
-    def top_by(first: str, second: str) -> DataFrame:
-        order = [F.col(first).desc(), F.col(second).desc(), F.col("key").asc()]
-        # At most opts.top rows, ranked here: no global (single-partition) window.
-        return keys.orderBy(*order).limit(opts.top).withColumn("_by", F.lit(first))
+    def ranked(n: int) -> pa.Table:
+        top = part(n, ["rank", "key", "messages", "bytes"]).sort_by("rank")
+        return ranking(*(top[c].to_pylist() for c in ("key", "messages", "bytes")))
 
-    rows = top_by("messages", "bytes").unionByName(top_by("bytes", "messages")).collect()
-
-    def ranked(by: str) -> Any:
-        then = "bytes" if by == "messages" else "messages"
-        top = sorted(
-            (r for r in rows if r["_by"] == by), key=lambda r: (-r[by], -r[then], r["key"])
-        )
-        return ranking(*([r[c] for r in top] for c in ("key", "messages", "bytes")))
-
-    return ranked("messages"), ranked("bytes")
+    distinct = pc.sum(part(KEY_COUNT_PART, ["messages"])["messages"]).as_py() or 0
+    return Computed(cells, sizes, ranked(TOP_BY_MESSAGES_PART), ranked(TOP_BY_BYTES_PART),
+                    distinct)  # fmt: skip
 
 
 def ranking(keys: list[Any], messages: list[Any], nbytes: list[Any]) -> pa.Table:
@@ -418,23 +522,10 @@ def ranking(keys: list[Any], messages: list[Any], nbytes: list[Any]) -> pa.Table
     )
 
 
-def _split(small: Any, ranked: tuple[Any, Any, int]) -> Computed:
-    """The collected cells and sizes apart, sorted and typed alike wherever Spark ran."""
-    import pyarrow.compute as pc
-
-    small = small.sort_by(SMALL_ORDER)
-    is_cell = pc.equal(small["_set"], R.CELL_SET)
-    cells = small.filter(is_cell).select([*CELLS, "messages", "bytes", "first_ns", "last_ns"])
-    cells = cells.cast(CELLS_SCHEMA)
-    sizes = small.filter(pc.invert(is_cell)).select([*SIZES, "messages"])
-    sizes = sizes.rename_columns([*SIZES, "n"]).cast(SIZES_SCHEMA)
-    return Computed(cells, sizes, *ranked)
-
-
 def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
-    """``compute(reaggregate(state, opts.window_ns, opts.depth))`` with pyarrow on
-    the driver, for stored sets that are local files and small (``follow``'s
-    state): the same tables, byte for byte.  Each set is summed on its own
+    """``compute`` of stored sets with pyarrow on the driver, for stored sets
+    that are local files and small (``follow``'s state): the same result,
+    hence the same tables, byte for byte.  Each set is summed on its own
     columns; prefixes are cut once per distinct prefix."""
     import pyarrow.compute as pc
 
@@ -466,28 +557,47 @@ def compute_local(state: pa.Table, opts: AnalyzeOptions) -> Computed:
         sizes.schema.get_field_index("prefix"), "prefix", pc.take(names, sizes["prefix"])
     )
 
-    small = pa.concat_tables(
-        [
-            R.set_rows(
-                cells.num_rows, R.CELL_SET, prefix=cells["prefix"],
-                window_start_ns=cells["window_start_ns"], instance=cells["instance"],
-                messages=cells["messages_sum"], bytes=cells["bytes_sum"],
-                first_ns=cells["first_ns_min"], last_ns=cells["last_ns_max"],
-            ),
-            R.set_rows(sizes.num_rows, R.SIZE_SET, prefix=sizes["prefix"], size=sizes["size"],
-                       messages=sizes["messages_sum"]),
-        ]
-    )  # fmt: skip
     keys = rows(R.KEY_SET)
     k = keys.group_by("key", use_threads=False).aggregate([("messages", "sum"), ("bytes", "sum")])
     k = pa.table({"key": k["key"], "messages": k["messages_sum"], "bytes": k["bytes_sum"]})
 
-    def top_by(first: str, second: str) -> pa.Table:
+    def top_by(first: str, second: str, part: int) -> pa.Table:
         order = [(first, "descending"), (second, "descending"), ("key", "ascending")]
         top = k.sort_by(order).slice(0, opts.top)
-        return ranking(*(top[c].to_pylist() for c in ("key", "messages", "bytes")))
+        rank = pa.array(range(1, top.num_rows + 1), pa.int32())
+        return result_rows(top.num_rows, part, key=top["key"], rank=rank,
+                           messages=top["messages"], bytes=top["bytes"])  # fmt: skip
 
-    return _split(small, (top_by("messages", "bytes"), top_by("bytes", "messages"), k.num_rows))
+    return split(
+        pa.concat_tables(
+            [
+                result_rows(
+                    cells.num_rows, CELLS_PART, prefix=cells["prefix"],
+                    window_start_ns=cells["window_start_ns"], instance=cells["instance"],
+                    messages=cells["messages_sum"], bytes=cells["bytes_sum"],
+                    first_ns=cells["first_ns_min"], last_ns=cells["last_ns_max"],
+                ),
+                result_rows(sizes.num_rows, SIZES_PART, prefix=sizes["prefix"],
+                            size=sizes["size"], messages=sizes["messages_sum"]),
+                result_rows(1, KEY_COUNT_PART, messages=pa.array([k.num_rows], pa.int64())),
+                top_by("messages", "bytes", TOP_BY_MESSAGES_PART),
+                top_by("bytes", "messages", TOP_BY_BYTES_PART),
+            ]
+        )
+    )  # fmt: skip
+
+
+def result_rows(rows: int, part: int, **columns: Any) -> pa.Table:
+    """``rows`` rows of ``part`` of the job's result (RESULT_SCHEMA): its
+    columns given, the others null."""
+    return pa.table(
+        {
+            f.name: pa.repeat(pa.scalar(part, f.type), rows)
+            if f.name == "_part"
+            else columns.get(f.name, pa.nulls(rows, f.type))
+            for f in RESULT_SCHEMA
+        }
+    ).cast(RESULT_SCHEMA)
 
 
 def _cut(prefixes: Any, depth: int) -> tuple[Any, Any]:
@@ -571,13 +681,17 @@ def run(
     base = span_options(opts, first_ns, last_ns)
     if sources is None:
         sources = (
-            plan(inputs.file_rows, base.depth, base.window_ns)
+            plan(inputs.file_rows, base.depth, base.window_ns, directories=inputs.directories)
             if inputs.checked
             else Sources(raw=list(inputs.paths))
         )
+    t0 = time.monotonic()
     job = compute_sets(spark, inputs, sources, base, say)
+    t1 = time.monotonic()
     files = len(inputs.paths) if inputs.checked else None
-    return finish(spark, job, opts, base, inputs, files, out_dir)
+    result = finish(spark, job, opts, base, inputs, files, out_dir)
+    result.job_s, result.tables_s = t1 - t0, time.monotonic() - t1
+    return result
 
 
 def compute_sets(
@@ -596,9 +710,9 @@ def compute_sets(
     from .session import is_spark_error
 
     if not (sources.raw and inputs.checked):
-        return compute(job_sets(spark, inputs, sources, opts), opts)
+        return compute(job_sets(spark, inputs, sources, opts), opts, grain=sources.grain)
     try:
-        return compute(job_sets(spark, inputs, sources, opts), opts)
+        return compute(job_sets(spark, inputs, sources, opts), opts, persist=True)
     except Exception as exc:
         text = str(exc)
         if not is_spark_error(exc):
@@ -622,23 +736,19 @@ def job_sets(
     opts: AnalyzeOptions,
     in_workers: bool = True,
 ) -> Any:
-    """The three sets of the report: the rollups re-binned and cut to the report's
-    window and depth, the raw captures aggregated, summed together.  Local
-    capture files are summed ``in_workers`` (``file_sums``), others by Spark SQL
-    (``aggregate``)."""
+    """The stored rows of the report's three sets (``result_parts`` sums them):
+    the rollups' rows as they are, the raw captures' aggregated, together.
+    Local capture files are summed ``in_workers`` (``file_sums``), others by
+    Spark SQL (``aggregate``)."""
     parts = []
     if sources.rollups:
-        stored = spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups)
-        parts.append(rolled_up(stored))
+        parts.append(spark.read.schema(R.ROLLUP_DDL).parquet(*sources.rollups))
     if sources.raw and in_workers and inputs.checked:
         parts.append(file_sums(spark, sources.raw, opts))
     elif sources.raw:
         raw = load_captures(spark, replace(inputs, paths=sources.raw))
         parts.append(aggregate(raw, opts))
-    if not sources.rollups:
-        return parts[0]
-    union = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-    return reaggregate(union, opts.window_ns, opts.depth)
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
 def span_options(opts: AnalyzeOptions, first_ns: int | None, last_ns: int | None) -> AnalyzeOptions:
@@ -682,18 +792,20 @@ def finish(
     sessions = inputs.losses.intervals if inputs.losses is not None else []
     active = pw["window_start_ns"].to_pylist()
     recorded = recorded_windows(w, first_ns, last_ns, sessions, active)
+    sizes = D.Sizes(job.sizes)
     tables = {
         "prefix_windows": pw,
-        "size_percentiles": D.size_percentiles(job.sizes, opts.percentiles, pcols),
+        "size_percentiles": D.size_percentiles(sizes, opts.percentiles, pcols),
         "top_keys_by_messages": job.top_by_messages,
         "top_keys_by_bytes": job.top_by_bytes,
         "instances": D.instances(cells),
+        "instance_prefixes": D.instance_prefixes(cells),
         "bursts": D.bursts(pw, recorded, opts.burst_factor, opts.burst_min_messages),
-        "size_histogram": D.size_histogram(job.sizes),
+        "size_histogram": D.size_histogram(sizes),
     }
     for name in TABLES:
         _write_table(spark, tables[name], out, name)
-    overall = dict(zip(pcols, D.overall_percentiles(job.sizes, opts.percentiles), strict=True))
+    overall = dict(zip(pcols, D.overall_percentiles(sizes, opts.percentiles), strict=True))
     inst = _sorted_rows(
         tables["instances"], [("messages", "descending"), ("instance", "ascending")]
     )
@@ -730,6 +842,9 @@ def finish(
         ),
         "top_keys_by_bytes": _sorted_rows(tables["top_keys_by_bytes"], [("rank", "ascending")]),
         "instances": inst,
+        "instance_prefixes": _sorted_rows(
+            tables["instance_prefixes"], [("instance", "ascending"), ("messages", "descending")]
+        ),
         "bursts": _bursts_in_order(tables["bursts"]),
         "size_histogram": _sorted_rows(tables["size_histogram"], [("bucket", "ascending")]),
     }

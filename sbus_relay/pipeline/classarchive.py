@@ -40,12 +40,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from sbus_relay.ops import children
 from sbus_relay.ops.cachedir import cache_dir
+
+from . import scratch
 
 #: Environment variable: ``0`` turns the archive off; ``write:<path>`` (set by the
 #: builder for its own analysis run) makes that run's JVM write the archive there.
@@ -293,7 +294,9 @@ def build() -> int:
         os.nice(10)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        with tempfile.TemporaryDirectory(prefix="sbus-class-archive-") as work:
+        # Where scratch directories go, never /tmp behind the user's back
+        # (``scratch``: one left by a killed builder goes with the next one made).
+        with scratch.directory() as work:
             sample_capture(Path(work, "captures"))
             command = [sys.executable, "-m", "sbus_relay", "analyze"]
             command += [str(Path(work, "captures")), "--out", str(Path(work, "out"))]

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from sbus_relay.ops import children
 
-from . import classarchive
+from . import classarchive, scratch
 from .classarchive import spark_home
 from .defaults import CONNECT_HOST, CONNECT_MEMORY, CONNECT_PORT
 from .session import (
@@ -112,8 +112,10 @@ def local_cores(master: str) -> int | None:
     return int(inside) if inside.isdigit() and int(inside) > 0 else None
 
 
-def server_conf(opts: ServerOptions) -> dict[str, str]:
-    """Every setting the server starts with (see the module docstring), --conf last."""
+def server_conf(opts: ServerOptions, tmp: Path | None = None) -> dict[str, str]:
+    """Every setting the server starts with (see the module docstring), --conf
+    last; with ``tmp``, its temporary files there (``scratch``: the JVM options
+    first, those of --conf after them)."""
     settings = opts.settings
     master = settings.master or "local[*]"
     conf = {
@@ -135,14 +137,20 @@ def server_conf(opts: ServerOptions) -> dict[str, str]:
     archive = classarchive.java_option()
     if archive is not None and DRIVER_OPTIONS not in settings.conf:
         conf[DRIVER_OPTIONS] = f"{conf[DRIVER_OPTIONS]} {archive}"
-    return {**conf, **settings.conf}
+    if tmp is None:
+        return {**conf, **settings.conf}
+    ours = f"{scratch.java_options(tmp)} {conf[DRIVER_OPTIONS]}"
+    conf.update(scratch.spark_conf(tmp))
+    conf = {**conf, **settings.conf}
+    conf[DRIVER_OPTIONS] = " ".join(o for o in (ours, settings.conf.get(DRIVER_OPTIONS)) if o)
+    return conf
 
 
-def command(opts: ServerOptions) -> list[str]:
+def command(opts: ServerOptions, tmp: Path | None = None) -> list[str]:
     """The server's command line: pyspark's spark-submit with our settings."""
     argv = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS]
     argv += ["--name", "sbus-relay Spark Connect server"]
-    for key, value in server_conf(opts).items():
+    for key, value in server_conf(opts, tmp).items():
         argv += ["--conf", f"{key}={value}"]
     return argv
 
@@ -157,9 +165,13 @@ def environment() -> dict[str, str]:
     }
 
 
-def start(opts: ServerOptions, log: str | None = None) -> subprocess.Popen[bytes]:
+def start(
+    opts: ServerOptions, log: str | None = None, tmp: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start the server in a session of its own, its output appended to ``log``
-    (without one: stderr stays ours); SparkFailed if the port is taken."""
+    (without one: stderr stays ours), its temporary files in ``tmp`` (made by
+    ``scratch``, removed by the caller once the server is stopped); SparkFailed
+    if the port is taken."""
     if (
         probe(opts.host if opts.host not in ("0.0.0.0", "::", "") else "127.0.0.1", opts.port)
         is None
@@ -170,7 +182,7 @@ def start(opts: ServerOptions, log: str | None = None) -> subprocess.Popen[bytes
         )
     # Its own session: a Ctrl-C reaches the caller, which stops it in turn.
     return children.spawn(
-        command(opts),
+        command(opts, tmp),
         log=log,
         stdout="null" if log is None else "log",
         new_session=True,
@@ -200,10 +212,12 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 @contextmanager
 def connect_server(opts: ServerOptions, log_path: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A running server for the block (tests and the benchmark); stopped after."""
-    proc = start(opts, log_path)
-    try:
-        wait_ready(proc, opts, f"see {log_path}")
-        yield proc
-    finally:
-        stop(proc)
+    """A running server for the block (tests and the benchmark); stopped after,
+    its temporary files removed."""
+    with scratch.directory() as tmp:
+        proc = start(opts, log_path, tmp)
+        try:
+            wait_ready(proc, opts, f"see {log_path}")
+            yield proc
+        finally:
+            stop(proc)

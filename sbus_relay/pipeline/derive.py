@@ -17,12 +17,11 @@ was computed.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -71,27 +70,44 @@ def instances(cells: pa.Table) -> pa.Table:
     )
 
 
-def weighted_percentiles(
-    values: Sequence[int], counts: Sequence[int], qs: Sequence[float]
-) -> list[float | None]:
-    """Exact percentiles of ``values`` (ascending, distinct) occurring ``counts`` times.
+def instance_prefixes(cells: pa.Table) -> pa.Table:
+    """Messages and bytes per (instance, prefix): what each host's bus carried,
+    family by family (a fleet's report), by instance, then prefix."""
+    g = (
+        cells.group_by(["instance", "prefix"], use_threads=False)
+        .aggregate([("messages", "sum"), ("bytes", "sum")])
+        .sort_by([("instance", "ascending"), ("prefix", "ascending")])
+    )
+    return pa.table(
+        {
+            "instance": g["instance"],
+            "prefix": g["prefix"],
+            "messages": g["messages_sum"],
+            "bytes": g["bytes_sum"],
+        }
+    )
+
+
+def weighted_percentiles(values: Any, counts: Any, qs: Sequence[float]) -> list[float | None]:
+    """Exact percentiles of ``values`` (ascending integers) occurring ``counts`` times.
 
     Spark's ``percentile`` step by step: position ``(N - 1) * q``, the values at
     its floor and ceiling ranks found in the cumulative counts, and
     ``(higher - position) * low + (position - lower) * high`` between them.
     """
-    if not values:
+    ordered = np.asarray(values, dtype=np.int64)
+    if not len(ordered):
         return [None for _ in qs]
-    cum = list(accumulate(counts))
+    cum = np.cumsum(np.asarray(counts, dtype=np.int64))
     out: list[float | None] = []
     for q in qs:
-        position = (cum[-1] - 1) * q
+        position = (int(cum[-1]) - 1) * q
         lower, higher = math.floor(position), math.ceil(position)
-        low = values[bisect_left(cum, lower + 1)]
+        low = int(ordered[np.searchsorted(cum, lower + 1)])
         if higher == lower:
             out.append(float(low))
             continue
-        high = values[bisect_left(cum, higher + 1)]
+        high = int(ordered[np.searchsorted(cum, higher + 1)])
         if high == low:
             out.append(float(low))
         else:
@@ -99,107 +115,109 @@ def weighted_percentiles(
     return out
 
 
-class _Ints(Sequence[int]):
-    """An Arrow integer array read as a Python sequence, one element at a time:
-    bisection looks at a few of its elements, never converts all of them."""
-
-    def __init__(self, array: pa.Array) -> None:
-        self.array = array
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.array[i].as_py()
+#: Fewest distinct prefixes for which the size histograms are sorted on three
+#: keys rather than on one packed key (``Sizes``), whose prefix part has 30 bits.
+PREFIX_SORT_LIMIT = 1 << 30
 
 
-def _run_percentiles(
-    values: Sequence[int], cum: Sequence[int], start: int, end: int, qs: Sequence[float]
-) -> list[float | None]:
-    """``weighted_percentiles`` of the rows ``start:end`` of ascending ``values``
-    whose counts' running total (over all rows) is ``cum``: the same steps, on
-    the run's ranks, without copying it out."""
-    base = cum[start - 1] if start else 0
-    out: list[float | None] = []
-    for q in qs:
-        position = (cum[end - 1] - base - 1) * q
-        lower, higher = math.floor(position), math.ceil(position)
-        low = values[bisect_left(cum, base + lower + 1, start, end)]
-        if higher == lower:
-            out.append(float(low))
-            continue
-        high = values[bisect_left(cum, base + higher + 1, start, end)]
-        if high == low:
-            out.append(float(low))
+class Sizes:
+    """The (prefix, size, n) histograms as numpy arrays, sorted by prefix, then
+    size: each prefix's rows one run, its known (non-null) sizes ascending.
+    Made once for the three derivations below (each also takes the table)."""
+
+    def __init__(self, sizes: pa.Table) -> None:
+        encoded = pc.dictionary_encode(sizes["prefix"].combine_chunks())
+        names = encoded.dictionary
+        # Codes renumbered in the prefixes' order, so that sorting on them sorts
+        # on the prefixes (bytewise, as Arrow and Spark order strings).
+        rank = np.empty(len(names), dtype=np.int64)
+        rank[np.asarray(pc.sort_indices(names))] = np.arange(len(names))
+        codes = np.asarray(encoded.indices.fill_null(-1), dtype=np.int64)
+        self.prefix_of = np.where(codes >= 0, rank[np.maximum(codes, 0)], len(names))
+        self.names = [*pc.take(names, pc.sort_indices(names)).to_pylist(), None]
+        size = sizes["size"].combine_chunks()
+        self.known = np.asarray(size.is_valid(), dtype=bool)
+        self.size = np.asarray(size.fill_null(0), dtype=np.int64)
+        self.n = np.asarray(sizes["n"].combine_chunks().fill_null(0), dtype=np.int64)
+        if len(names) < PREFIX_SORT_LIMIT:
+            # One int64 key (a sort of several keys is many times slower): the
+            # prefix, then known before not, then the size (an int32's range).
+            key = self.prefix_of << 33 | (~self.known).astype(np.int64) << 32
+            order = np.argsort(key | (self.size + (1 << 31)))
         else:
-            out.append((higher - position) * float(low) + (position - lower) * float(high))
-    return out
+            order = np.lexsort((self.size, ~self.known, self.prefix_of))
+        self.prefix_of, self.known = self.prefix_of[order], self.known[order]
+        self.size, self.n = self.size[order], self.n[order]
+        present = np.unique(self.prefix_of)
+        self.runs = [
+            (int(p), int(np.searchsorted(self.prefix_of, p)),
+             int(np.searchsorted(self.prefix_of, p, side="right")))
+            for p in present
+        ]  # fmt: skip
 
 
-def size_percentiles(sizes: pa.Table, qs: Sequence[float], names: Sequence[str]) -> pa.Table:
-    """Per prefix: messages, bytes, mean size, the ``qs`` percentiles and the largest size.
-    The sizes sorted by prefix and size once, each prefix's percentiles are
-    found by bisection in its run of them (``_run_percentiles``)."""
-    weighted = sizes.append_column("_bytes", pc.multiply(sizes["size"], sizes["n"]))
-    g = weighted.group_by("prefix", use_threads=False).aggregate(
-        [("n", "sum"), ("_bytes", "sum"), ("size", "max")]
-    )
-    known = sizes.filter(pc.is_valid(sizes["size"])).sort_by(
-        [("prefix", "ascending"), ("size", "ascending")]
-    )
-    per_prefix: dict[Any, list[float | None]] = {}
-    if known.num_rows:
-        values = _Ints(known["size"].combine_chunks())
-        cum = _Ints(pc.cumulative_sum(known["n"]).combine_chunks())
-        runs = pc.run_end_encode(known["prefix"].combine_chunks())
-        start = 0
-        for prefix, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
-            per_prefix[prefix] = _run_percentiles(values, cum, start, end, qs)
-            start = end
-    prefixes = g["prefix"].to_pylist()
-    ps = [per_prefix.get(p) or [None for _ in qs] for p in prefixes]
-    messages, nbytes = g["n_sum"], g["_bytes_sum"]
-    columns: dict[str, Any] = {
-        "prefix": g["prefix"],
-        "messages": messages,
-        "bytes": nbytes,
-        "mean_size": pc.divide(pc.cast(nbytes, pa.float64()), pc.cast(messages, pa.float64())),
-    }
-    for i, name in enumerate(names):
-        columns[name] = pa.array([p[i] for p in ps], pa.float64())
-    columns["max_size"] = g["size_max"]
-    return pa.table(columns)
+def _sorted(sizes: pa.Table | Sizes) -> Sizes:
+    return sizes if isinstance(sizes, Sizes) else Sizes(sizes)
 
 
-def overall_percentiles(sizes: pa.Table, qs: Sequence[float]) -> list[float | None]:
+def size_percentiles(
+    sizes: pa.Table | Sizes, qs: Sequence[float], names: Sequence[str]
+) -> pa.Table:
+    """Per prefix (in the prefixes' order): messages, bytes, mean size, the
+    ``qs`` percentiles and the largest size.  Bytes, the mean and the largest
+    size are null for a prefix without a known size, as Arrow's sums are."""
+    h = _sorted(sizes)
+    rows: list[list[Any]] = []
+    for p, start, end in h.runs:
+        known = h.known[start:end]
+        size, n = h.size[start:end][known], h.n[start:end][known]
+        messages = int(h.n[start:end].sum())
+        nbytes = int((size * n).sum()) if len(size) else None
+        largest = int(size.max()) if len(size) else None
+        mean = None if nbytes is None else float(nbytes) / float(messages)
+        rows.append([h.names[p], messages, nbytes, mean,
+                     *weighted_percentiles(size, n, qs), largest])  # fmt: skip
+    columns = ["prefix", "messages", "bytes", "mean_size", *names, "max_size"]
+    types = [pa.string(), pa.int64(), pa.int64(), pa.float64()]
+    types += [pa.float64() for _ in names] + [pa.int64()]
+    return pa.table(
+        {c: pa.array([r[i] for r in rows], t) for i, (c, t) in enumerate(zip(columns, types,
+                                                                              strict=True))}
+    )  # fmt: skip
+
+
+def overall_percentiles(sizes: pa.Table | Sizes, qs: Sequence[float]) -> list[float | None]:
     """The ``qs`` percentiles of every payload size."""
-    g = (
-        sizes.filter(pc.is_valid(sizes["size"]))
-        .group_by("size", use_threads=False)
-        .aggregate([("n", "sum")])
-        .sort_by("size")
-    )
-    return weighted_percentiles(g["size"].to_pylist(), g["n_sum"].to_pylist(), qs)
+    h = _sorted(sizes)
+    size, n = h.size[h.known], h.n[h.known]
+    order = np.argsort(size, kind="stable")
+    return weighted_percentiles(size[order], n[order], qs)
 
 
-def size_histogram(sizes: pa.Table) -> pa.Table:
-    """Messages per power-of-two size bucket: bucket b holds sizes in [2**(b-1), 2**b),
-    bucket 0 empty payloads, the last one everything from 2**HISTOGRAM_MAX_EXPONENT."""
-    top = HISTOGRAM_MAX_EXPONENT + 1
-    buckets = [
-        None if s is None else 0 if s == 0 else min(s.bit_length(), top)
-        for s in sizes["size"].to_pylist()
-    ]
-    t = pa.table({"bucket": pa.array(buckets, pa.int32()), "n": sizes["n"]})
-    g = t.group_by("bucket", use_threads=False).aggregate([("n", "sum")])
-    b = g["bucket"].to_pylist()
+def size_histogram(sizes: pa.Table | Sizes) -> pa.Table:
+    """Messages per power-of-two size bucket, in bucket order: bucket b holds
+    sizes in [2**(b-1), 2**b), bucket 0 empty payloads, the last one everything
+    from 2**HISTOGRAM_MAX_EXPONENT; sizes not known last, in a null bucket."""
+    h = _sorted(sizes)
+    # A size's bucket is its bit length: how many of 1, 2, 4... are at most it.
+    bounds = np.array([1 << b for b in range(HISTOGRAM_MAX_EXPONENT + 1)], dtype=np.int64)
+    bucket = np.searchsorted(bounds, h.size, side="right")
+    counts = np.zeros(len(bounds) + 1, dtype=np.int64)
+    np.add.at(counts, bucket[h.known], h.n[h.known])
+    seen = np.zeros(len(bounds) + 1, dtype=bool)
+    seen[bucket[h.known]] = True
+    found: list[int | None] = [int(b) for b in np.flatnonzero(seen)]
+    messages = [int(counts[b]) for b in found if b is not None]
+    if not h.known.all():
+        found.append(None)
+        messages.append(int(h.n[~h.known].sum()))
     return pa.table(
         {
-            "bucket": g["bucket"],
+            "bucket": pa.array(found, pa.int32()),
             "min_size": pa.array(
-                [None if x is None else 0 if x == 0 else 1 << (x - 1) for x in b], pa.int32()
+                [None if b is None else 0 if b == 0 else 1 << (b - 1) for b in found], pa.int32()
             ),
-            "messages": g["n_sum"],
+            "messages": pa.array(messages, pa.int64()),
         }
     )
 

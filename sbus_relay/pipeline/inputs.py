@@ -72,6 +72,9 @@ class Inputs:
     losses: LossSummary | None = None
     #: Rows of each checked capture file (its footer), by path.
     file_rows: dict[str, int] = field(default_factory=dict)
+    #: The directories among the local inputs as given (each read through its
+    #: merged rollup, ``merged``).
+    directories: list[str] = field(default_factory=list)
 
 
 def is_url(path: str) -> bool:
@@ -98,7 +101,7 @@ def resolve(paths: list[str], *, skip_bad: bool = False, recover_journals: bool 
                 f"{p} is not a capture file: analyze reads the *{CAPTURE_SUFFIX} files "
                 "`sbus-relay record` writes; give them, or the directory that holds them"
             )
-    inputs = Inputs(paths=[], checked=True)
+    inputs = Inputs(paths=[], checked=True, directories=[p for p in paths if os.path.isdir(p)])
     if recover_journals:
         try:
             note = recover(paths).line()

@@ -429,6 +429,20 @@ def write_report(
             for r in result.tables.get("instances", [])
         ],
     )
+    per_instance = result.tables.get("instance_prefixes", [])
+    if len(result.tables.get("instances", [])) > 1:
+        _write_csv(per_instance, out / "instance_prefixes.csv")
+        shown, note = _cut(per_instance, "rows", "instance_prefixes.csv")
+        lines += ["## Traffic per bus instance and prefix", ""]
+        lines += [note, ""] if note else []
+        lines += _table(
+            ["instance", "prefix", "messages", "bytes"],
+            [
+                [_md(r["instance"]), _md(r["prefix"]), _num(r["messages"]),
+                 _human_bytes(r["bytes"])]
+                for r in shown
+            ],
+        )  # fmt: skip
     bursts = result.tables.get("bursts", [])
     _write_csv(bursts, out / "bursts.csv")
     shown, note = _cut(bursts, "bursts", "bursts.csv")

@@ -256,13 +256,40 @@ def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
+#: The order of the sets in a rollup file, each in row groups of its own: the
+#: rows naming files first (``merged`` reads only them), then the sets, so that
+#: a reader asking for one set (``_set = n``) skips the others' row groups.
+SET_ORDER = (FILE_SET, CELL_SET, SIZE_SET, KEY_SET)
+
+
 def write_rollup(rollup: pa.Table, path: Path) -> Path:
-    """Write ``rollup`` to ``path`` atomically (a ``.tmp`` file, fsync'ed, renamed)."""
+    """Write ``rollup`` to ``path`` atomically (a ``.tmp`` file, fsync'ed,
+    renamed), each set in row groups of its own (SET_ORDER)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    pq.write_table(rollup, tmp, compression=COMPRESSION)
+    with pq.ParquetWriter(tmp, rollup.schema, compression=COMPRESSION) as writer:
+        for set_id in SET_ORDER:
+            rows = rollup.filter(pc.equal(rollup["_set"], set_id))
+            if rows.num_rows:
+                writer.write_table(rows)
     _fsync(tmp)
     os.rename(tmp, path)
     return path
+
+
+def read_set(path: str | os.PathLike[str], set_id: int, columns: Sequence[str]) -> pa.Table:
+    """The ``columns`` of the rows of one set in the rollup at ``path``, reading
+    only the row groups whose statistics say they may hold it (``write_rollup``
+    gives each set its own)."""
+    f = pq.ParquetFile(path)
+    meta = f.metadata
+    column = meta.schema.to_arrow_schema().get_field_index("_set")
+    groups = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max or stats.min <= set_id <= stats.max:
+            groups.append(g)
+    table = f.read_row_groups(groups, columns=[*columns, "_set"], use_threads=False)
+    return table.filter(pc.equal(table["_set"], set_id)).select(list(columns))
 
 
 def roll_up_file(capture: str | os.PathLike[str], target: Path | None = None) -> Path:

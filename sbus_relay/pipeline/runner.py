@@ -17,6 +17,7 @@ keeps one going.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -40,6 +41,9 @@ JVM_LOG = "spark.log"
 FAILED_LOG_SUFFIX = ".spark.log"
 #: Where the log goes when --out is a URL (no directory of ours beside it).
 TEMP_JVM_LOG = "sbus-analyze-{pid}.log"
+#: Environment variable naming a file where a run writes where its time went
+#: (``_write_timings``): the benchmark's breakdown of a run.
+TIMINGS_ENV = "SBUS_ANALYZE_TIMINGS"
 #: Words of a Spark failure that point at a capture file rather than at Spark.
 FILE_FAILURE_WORDS = ("parquet", "failed_read_file", "corrupt", "file")
 
@@ -178,15 +182,18 @@ def analyze(
         if staging is not None:
             I.discard(staging)
         raise
-    if sources.line():
-        say(str(sources.line()))
+    for line in sources.lines():
+        say(line)
+    t_inputs = time.monotonic()
     log = jvm_log_path(staging)
     session: Session | None = None
     failed = False
     try:
         with classarchive.running(), Interrupts(on_interrupt) as interrupts:
             try:
-                session = start_spark(settings, heap_mib(inputs.bytes), log, interrupts)
+                session = start_spark(
+                    settings, heap_mib(inputs.bytes), log, interrupts, shared=True
+                )
                 t_session = time.monotonic()
                 interrupts.arm()
                 session.configure(partitioning(inputs.bytes, session.parallelism()))
@@ -231,7 +238,7 @@ def analyze(
         and not session.fell_back
         and classarchive.build_later()
     )
-    return Outcome(
+    outcome = Outcome(
         summary=result.summary,
         out=request.out,
         start_s=t_session - t0,
@@ -241,6 +248,28 @@ def analyze(
         remote=session.remote if session is not None else None,
         building_archive=building,
     )
+    phases = {
+        "inputs": t_inputs - t0,
+        "session": t_session - t_inputs,
+        "job": result.job_s,
+        "tables": result.tables_s,
+        "stop": t_stopped - t_analysis,
+        "report": t_report - t_stopped,
+    }
+    _write_timings(phases, time.time() - outcome.total_s, time.time())
+    return outcome
+
+
+def _write_timings(phases: dict[str, float], started: float, ended: float) -> None:
+    """Where a run's time went, into the file TIMINGS_ENV names (the benchmark's
+    breakdown; nothing when it is not set): seconds per phase, and when
+    analyze's clock started and stopped (seconds since the epoch), so that the
+    caller sees the time before (the interpreter, its imports) and after."""
+    path = os.environ.get(TIMINGS_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps({"phases": phases, "started": started, "ended": ended}))
 
 
 def plan_sources(request: Request, inputs: I.Inputs, staging: Path | None) -> Sources:
@@ -257,6 +286,7 @@ def plan_sources(request: Request, inputs: I.Inputs, staging: Path | None) -> So
         raw=request.raw,
         out=staging,
         previous=previous if I.is_analyze_output(previous) else None,
+        directories=inputs.directories,
     )
 
 

@@ -24,6 +24,7 @@ Connect server to interrupt this run's jobs.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -35,13 +36,15 @@ import tempfile
 import threading
 import types
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sbus_relay.protocol.errors import SbusError
 
-from . import classarchive
+from . import classarchive, scratch
 from .defaults import CONNECT_PORT
 from .inputs import InputError
 
@@ -73,9 +76,18 @@ BASE_CONF = {
     "spark.locality.wait": "0s",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # The job's result comes to the driver as Arrow: zstd (a quarter less time
+    # for the warm report's 274,000 rows, mostly the nulls of a union's parts;
+    # pyarrow reads Java's LZ4 frames no better than "less than one frame").
+    "spark.sql.execution.arrow.compression.codec": "zstd",
 }
 #: The settings of BASE_CONF that a session of a running Spark (Connect) may set.
 SESSION_CONF = {k: v for k, v in BASE_CONF.items() if k.startswith("spark.sql.")}
+#: Where the ids of the Connect sessions a user's runs share are kept, under
+#: the cache directory (``shared_session``): a file per server.
+SESSIONS_DIR = "connect-sessions"
+#: What a Connect server says of a session it has closed (idle too long).
+CLOSED_SESSION = "INVALID_HANDLE.SESSION_CLOSED"
 #: Settings of every session: times in UTC, whatever the machine's zone.
 SESSION_TIME_ZONE = {"spark.sql.session.timeZone": "UTC"}
 #: Driver JVM settings when we start the JVM (a local run, --master, the Connect
@@ -240,11 +252,27 @@ def _jvm_process() -> subprocess.Popen[bytes] | None:
     return proc if isinstance(proc, subprocess.Popen) else None
 
 
-def driver_settings(settings: SparkSettings, heap_mib: int) -> dict[str, str]:
-    """Every setting of a JVM we start (not the class archive), --conf last."""
+def driver_settings(
+    settings: SparkSettings, heap_mib: int, tmp: Path | None = None
+) -> dict[str, str]:
+    """Every setting of a JVM we start (not the class archive), --conf last.
+    With ``tmp``, the JVM's temporary files and Spark's scratch go there
+    (``scratch``), and an executor's too when the master is on this machine;
+    JVM options given by --conf follow ours (theirs win)."""
     heap = {"spark.driver.memory": settings.memory or f"{heap_mib}m"}
     cluster = CLUSTER_CONF if settings.cluster else {}
-    return {**BASE_CONF, **DRIVER_CONF, **heap, **cluster, **SESSION_TIME_ZONE, **settings.conf}
+    ours = {**BASE_CONF, **DRIVER_CONF, **heap, **cluster, **SESSION_TIME_ZONE}
+    if tmp is None:
+        return {**ours, **settings.conf}
+    ours.update(scratch.spark_conf(tmp))
+    keys = [DRIVER_OPTIONS]
+    if settings.cluster and settings.master is not None and on_loopback(settings.master):
+        keys.append(EXECUTOR_OPTIONS)
+    conf = {**ours, **settings.conf}
+    for key in keys:
+        options = [scratch.java_options(tmp), ours.get(key, ""), settings.conf.get(key, "")]
+        conf[key] = " ".join(o for o in options if o)
+    return conf
 
 
 def with_archive(conf: dict[str, str], archive: str, master: str | None) -> dict[str, str]:
@@ -325,6 +353,12 @@ class Session:
     fell_back: bool = False
     #: Settings given by the user (--conf): they win over the per-run ones.
     given: dict[str, str] = field(default_factory=dict)
+    #: The tag of this run's operations on a Connect session that runs share
+    #: (``shared_session``): Ctrl-C interrupts those, and the session stays.
+    tag: str | None = None
+    #: The temporary directory of the JVM started here (``scratch``), removed
+    #: once it is stopped.
+    scratch: Path | None = None
 
     def parallelism(self) -> int:
         """The cores the job will run on: ``spark.cores.max`` when given (a cluster's
@@ -360,9 +394,12 @@ class Session:
         interrupt this session's jobs on the Connect server; then let go."""
         if self.remote is not None:
             try:
-                self.spark.interruptAll()
+                if self.tag is not None:
+                    self.spark.interruptTag(self.tag)
+                else:
+                    self.spark.interruptAll()
             finally:
-                self.spark.stop()
+                self.stop()
             return
         if self.jvm is not None:
             from pyspark import SparkContext
@@ -379,12 +416,20 @@ class Session:
             SparkContext._active_spark_context = None
             SparkContext._gateway = None
             SparkContext._jvm = None
+            scratch.remove(self.scratch)
             return
         self.spark.sparkContext.cancelAllJobs()
         self.spark.stop()
 
     def stop(self) -> None:
-        self.spark.stop()
+        """Let go of the session; a shared Connect session stays on the server
+        for the next run (only this client's channel closes)."""
+        if self.tag is not None:
+            self.spark.release_session_on_close = False  # type: ignore[attr-defined]
+        try:
+            self.spark.stop()
+        finally:
+            scratch.remove(self.scratch)
 
 
 def start(
@@ -393,8 +438,11 @@ def start(
     jvm_log: str,
     interrupts: Interrupts,
     app_name: str = "sbus-analyze",
+    shared: bool = False,
 ) -> Session:
     """Start (or join) the Spark described by ``settings``, checked reachable first.
+    On a Connect server, ``shared``: the session this user's runs share there
+    (``shared_session``).
 
     A JVM started here gets ``driver_settings`` and the class archive when there
     is one; if it does not start with the archive, the archive is dropped and the
@@ -407,9 +455,23 @@ def start(
                 "--memory sizes a JVM that analyze starts; a Connect server's memory "
                 "is set where the server starts (sbus-relay spark-server --memory)"
             )
-        return _remote_session(remote, settings, interrupts, app_name)
+        return _remote_session(remote, settings, interrupts, app_name, shared)
     starting = not jvm_running()
-    conf = driver_settings(settings, heap_mib)
+    tmp = scratch.make() if starting else None
+    try:
+        return _local_session(settings, heap_mib, jvm_log, app_name, tmp)
+    except BaseException:
+        scratch.remove(tmp)
+        raise
+
+
+def _local_session(
+    settings: SparkSettings, heap_mib: int, jvm_log: str, app_name: str, tmp: Path | None
+) -> Session:
+    """A session in this process: on the JVM running here, or on one started
+    now (``tmp``: its temporary directory, ``scratch``)."""
+    starting = tmp is not None
+    conf = driver_settings(settings, heap_mib, tmp)
     own_options = DRIVER_OPTIONS in settings.conf
     archive = classarchive.java_option() if starting and not own_options else None
     fell_back = False
@@ -433,6 +495,7 @@ def start(
     session = Session(
         spark, None, _jvm_process() if starting else None, archive, fell_back, settings.conf
     )
+    session.scratch = tmp
     spark.sparkContext.setLogLevel("ERROR")
     return session
 
@@ -464,18 +527,67 @@ def _off_main_thread(build: Callable[..., SparkSession], *args: Any) -> SparkSes
 
 
 def _remote_session(
-    url: str, settings: SparkSettings, interrupts: Interrupts, app_name: str
+    url: str, settings: SparkSettings, interrupts: Interrupts, app_name: str, shared: bool
 ) -> Session:
+    """A session on the Connect server at ``url``, its settings given as it is
+    created (one round trip).  ``shared`` (and no --conf): this user's shared
+    session on that server (``shared_session``), opened anew when the server
+    has closed it; else a session of its own."""
     from pyspark.sql import SparkSession
 
-    conf = {**SESSION_CONF, **SESSION_TIME_ZONE}
+    conf = {**SESSION_CONF, **SESSION_TIME_ZONE, **settings.conf}
     interrupts.arm()
-    spark = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
-    session = Session(spark, url, None, given=settings.conf)
-    session.configure(conf)
-    for key, value in settings.conf.items():
-        spark.conf.set(key, value)
-    return session
+    shared = shared and not settings.conf
+    for renew in (False, True):
+        target = f"{url}/;session_id={shared_session(url, renew)}" if shared else url
+        builder = SparkSession.builder.remote(target).appName(app_name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        try:
+            spark = builder.create()
+        except Exception as exc:
+            # A session the server closed (idle too long) says so as its
+            # settings are given.  pyspark made it the active session: its
+            # channel is closed here, not by the garbage collector.
+            failed = SparkSession.getActiveSession()
+            if failed is not None:
+                failed.release_session_on_close = False  # type: ignore[attr-defined]
+                failed.stop()
+            if not shared or renew or CLOSED_SESSION not in str(exc):
+                raise
+            continue
+        break
+    tag = f"sbus-analyze-{os.getpid()}-{uuid.uuid4().hex[:8]}" if shared else None
+    if tag is not None:
+        spark.addTag(tag)
+    return Session(spark, url, None, given=settings.conf, tag=tag)
+
+
+def shared_session(url: str, renew: bool = False) -> str:
+    """The id of the Connect session this user's runs share on the server at
+    ``url``, kept in the cache directory (SESSIONS_DIR); a new one when
+    ``renew`` (the server closed the old one) or when there is none yet.
+
+    A session is the server's warm state for its runs: the classes Spark
+    generates and compiles for a query are kept per session (the JIT compiles
+    them once), and so are its Python workers (``--raw``); a session of its own
+    per run pays for both every time.  Runs may share it at once: the settings
+    a run gives it (partition sizes) change how the work is split, not the
+    result; a run given --conf gets a session of its own."""
+    from sbus_relay.ops.cachedir import cache_dir
+
+    path = cache_dir() / SESSIONS_DIR / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if not renew:
+        try:
+            return str(uuid.UUID(path.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    made = str(uuid.uuid4())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(made + "\n")
+    os.replace(tmp, path)
+    return made
 
 
 def build_session(

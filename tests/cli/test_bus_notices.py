@@ -9,30 +9,19 @@ import pty
 import re
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sbus_relay.client import Client
+from tests.cli.conftest import WAIT
 from tests.client.conftest import Master
 from tests.support import VENV_BIN, run_cli, wait_for_text
 
 pytestmark = pytest.mark.timeout(90)
 
-#: Seconds any one wait may take.
-WAIT = 20.0
 #: What a log line has and a person's line has not: JSON, a timestamp, a level.
 LOG_LINE = re.compile(r"[{}]|\d{4}-\d\d-\d\dT|\[\s*(warning|info)|\x1b\[")
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[Master]:
-    running = Master(tmp_path, command="serve")
-    try:
-        yield running
-    finally:
-        running.close()
 
 
 def start_sub(bus: Master, stderr: int, *args: str) -> subprocess.Popen[bytes]:

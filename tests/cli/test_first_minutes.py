@@ -9,28 +9,16 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sbus_relay.client import Client
+from tests.cli.conftest import WAIT
 from tests.client.conftest import Master
 from tests.support import VENV_BIN, is_listening, run_cli, running, short_dir
 
 pytestmark = pytest.mark.timeout(90)
-
-#: Seconds any one wait may take.
-WAIT = 20.0
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[Master]:
-    running_bus = Master(tmp_path, command="serve")
-    try:
-        yield running_bus
-    finally:
-        running_bus.close()
 
 
 def one_line(done: subprocess.CompletedProcess[bytes]) -> str:

@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sbus_relay.client import Client
-from tests.support import VENV_BIN, BusProcess, start_bus
+from tests.cli.conftest import WAIT
+from tests.client.conftest import Master
+from tests.support import VENV_BIN
 
 pytestmark = pytest.mark.timeout(60)
 
-#: Seconds any one wait may take.
-WAIT = 20.0
-
-
-@pytest.fixture
-def bus(tmp_path: Path) -> Iterator[BusProcess]:
-    running = start_bus(tmp_path, command="serve")
-    try:
-        yield running
-    finally:
-        running.stop()
-
 
 @pytest.mark.parametrize("target", ["p/k", "-"])
-def test_a_line_goes_before_the_next_one_is_written(bus: BusProcess, target: str) -> None:
+def test_a_line_goes_before_the_next_one_is_written(bus: Master, target: str) -> None:
     with Client(bus.address, timeout=WAIT) as receiver:
         receiver.subscribe("p/")
         receiver.whoami()

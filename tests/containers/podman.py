@@ -18,9 +18,11 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.namespaces.helpers import Agent
 
@@ -99,6 +101,24 @@ def runtime_problem(image: str) -> str | None:
         return None
     lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
     return lines[-1]
+
+
+def usable_image(make: Callable[[str], str], what: str) -> str:
+    """The image ``make(podman)`` builds, where containers run here; elsewhere the
+    test is skipped with one loud line: ``what`` (was NOT checked) and why."""
+    problem = container_problem()
+    if problem is not None:
+        pytest.skip(f"!!! {what}: {problem} !!!")
+    assert PODMAN is not None
+    try:
+        image = make(PODMAN)
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        first = str(exc).strip().splitlines()[0]
+        pytest.skip(f"!!! {what}: no Debian base could be made here: {first} !!!")
+    problem = runtime_problem(image)
+    if problem is not None:
+        pytest.skip(f"!!! {what}: podman cannot start one here: {problem} !!!")
+    return image
 
 
 def host_dir(parent: Path, name: str, owner: int = IMAGE_UID) -> Path:

@@ -61,6 +61,8 @@ NOT_MODULES = {
     "sbus_relay.rollup.depth": "a rollup's metadata: its prefixes' depth",
     "sbus_relay.rollup.window_ns": "a rollup's metadata: its windows' length",
     "sbus_relay.rollup.rows": "a rollup's metadata: its capture's rows",
+    "sbus_relay.merged": "the Parquet metadata key that marks a merged rollup",
+    "sbus_relay.merged.files": "a merged rollup's metadata: the capture files it covers",
     "sbus_relay.egg": "setuptools' metadata directory",
     "sbus_relay.libs": "the directory of a wheel's bundled shared libraries (auditwheel)",
 }

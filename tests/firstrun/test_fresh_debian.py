@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.containers import images
-from tests.containers.podman import PODMAN, container_problem, runtime_problem
+from tests.containers.podman import PODMAN, usable_image
 from tests.firstrun.test_first_run import line_starting, readme_block
 
 #: make run's install (a download and a compile of the hot path) on a loaded machine.
@@ -141,18 +141,10 @@ def unreachable(machine: Machine) -> list[str]:
 
 @pytest.fixture(params=[USER, pytest.param("root", marks=pytest.mark.slow)])
 def machine(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Machine]:
-    problem = container_problem()
-    if problem is not None:
-        pytest.skip(f"!!! the fresh-Debian first run NOT checked: {problem} !!!")
-    assert PODMAN is not None
-    try:
-        image = images.stripped_image(PODMAN, "fresh")
-    except (AssertionError, subprocess.TimeoutExpired) as exc:
-        first = str(exc).strip().splitlines()[0]
-        pytest.skip(f"!!! the fresh-Debian first run NOT checked: no Debian base here: {first}")
-    problem = runtime_problem(image)
-    if problem is not None:
-        pytest.skip(f"!!! the fresh-Debian first run NOT checked: podman here: {problem} !!!")
+    image = usable_image(
+        lambda podman: images.stripped_image(podman, "fresh"),
+        "the fresh-Debian first run NOT checked",
+    )
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=WAIT)
     if request.param == USER:

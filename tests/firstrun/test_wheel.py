@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.containers import images
-from tests.containers.podman import PODMAN, container_problem, runtime_problem
+from tests.containers.podman import PODMAN, usable_image
 
 #: The first run builds the wheel (a minute or two) and downloads the test
 #: packages; then the protocol tests in the container.
@@ -65,19 +65,10 @@ EXTENSION = re.compile(r"^(sbus_relay/.+)\.cpython-\d+-[\w-]+\.so$")
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    problem = container_problem()
-    if problem is not None:
-        pytest.skip(f"!!! the wheel NOT checked without a compiler: {problem} !!!")
-    assert PODMAN is not None
-    try:
-        name = images.stripped_image(PODMAN, "no-compiler")
-    except (AssertionError, subprocess.TimeoutExpired) as exc:
-        first = str(exc).strip().splitlines()[0]
-        pytest.skip(f"!!! the wheel NOT checked: no Debian base here: {first} !!!")
-    problem = runtime_problem(name)
-    if problem is not None:
-        pytest.skip(f"!!! the wheel NOT checked: podman cannot start one here: {problem} !!!")
-    return name
+    return usable_image(
+        lambda podman: images.stripped_image(podman, "no-compiler"),
+        "the wheel NOT checked without a compiler",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -119,9 +119,11 @@ def dropped(bus: Bus) -> float:
     return sum(v for k, v in bus.metrics().items() if k.startswith("sbus_messages_dropped_total"))
 
 
-@pytest.fixture
-def busy(tmp_path: Path) -> Iterator[tuple[Bus, Traffic]]:
-    """A real master with metrics, and traffic on it for the whole test."""
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Bus, Traffic]]:
+    """A real master with metrics, and traffic on it all along: one for every
+    test that only looks at it (each runs ``top`` against it, none changes it)."""
+    tmp_path = tmp_path_factory.mktemp("busy")
     address = os.path.join(short_dir(), "bus")
     bus = Bus(tmp_path, address, "--instance", "the-master", "--hard-limit-messages", HARD_LIMIT)
     traffic = Traffic(address, tmp_path)
@@ -203,6 +205,106 @@ def test_grouped_by_user_sums_the_clients(busy: tuple[Bus, Traffic]) -> None:
     assert lines[2].split()[:2] == ["UID", "CONNS"]
     (row,) = lines[3:]
     assert row.split()[:2] == [str(os.getuid()), "3"]
+
+
+# --- the interactive view, in a real terminal --------------------------------------
+
+
+class Tmux:
+    """A private tmux server running one command in a 160x40 window."""
+
+    def __init__(self, tmp_path: Path, command: str) -> None:
+        # A socket of its own each time: a server just killed may still hold the last one.
+        self.socket = str(tmp_path / f"tmux-{time.monotonic_ns()}.sock")
+        # The exit status stays on screen after the command ends.
+        self.run("new-session", "-d", "-x", "160", "-y", "40", f"{command}; echo EXIT=$?; sleep 60")
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, timeout=10)
+        assert done.returncode == 0, f"tmux {args[0]}: {done.stderr.decode()}"
+        return done.stdout.decode()
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p")
+
+    def wait_for(self, what: str, pattern: str) -> str:
+        """The screen once ``pattern`` (a regex) shows on it."""
+        last = [""]
+
+        def check() -> bool:
+            last[0] = self.screen()
+            return re.search(pattern, last[0], re.MULTILINE) is not None
+
+        try:
+            wait_until(check, what, timeout=15)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen:\n{last[0]}") from None
+        return last[0]
+
+    def keys(self, *keys: str) -> None:
+        self.run("send-keys", *keys)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def tmux_available() -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed: the interactive view of `sbus-relay top` is NOT tested")
+
+
+def test_interactive_view_in_a_terminal(
+    busy: tuple[Bus, Traffic], tmp_path: Path, tmux_available: None
+) -> None:
+    bus, traffic = busy
+    command = f"{VENV_BIN}/sbus-relay top --metrics 127.0.0.1:{bus.port} --metrics 127.0.0.1:1"
+    term = Tmux(tmp_path, command)
+    try:
+        screen = term.wait_for(
+            "a client row with rates", rf"^ +\d+ local .* {traffic.reader.pid} .* [0-9.]+[kM]? "
+        )
+        assert "sbus-relay top  2 buses  every 1s  sort msgs_in desc  group none" in screen
+        assert re.search(rf"^the-master at 127.0.0.1:{bus.port}  role master  up ", screen, re.M)
+        assert "127.0.0.1:1  down: connection refused" in screen  # and the view keeps running
+        assert "CID RELAY" in screen and "IN/s*" in screen
+        assert "q quit" in screen
+
+        term.keys("g")  # grouped by relay label
+        screen = term.wait_for("the view grouped by relay", r"^RELAY +CONNS ")
+        assert re.search(r"^local +3 ", screen, re.M), screen
+        assert "group relay" in screen
+
+        term.keys("g")  # by user
+        term.wait_for("the view grouped by uid", rf"^UID +CONNS .*\n{os.getuid()} +3 ")
+
+        term.keys("s")  # the next sort column
+        screen = term.wait_for("sorted by msgs out", r"sort msgs_out desc  group uid")
+        term.keys("r", "+")
+        term.wait_for("reversed, slower", r"every 2s  sort msgs_out asc")
+        term.keys("<", "<", "-")
+        term.wait_for("two columns back, faster", r"every 1s  sort patterns asc")
+
+        # The bus goes away: its header says so, and the view keeps running.
+        bus.process.stop()
+        term.wait_for("the bus shown down", rf"^the-master at 127.0.0.1:{bus.port}  down: ")
+        term.keys("g")
+        term.wait_for("the view still answering keys", r"group none")
+
+        term.keys("q")
+        term.wait_for("top to exit with status 0", r"^EXIT=0$")
+    finally:
+        term.close()
+
+    # Ctrl-C is a normal way out too: status 0, the terminal restored.
+    term = Tmux(tmp_path, command)
+    try:
+        term.wait_for("the view", r"^127.0.0.1:1  down: connection refused$")
+        term.keys("C-c")
+        screen = term.wait_for("top to exit with status 0", r"^EXIT=0$")
+        assert "Traceback" not in screen
+    finally:
+        term.close()
 
 
 # --- a whole hierarchy -------------------------------------------------------------
@@ -306,103 +408,3 @@ def test_a_hierarchy_without_metrics_addresses_is_one_line(tmp_path: Path) -> No
     assert done.stderr.decode().splitlines() == [
         f"sbus-relay top: {config}: buses: no bus has a metrics address to watch"
     ]
-
-
-# --- the interactive view, in a real terminal --------------------------------------
-
-
-class Tmux:
-    """A private tmux server running one command in a 160x40 window."""
-
-    def __init__(self, tmp_path: Path, command: str) -> None:
-        # A socket of its own each time: a server just killed may still hold the last one.
-        self.socket = str(tmp_path / f"tmux-{time.monotonic_ns()}.sock")
-        # The exit status stays on screen after the command ends.
-        self.run("new-session", "-d", "-x", "160", "-y", "40", f"{command}; echo EXIT=$?; sleep 60")
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, timeout=10)
-        assert done.returncode == 0, f"tmux {args[0]}: {done.stderr.decode()}"
-        return done.stdout.decode()
-
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p")
-
-    def wait_for(self, what: str, pattern: str) -> str:
-        """The screen once ``pattern`` (a regex) shows on it."""
-        last = [""]
-
-        def check() -> bool:
-            last[0] = self.screen()
-            return re.search(pattern, last[0], re.MULTILINE) is not None
-
-        try:
-            wait_until(check, what, timeout=15)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the screen:\n{last[0]}") from None
-        return last[0]
-
-    def keys(self, *keys: str) -> None:
-        self.run("send-keys", *keys)
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)
-
-
-@pytest.fixture
-def tmux_available() -> None:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed: the interactive view of `sbus-relay top` is NOT tested")
-
-
-def test_interactive_view_in_a_terminal(
-    busy: tuple[Bus, Traffic], tmp_path: Path, tmux_available: None
-) -> None:
-    bus, traffic = busy
-    command = f"{VENV_BIN}/sbus-relay top --metrics 127.0.0.1:{bus.port} --metrics 127.0.0.1:1"
-    term = Tmux(tmp_path, command)
-    try:
-        screen = term.wait_for(
-            "a client row with rates", rf"^ +\d+ local .* {traffic.reader.pid} .* [0-9.]+[kM]? "
-        )
-        assert "sbus-relay top  2 buses  every 1s  sort msgs_in desc  group none" in screen
-        assert re.search(rf"^the-master at 127.0.0.1:{bus.port}  role master  up ", screen, re.M)
-        assert "127.0.0.1:1  down: connection refused" in screen  # and the view keeps running
-        assert "CID RELAY" in screen and "IN/s*" in screen
-        assert "q quit" in screen
-
-        term.keys("g")  # grouped by relay label
-        screen = term.wait_for("the view grouped by relay", r"^RELAY +CONNS ")
-        assert re.search(r"^local +3 ", screen, re.M), screen
-        assert "group relay" in screen
-
-        term.keys("g")  # by user
-        term.wait_for("the view grouped by uid", rf"^UID +CONNS .*\n{os.getuid()} +3 ")
-
-        term.keys("s")  # the next sort column
-        screen = term.wait_for("sorted by msgs out", r"sort msgs_out desc  group uid")
-        term.keys("r", "+")
-        term.wait_for("reversed, slower", r"every 2s  sort msgs_out asc")
-        term.keys("<", "<", "-")
-        term.wait_for("two columns back, faster", r"every 1s  sort patterns asc")
-
-        # The bus goes away: its header says so, and the view keeps running.
-        bus.process.stop()
-        term.wait_for("the bus shown down", rf"^the-master at 127.0.0.1:{bus.port}  down: ")
-        term.keys("g")
-        term.wait_for("the view still answering keys", r"group none")
-
-        term.keys("q")
-        term.wait_for("top to exit with status 0", r"^EXIT=0$")
-    finally:
-        term.close()
-
-    # Ctrl-C is a normal way out too: status 0, the terminal restored.
-    term = Tmux(tmp_path, command)
-    try:
-        term.wait_for("the view", r"^127.0.0.1:1  down: connection refused$")
-        term.keys("C-c")
-        screen = term.wait_for("top to exit with status 0", r"^EXIT=0$")
-        assert "Traceback" not in screen
-    finally:
-        term.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -11,13 +12,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sbus_relay.client import Client
 from tests.support import BusProcess, start_bus
 
 VENV_BIN = os.path.dirname(sys.executable)
@@ -224,15 +226,15 @@ class Host:
 
 
 @contextmanager
-def three_hosts(cluster: Cluster, tmp: Path, *args: str) -> Iterator[list[Host]]:
-    """Hosts ``hosta``..``hostc`` (``serve`` with ``args`` too), each on a
-    different member of the cluster, once each has heard the other two."""
+def joined(start: Sequence[Callable[[], Host]]) -> Iterator[list[Host]]:
+    """The hosts ``start`` makes, once each has heard all the others; stopped after."""
     made: list[Host] = []
     try:
-        for i, name in enumerate(("hosta", "hostb", "hostc")):
-            made.append(Host(tmp, name, cluster.urls(i), *args))
+        for make in start:
+            made.append(make())
+        others = len(made) - 1
         wait_until(
-            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 2 for h in made),
+            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == others for h in made),
             20,
             "every host joined and heard the others",
         )
@@ -240,3 +242,25 @@ def three_hosts(cluster: Cluster, tmp: Path, *args: str) -> Iterator[list[Host]]
     finally:
         for h in made:
             h.stop()
+
+
+def three_hosts(cluster: Cluster, tmp: Path, *args: str) -> AbstractContextManager[list[Host]]:
+    """Hosts ``hosta``..``hostc`` (``serve`` with ``args`` too), each on a
+    different member of the cluster, once each has heard the other two."""
+    return joined(
+        [
+            functools.partial(Host, tmp, name, cluster.urls(i), *args)
+            for i, name in enumerate(("hosta", "hostb", "hostc"))
+        ]
+    )
+
+
+def drain(client: Client, quiet: float = 0.5) -> list[tuple[bytes, bytes]]:
+    """What comes to ``client`` until nothing has for ``quiet`` seconds: (key, payload)s."""
+    got = []
+    while True:
+        try:
+            m = client.receive(timeout=quiet)
+        except TimeoutError:
+            return got
+        got.append((bytes(m.key), bytes(m.payload)))

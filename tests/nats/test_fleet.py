@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from sbus_relay.client import Client
-from tests.nats.cluster import Cluster, Host, three_hosts, wait_until
+from tests.nats.cluster import Cluster, Host, drain, three_hosts, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,16 +20,6 @@ pytestmark = pytest.mark.timeout(120)
 def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Host]]:
     with three_hosts(cluster, tmp_path_factory.mktemp("hosts")) as made:
         yield made
-
-
-def drain(client: Client, quiet: float = 0.5) -> list[tuple[bytes, bytes]]:
-    got = []
-    while True:
-        try:
-            m = client.receive(timeout=quiet)
-        except TimeoutError:
-            return got
-        got.append((bytes(m.key), bytes(m.payload)))
 
 
 def settle(hosts: list[Host], patterns: dict[str, int]) -> None:

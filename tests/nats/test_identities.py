@@ -18,8 +18,15 @@ import pytest
 
 from sbus_relay.client import Client
 from sbus_relay.protocol import natsinterest as ni
-from tests.nats.cluster import Cluster, Host, NatsServer, free_port, three_hosts, wait_until
-from tests.nats.test_fleet import drain
+from tests.nats.cluster import (
+    Cluster,
+    Host,
+    NatsServer,
+    drain,
+    free_port,
+    three_hosts,
+    wait_until,
+)
 from tests.support import run_cli
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,6 +7,7 @@ nothing is delivered out of order, and what comes late is refused."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -99,6 +100,35 @@ def check(traffic: Traffic, counts: dict[str, int]) -> None:
     )
 
 
+@contextlib.contextmanager
+def two_hosts(
+    tmp_path: Path, cluster: Cluster, a_members: tuple[int, ...], b_members: tuple[int, ...]
+) -> Iterator[tuple[Host, Host]]:
+    """Host A (a relay below its master) on ``a_members`` and host B (a master
+    alone) on ``b_members``, once B has heard of A; both stopped after."""
+    a = Host(tmp_path, "hosta", cluster.urls(*a_members))
+    try:
+        b = Host(tmp_path, "hostb", cluster.urls(*b_members), relay=False)
+        try:
+            wait_until(lambda: a.link()["settled"] and b.link()["remote_hosts"] == 1, 30, "joined")
+            yield a, b
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+
+
+@contextlib.contextmanager
+def flowing(a: Host, b: Host) -> Iterator[Traffic]:
+    """``Traffic`` from A to B, once it flows; stopped after."""
+    traffic = Traffic(a, b)
+    try:
+        wait_until(lambda: len(traffic.got) > RATE, 20, "traffic flows")
+        yield traffic
+    finally:
+        traffic.stop()
+
+
 def victim_of(host: Host, cluster: Cluster) -> NatsServer:
     server = host.link()["server"]
     return next(s for s in cluster.servers if server.endswith(":%d" % s.port))
@@ -107,13 +137,8 @@ def victim_of(host: Host, cluster: Cluster) -> NatsServer:
 def test_the_receivers_member_paused_its_loss_counted_exactly(
     tmp_path: Path, cluster: Cluster
 ) -> None:
-    a = Host(tmp_path, "hosta", cluster.urls(0))
-    b = Host(tmp_path, "hostb", cluster.urls(1, 2), relay=False)
-    try:
-        wait_until(lambda: a.link()["settled"] and b.link()["remote_hosts"] == 1, 30, "joined")
-        traffic = Traffic(a, b)
-        try:
-            wait_until(lambda: len(traffic.got) > RATE, 20, "traffic flows")
+    with two_hosts(tmp_path, cluster, (0,), (1, 2)) as (a, b):
+        with flowing(a, b) as traffic:
             victim = victim_of(b, cluster)
             reconnects = b.link()["reconnects"]
             victim.pause()
@@ -123,8 +148,6 @@ def test_the_receivers_member_paused_its_loss_counted_exactly(
                 victim.resume()
             wait_until(lambda: b.link()["reconnects"] > reconnects, 30, "b moved on")
             time.sleep(1.5)
-        finally:
-            traffic.stop()
         counts = settled(b, traffic)
         check(traffic, counts)
         assert counts["lost"] > 0, counts  # 5 s of 500 msg/s, 3 s before b noticed
@@ -133,30 +156,17 @@ def test_the_receivers_member_paused_its_loss_counted_exactly(
         assert '"nats.loss"' in log and '"origin": "hosta"' in log
         wait_until(lambda: '"nats.loss.ended"' in b.master.stderr_text(), 10, "episode ends")
         print("paused receiver's member:", traffic.sent, "sent;", counts)
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_the_receivers_member_killed_nothing_unseen(tmp_path: Path, cluster: Cluster) -> None:
-    a = Host(tmp_path, "hosta", cluster.urls(0))
-    b = Host(tmp_path, "hostb", cluster.urls(1, 2), relay=False)
-    try:
-        wait_until(lambda: a.link()["settled"] and b.link()["remote_hosts"] == 1, 30, "joined")
-        traffic = Traffic(a, b)
-        try:
-            wait_until(lambda: len(traffic.got) > RATE, 20, "traffic flows")
-            victim_of(b, cluster).stop(__import__("signal").SIGKILL)
+    with two_hosts(tmp_path, cluster, (0,), (1, 2)) as (a, b):
+        with flowing(a, b) as traffic:
+            victim_of(b, cluster).stop(signal.SIGKILL)
             wait_until(lambda: b.link()["connected"], 30, "b elsewhere")
             time.sleep(1.5)
-        finally:
-            traffic.stop()
         counts = settled(b, traffic)
         check(traffic, counts)
         print("killed receiver's member:", traffic.sent, "sent;", counts)
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_the_senders_member_paused_order_kept_late_ones_refused(
@@ -165,13 +175,8 @@ def test_the_senders_member_paused_order_kept_late_ones_refused(
     """A's member is paused: what A wrote into it waits there, A moves on and
     goes on sending; when the member resumes it lets the held messages go,
     after newer ones: refused (late), never delivered out of order."""
-    a = Host(tmp_path, "hosta", cluster.urls(0, 1))
-    b = Host(tmp_path, "hostb", cluster.urls(2), relay=False)
-    try:
-        wait_until(lambda: a.link()["settled"] and b.link()["remote_hosts"] == 1, 30, "joined")
-        traffic = Traffic(a, b)
-        try:
-            wait_until(lambda: len(traffic.got) > RATE, 20, "traffic flows")
+    with two_hosts(tmp_path, cluster, (0, 1), (2,)) as (a, b):
+        with flowing(a, b) as traffic:
             victim = victim_of(a, cluster)
             reconnects = a.link()["reconnects"]
             victim.pause()
@@ -181,8 +186,6 @@ def test_the_senders_member_paused_order_kept_late_ones_refused(
             finally:
                 victim.resume()
             time.sleep(2)
-        finally:
-            traffic.stop()
         counts = settled(b, traffic)
         check(traffic, counts)
         missing = traffic.sent - len(traffic.got)
@@ -190,6 +193,3 @@ def test_the_senders_member_paused_order_kept_late_ones_refused(
         # the sender's own upper bound covers it
         assert a.link()["unconfirmed_total"] >= missing - counts["late"], a.link()
         print("paused sender's member:", traffic.sent, "sent;", counts)
-    finally:
-        a.stop()
-        b.stop()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sbus_relay.client import Client
-from tests.nats.cluster import Cluster, Host, wait_until
+from tests.nats.cluster import Cluster, Host, drain, joined, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,29 +27,17 @@ def hosts(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     config.write_text(
         yaml.safe_dump({"nats": {"servers": [cluster.urls(0)], "publish": ["sensors/"]}})
     )
-    made: list[Host] = []
-    try:
-        made.append(Host(tmp, "hosta", cluster.urls(0), "-C", str(config)))
-        made.append(Host(tmp, "hostb", cluster.urls(1)))
-        wait_until(
-            lambda: all(h.link()["settled"] and h.link()["remote_hosts"] == 1 for h in made),
-            20,
-            "both joined",
-        )
+    with joined(
+        [
+            lambda: Host(tmp, "hosta", cluster.urls(0), "-C", str(config)),
+            lambda: Host(tmp, "hostb", cluster.urls(1)),
+        ]
+    ) as made:
         yield made
-    finally:
-        for h in made:
-            h.stop()
 
 
-def drain(client: Client, quiet: float = 0.7) -> list[tuple[bytes, bytes]]:
-    got = []
-    while True:
-        try:
-            m = client.receive(timeout=quiet)
-        except TimeoutError:
-            return got
-        got.append((bytes(m.key), bytes(m.payload)))
+#: Seconds of quiet that end a drain in these tests.
+QUIET = 0.7
 
 
 class Native:
@@ -88,7 +76,7 @@ def test_a_native_subscriber_gets_the_published_keys_exactly_once(
             for i in range(50):
                 pub.publish(b"sensors/hall" if i % 2 else b"sensors/roof", b"%d" % i)
             pub.publish(b"private/x", b"nobody wants it")
-            assert [p for _, p in drain(at_b)] == [b"%d" % i for i in range(1, 50, 2)]
+            assert [p for _, p in drain(at_b, QUIET)] == [b"%d" % i for i in range(1, 50, 2)]
 
     asyncio.run(native.run(publish))
     for subject in native.subjects:
@@ -112,7 +100,7 @@ def test_without_the_setting_only_what_a_host_wants_leaves(
             time.sleep(0.3)
             for i in range(10):
                 pub.publish(b"wanted/x" if i < 5 else b"sensors/b", b"%d" % i)
-            assert len(drain(at_a)) == 5
+            assert len(drain(at_a, QUIET)) == 5
 
     asyncio.run(native.run(publish))
     assert [d for _, d, _ in native.got["sbus.k.>"]] == [b"%d" % i for i in range(5)]
@@ -145,5 +133,5 @@ def test_a_native_publisher_reaches_every_host_once(hosts: list[Host], cluster: 
 
         asyncio.run(publish())
         want = [(b"cmd/pump/go", b"%d" % i) for i in range(20)]
-        assert drain(at_a) == want
-        assert drain(at_b) == want
+        assert drain(at_a, QUIET) == want
+        assert drain(at_b, QUIET) == want

@@ -99,17 +99,24 @@ def spark() -> Iterator[SparkSession]:
 
     need_java()
 
+    from sbus_relay.pipeline import scratch
+
     # Python workers must be this interpreter (it has pyarrow and sbus_relay).
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
+    tmp = scratch.make()  # the JVM's temporary files, in the run's own directory
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("sbus-relay-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
+        .config("spark.driver.extraJavaOptions", scratch.java_options(tmp))
     )
+    for key, value in scratch.spark_conf(tmp).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+    scratch.remove(tmp)

@@ -188,6 +188,16 @@ def test_instances(analysed: tuple[list[Row], Path, Any]) -> None:
         e["last_ns"] = max(e["last_ns"], r["time_ns"])
     got = {r.pop("instance"): r for r in read(out, "instances")}
     assert got == expected
+    per_prefix: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        counts = per_prefix[(r["instance"], prefix(r["key"], 2))]
+        counts[0] += 1
+        counts[1] += r["size"]
+    table = read(out, "instance_prefixes")  # by instance, then prefix
+    assert [(r["instance"], r["prefix"]) for r in table] == sorted(per_prefix)
+    assert {(r["instance"], r["prefix"]): [r["messages"], r["bytes"]] for r in table} == dict(
+        per_prefix
+    )
 
 
 def test_bursts(analysed: tuple[list[Row], Path, Any]) -> None:

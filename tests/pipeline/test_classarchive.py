@@ -310,7 +310,7 @@ def test_what_spark_raises_after_a_ctrl_c_is_the_interrupt_not_a_failure(
     captures = tmp_path / "captures"
     generate(captures, 1_000, seconds=10.0)
 
-    def start_cut_off(*args: object) -> None:
+    def start_cut_off(*args: object, **kwargs: object) -> None:
         os.kill(os.getpid(), signal.SIGINT)  # held back: the JVM is starting
         raise RuntimeError("Exception thrown in awaitResult")
 

@@ -232,3 +232,47 @@ def test_the_server_logs_no_info_line_even_while_it_starts(
     text = connect_server.log.read_text(errors="replace")
     found = INFO_LINE.findall(text)
     assert not found, text[:2000]
+
+
+#: Releases the Connect session whose id is given, as the server does to one idle too long.
+RELEASE_SESSION = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(f"{sys.argv[1]}/;session_id={sys.argv[2]}").create()
+spark.range(1).collect()
+spark.stop()  # releases the session: the server closes it
+"""
+
+
+def test_runs_share_one_session_which_a_new_one_replaces_once_closed(
+    connect_server: ConnectServer, captures: Path, tmp_path: Path
+) -> None:
+    """Two runs on one server share a session (its id kept in the cache
+    directory), a run given --conf gets one of its own, and a run after the
+    server closed the shared session opens a new one: the same tables each time."""
+    from sbus_relay.pipeline.session import SESSIONS_DIR
+
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+    env["XDG_CACHE_HOME"] = str(cache)
+    sessions = cache / "sbus-relay" / SESSIONS_DIR
+
+    def run(name: str, *more: str) -> dict[str, bytes]:
+        done = analyze(str(captures), "--out", str(tmp_path / name), "--no-report",
+                       "--remote", connect_server.url, *more, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return output(tmp_path / name)
+
+    first = run("first")
+    (kept,) = sessions.iterdir()
+    shared = kept.read_text().strip()
+    assert run("second") == first and kept.read_text().strip() == shared
+    assert run("own", "--conf", "spark.sql.shuffle.partitions=3") == first
+    assert kept.read_text().strip() == shared  # --conf: a session of its own
+    released = subprocess.run(
+        [sys.executable, "-P", "-c", RELEASE_SESSION, connect_server.url, shared],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert released.returncode == 0, released.stderr
+    assert run("after") == first
+    assert kept.read_text().strip() != shared

@@ -119,7 +119,14 @@ def test_analyze_of_a_killed_recording_does_not_say_nothing_lost(
                 time.sleep(0.05)
             for i in range(2000):
                 pub.publish(f"steady/{i % 7}", b"%d" % i)
-        time.sleep(1.5)  # past a journal flush
+        # Killed once rows are in the journal (a fixed wait for its flush
+        # failed on a loaded machine: nothing to recover, no capture file).
+        from sbus_relay.pipeline.capture import read_journal
+
+        (journal,) = out.glob("*.arrow.partial")
+        while not sum(b.num_rows for b in read_journal(journal)[0]):
+            assert time.monotonic() < deadline, "no rows in the journal"
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()

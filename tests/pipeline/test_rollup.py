@@ -9,6 +9,7 @@ import json
 import os
 import random
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 pc = pytest.importorskip("pyarrow.compute")
 
 from sbus_relay.pipeline import analyze as A  # noqa: E402
+from sbus_relay.pipeline import merged as M  # noqa: E402
 from sbus_relay.pipeline import rollup as R  # noqa: E402
 from sbus_relay.pipeline import sources as S  # noqa: E402
 from sbus_relay.pipeline.capture import (  # noqa: E402
@@ -130,8 +132,10 @@ def test_stored_sets_summed_in_steps_give_the_tables_of_all_of_them() -> None:
     for depth in (1, 2):
         opts = A.span_options(A.AnalyzeOptions(depth=depth, top=5), T0, T0 + 900 * 10**9)
         whole, steps = A.compute_local(every, opts), A.compute_local(summed, opts)
-        for name in ("cells", "sizes", "top_by_messages", "top_by_bytes"):
+        for name in ("cells", "top_by_messages", "top_by_bytes"):
             assert getattr(steps, name).equals(getattr(whole, name)), (depth, name)
+        by_size = [("prefix", "ascending"), ("size", "ascending")]  # derived whatever their order
+        assert steps.sizes.sort_by(by_size).equals(whole.sizes.sort_by(by_size)), depth
         assert steps.distinct_keys == whole.distinct_keys == len(KEYS)
     files = summed.filter(pc.equal(summed["_set"], R.FILE_SET))
     assert sorted(files["key"].to_pylist()) == [f"capture-{i}.parquet" for i in range(5)]
@@ -251,16 +255,154 @@ def test_rollups_go_into_the_output_where_the_captures_are_read_only(
     out1 = tmp_path / "out1"
     out1.mkdir()
     first = S.plan(inputs.file_rows, base.depth, base.window_ns, out=out1)
-    assert first.made == 2 and first.in_output == 2 and "output's rollups/" in str(first.line())
+    assert first.made == 2 and first.in_output == 2 and "output's rollups/" in first.lines()[0]
     assert not list(cap.glob("*.rollup"))
     A.run(spark, inputs, out1, opts, first)
     out2 = tmp_path / "out2"
     out2.mkdir()
     again = S.plan(inputs.file_rows, base.depth, base.window_ns, out=out2, previous=out1)
-    assert again.made == 0 and len(again.rollups) == 2 and again.line() is None
+    assert again.made == 0 and len(again.rollups) == 2 and again.lines() == []
     assert sorted(p.name for p in (out2 / S.ROLLUPS_DIR).iterdir()) == sorted(
         p.name for p in (out1 / S.ROLLUPS_DIR).iterdir()
     )
     raw = tmp_path / "raw"
     A.run(spark, inputs, raw, opts, S.Sources(raw=list(inputs.paths)))
     assert tables(out1) == tables(raw)
+
+
+def merged_sums(path: Path, opts: A.AnalyzeOptions) -> A.Computed:
+    return A.compute_local(pq.read_table(path), opts)
+
+
+def same_computed(a: A.Computed, b: A.Computed) -> None:
+    for name in ("cells", "top_by_messages", "top_by_bytes"):
+        assert getattr(a, name).equals(getattr(b, name)), name
+    by_size = [("prefix", "ascending"), ("size", "ascending")]
+    assert a.sizes.sort_by(by_size).equals(b.sizes.sort_by(by_size))
+    assert a.distinct_keys == b.distinct_keys
+
+
+def test_a_directory_s_rollups_are_merged_once_extended_and_rebuilt(tmp_path: Path) -> None:
+    """The captures of a directory the user names are read through its merged
+    rollup: made by the first run (the sums of every file's rollup), used as it
+    is by the next, extended by a new file, rebuilt when a file went or was
+    rewritten; each time the same sums as the files' own rollups."""
+    cap = tmp_path / "cap"
+    for i in range(3):
+        write(cap / f"capture-{i}.parquet", rows_of(30 + i, 1500, f"h{i % 2}"))
+
+    def plan() -> S.Sources:
+        inputs = resolve([str(cap)])
+        base = A.span_options(A.AnalyzeOptions(), inputs.first_ns, inputs.last_ns)
+        sources = S.plan(inputs.file_rows, base.depth, base.window_ns,
+                         directories=inputs.directories)  # fmt: skip
+        merged = cap / M.MERGED_NAME
+        assert sources.rollups == [str(merged)] and not sources.raw
+        own = [R.rollup_path(Path(p)) for p in inputs.paths]
+        opts = replace(base, top=5)
+        same_computed(merged_sums(merged, opts), A.compute_local(
+            pa.concat_tables([pq.read_table(p) for p in own]), opts))  # fmt: skip
+        found = M.read(merged, cap)
+        assert found is not None and found.members == inputs.file_rows
+        return sources
+
+    first = plan()
+    assert first.made == 3 and first.merged == 3
+    assert "merged the rollups of 3 capture files (4,500 rows)" in first.lines()[1]
+    stamp = (cap / M.MERGED_NAME).stat().st_mtime_ns
+    again = plan()
+    assert again.lines() == [] and (cap / M.MERGED_NAME).stat().st_mtime_ns == stamp
+    write(cap / "capture-3.parquet", rows_of(40, 700, "h3"))
+    added = plan()
+    assert added.merged == 1 and "of 1 capture file (700 rows)" in added.lines()[-1]
+    (cap / "capture-0.parquet").unlink()
+    assert plan().merged == 3  # a file went: made again from the rollups of the rest
+    write(cap / "capture-1.parquet", rows_of(41, 800, "h1"))  # rewritten: other rows
+    assert plan().made == 1
+
+
+def test_a_merged_rollup_serves_only_runs_with_all_its_files(tmp_path: Path) -> None:
+    """A run of some of a directory's files reads their own rollups: the
+    directory's merged rollup holds the others too, and is left as it is."""
+    cap = tmp_path / "cap"
+    paths = [write(cap / f"capture-{i}.parquet", rows_of(50 + i, 500, "h")) for i in range(3)]
+    inputs = resolve([str(cap)])
+    S.plan(inputs.file_rows, 2, 10**9, directories=inputs.directories)
+    stamp = (cap / M.MERGED_NAME).stat().st_mtime_ns
+    some = resolve([str(p) for p in paths[:2]])
+    sources = S.plan(some.file_rows, 2, 10**9, directories=some.directories)
+    assert sorted(sources.rollups) == sorted(str(R.rollup_path(p)) for p in paths[:2])
+    assert (cap / M.MERGED_NAME).stat().st_mtime_ns == stamp
+    assert sources.grain is None  # two rollups: each set summed by the job
+
+
+def test_a_fleet_s_merged_rollup_is_made_from_its_hosts_merged_rollups(tmp_path: Path) -> None:
+    """Hosts' directories analysed one by one, then together: the fleet's
+    merged rollup is the sum of the hosts' (not of every file again), and
+    names every file relative to the fleet's directory."""
+    fleet = tmp_path / "fleet"
+    for h in range(3):
+        for i in range(2):
+            write(
+                fleet / f"host{h}" / f"capture-{i}.parquet", rows_of(60 + 2 * h + i, 400, f"h{h}")
+            )
+    for h in range(3):
+        one = resolve([str(fleet / f"host{h}")])
+        S.plan(one.file_rows, 2, 10**9, directories=one.directories)
+        assert (fleet / f"host{h}" / M.MERGED_NAME).is_file()
+    inputs = resolve([str(fleet)])
+    base = A.span_options(A.AnalyzeOptions(), inputs.first_ns, inputs.last_ns)
+    sources = S.plan(inputs.file_rows, base.depth, base.window_ns, directories=[str(fleet)])
+    assert sources.rollups == [str(fleet / M.MERGED_NAME)] and sources.made == 0
+    assert sources.grain is not None
+    merged = pq.read_table(fleet / M.MERGED_NAME)
+    files = merged.filter(pc.equal(merged["_set"], R.FILE_SET))["key"].to_pylist()
+    assert sorted(files) == [f"host{h}/capture-{i}.parquet" for h in range(3) for i in range(2)]
+    opts = replace(base, top=5)
+    every = pa.concat_tables([pq.read_table(R.rollup_path(Path(p))) for p in inputs.paths])
+    same_computed(A.compute_local(merged, opts), A.compute_local(every, opts))
+
+
+def test_a_read_only_directory_s_merged_rollup_goes_into_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = tmp_path / "cap"
+    for i in range(2):
+        write(cap / f"capture-{i}.parquet", rows_of(70 + i, 300, "h"))
+    monkeypatch.setattr(S, "_writable", lambda directory: False)
+    inputs = resolve([str(cap)])
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    out1.mkdir()
+    out2.mkdir()
+    first = S.plan(inputs.file_rows, 2, 10**9, out=out1, directories=inputs.directories)
+    kept = out1 / S.ROLLUPS_DIR / M.kept_name(cap)
+    assert first.rollups == [str(kept)] and not list(cap.glob("*.rollup*"))
+    again = S.plan(inputs.file_rows, 2, 10**9, out=out2, previous=out1,
+                   directories=inputs.directories)  # fmt: skip
+    assert again.lines() == [] and again.rollups == [str(out2 / S.ROLLUPS_DIR / kept.name)]
+
+
+@pytest.mark.spark
+def test_a_fleet_through_its_merged_rollup_gives_the_tables_of_raw_rows_and_duckdb(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Several hosts' directories under one, analysed through the merged
+    rollup: every table (the per-host ones among them) and the summary those
+    of raw rows, and DuckDB's."""
+    from sbus_relay.bench.peer import analyse, same_tables
+
+    fleet = tmp_path / "fleet"
+    for h in range(4):
+        write(fleet / f"host{h}" / "capture-a.parquet", rows_of(80 + h, 900, f"host{h}"))
+        write(fleet / f"host{h}" / "capture-b.parquet", rows_of(90 + h, 600, f"host{h}", 1800))
+    inputs = resolve([str(fleet)])
+    merged = tmp_path / "merged"
+    A.run(spark, inputs, merged, A.AnalyzeOptions())
+    assert (fleet / M.MERGED_NAME).is_file()
+    raw = tmp_path / "raw"
+    A.run(spark, inputs, raw, A.AnalyzeOptions(), S.Sources(raw=list(inputs.paths)))
+    assert tables(merged) == tables(raw)
+    assert (merged / "summary.json").read_text() == (raw / "summary.json").read_text()
+    analyse(str(fleet), str(tmp_path / "duck"))
+    assert same_tables(str(tmp_path / "duck"), str(merged)) == []
+    assert json.loads((merged / "summary.json").read_text())["instances"] == 4

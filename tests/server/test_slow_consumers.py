@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from sbus_relay.protocol.limits import EPISODE_REPORT_INTERVAL
-from tests.relay.helpers import Bus, Peer, wait_until
+from tests.relay.helpers import WAIT, Bus, Peer, wait_until
 from tests.support import short_dir
 
 pytestmark = pytest.mark.timeout(90)
@@ -146,7 +146,11 @@ def test_a_subscriber_that_never_reads_is_named_when_it_starts_dropping(bus: Bus
         publisher_cid = max(rows)
         assert not rows[publisher_cid]["dropping"]
         # ... and again, with the running count, once per interval: never per message
-        time.sleep(EPISODE_REPORT_INTERVAL + 1.5)
+        wait_until(
+            lambda: len(drops_of(bus, queued_cid)) > 1,
+            "the running count",
+            EPISODE_REPORT_INTERVAL + WAIT,
+        )
         lines = drops_of(bus, queued_cid)
         assert [e["event"] for e in lines] == ["flood.drop", "flood.drop.ongoing"], lines
         assert lines[1]["count"] > 100 and lines[1]["seconds"] >= EPISODE_REPORT_INTERVAL

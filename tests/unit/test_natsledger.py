@@ -70,6 +70,13 @@ class Fleet:
     def b_delta(self) -> None:
         self.announce(self.b_local.delta())
 
+    def b_wants(self, *patterns: bytes) -> None:
+        """B subscribes to ``patterns``, announces them, and A hears of it."""
+        for pattern in patterns:
+            self.b_change(pattern, True)
+        self.b_delta()
+        self.carry_interest()
+
     def carry_interest(self) -> None:
         """B's announcements reach A; A's cuts go on the wire at once."""
         while self.to_a:
@@ -126,9 +133,7 @@ class Fleet:
 
 def test_nothing_lost_nothing_counted_and_order_kept() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     for i in range(50):
         f.publish(b"x/%d" % (i % 3))
         f.publish(b"y/other")  # B does not want it: a gap in the numbers, no loss
@@ -142,9 +147,7 @@ def test_nothing_lost_nothing_counted_and_order_kept() -> None:
 
 def test_what_nats_loses_is_counted_once_at_the_receiver() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     for _i in range(10):
         f.publish(b"x/a")
     f.wire.drop_next = 7
@@ -170,9 +173,7 @@ def test_what_nats_loses_is_counted_once_at_the_receiver() -> None:
 
 def test_a_lost_count_is_made_up_by_the_next_and_the_cause_is_told() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     f.deliver()  # B has heard of A
     f.wire.drop_next = 3
     for _ in range(5):
@@ -192,9 +193,7 @@ def test_a_lost_count_is_made_up_by_the_next_and_the_cause_is_told() -> None:
 
 def test_late_and_duplicate_messages_are_refused_never_delivered_out_of_order() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     for _ in range(6):
         f.publish(b"x/a")
     items = list(f.wire.items)
@@ -221,10 +220,7 @@ def test_a_subscription_in_its_grace_counts_what_the_sender_still_counts() -> No
     """B lets go of a pattern: the removal is announced first, the subscription
     kept a while; what A sends until it hears is taken, counted, not delivered."""
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_change(b"y/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/", b"y/")
     f.publish(b"x/1")
     f.deliver()
     f.b_change(b"x/", False)
@@ -247,9 +243,7 @@ def test_a_subscription_in_its_grace_counts_what_the_sender_still_counts() -> No
 
 def test_a_pattern_that_comes_is_counted_from_the_senders_cut_on() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     f.publish(b"x/1")
     f.b_change(b"w/", True)
     f.b_delta()
@@ -266,9 +260,7 @@ def test_a_pattern_that_comes_is_counted_from_the_senders_cut_on() -> None:
 
 def test_a_silent_host_is_counted_for_not_sent_to_and_the_heal_shows_the_gap() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     f.publish(b"x/1")
     f.deliver()
     f.a_remote.expire(f.now + ni.HOST_SILENT + 1)  # a partition: B falls silent at A
@@ -362,9 +354,7 @@ def test_envelopes_are_read_bounded() -> None:
 
 def test_a_forged_number_far_ahead_is_given_up() -> None:
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/")
     f.publish(b"x/1")
     f.deliver()
     f.b.arrive(f.a.prefix + str(1 << 61), (b"x/",), True, -1, f.now)  # forged
@@ -404,10 +394,7 @@ def test_the_state_goes_on_in_a_new_process_under_the_same_incarnation() -> None
     counts, the receiver's origins and the announcements its subscriptions
     follow; the new process goes on counting as the old one would have."""
     f = Fleet()
-    f.b_change(b"x/", True)
-    f.b_change(b"y/", True)
-    f.b_delta()
-    f.carry_interest()
+    f.b_wants(b"x/", b"y/")
     f.wire.drop_next = 2
     for _ in range(5):
         f.publish(b"x/a")

@@ -28,6 +28,7 @@ from sbus_relay.ops.supervisor import listener_pid
 
 from .common import VENV_BIN
 from .fabric import Fabric, http_get
+from .faultrun import START_WAIT, RunBus, running
 
 HOSTS = (1, 2, 3)
 #: The buses of a host: role -> (upstream role, metrics port inside the host).
@@ -35,8 +36,6 @@ ROLES = {"m": (None, 9801), "r1": ("m", 9802), "r2": ("m", 9803)}
 NATS_PORT = 4222
 ROUTE_PORT = 6222
 MONITOR_PORT = 8222
-#: Seconds a bus or a member may take to start, or a bus to hand itself over.
-START_WAIT = 30.0
 #: Seconds a bus gets to end after SIGTERM before it is killed.
 STOP_WAIT = 5.0
 #: The counter families whose sum is "counted on some host": what the buses
@@ -71,14 +70,6 @@ def nats_binary() -> str | None:
     import shutil
 
     return shutil.which("nats-server")
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Member:
@@ -153,7 +144,7 @@ class Member:
         self.paused = False
 
     def alive(self) -> bool:
-        return _running(self.pid)
+        return running(self.pid)
 
     def log(self) -> str:
         try:
@@ -197,83 +188,35 @@ def _without_instance(series: str) -> str:
     return f"{name}{{{','.join(kept)}}}"
 
 
-class FleetBus:
-    """One bus of a host, restarted after a kill, followed through upgrades."""
+class FleetBus(RunBus):
+    """One bus of a host: in the host's namespaces, its socket in the host's own
+    directory; its loss counters summed over its incarnations."""
 
     def __init__(self, fleet: Fleet, host: int, role: str) -> None:
         self.fleet = fleet
         self.host = host
         self.role = role
-        self.name = bus_name(host, role)
         self.ns = fleet.fabric.ns("h", host)
-        up, self.port = ROLES[role]
+        up, port = ROLES[role]
         directory = fleet.host_dir(host)
-        self.address = os.path.join(directory, f"{role}.sock")
-        self.config = os.path.join(directory, f"{role}.yaml")
-        self.log_path = os.path.join(directory, f"{role}.log")
         self.upstream = os.path.join(directory, f"{up}.sock") if up else None
-        self.procs: list[subprocess.Popen[bytes]] = []
-        #: every pid this bus ran as (killed, upgraded away, current)
-        self.pids: set[int] = set()
-        self.pid = 0
         self.counters = Counters()
         self.lock = threading.Lock()
-        self.write_config(good=True, variant=0)
+        super().__init__(
+            bus_name(host, role),
+            os.path.join(directory, f"{role}.sock"),
+            os.path.join(directory, f"{role}.yaml"),
+            os.path.join(directory, f"{role}.log"),
+            port,
+        )
 
     def argv(self) -> list[str]:
-        argv = [os.path.join(VENV_BIN, "sbus-relay"), "serve", "-f", "-r", "-a", self.address,
-                "-C", self.config, "--metrics", f"127.0.0.1:{self.port}",
-                "--instance", self.name, "--log-format", "json"]  # fmt: skip
+        argv = self.serve_argv()
         if self.upstream is not None:
             argv += ["--upstream", self.upstream]
         else:
             argv += ["--nats", self.fleet.nats_urls(self.host)]
         return self.fleet.fabric.exec_argv(self.ns, argv)
-
-    def write_config(self, *, good: bool, variant: int) -> None:
-        limit = 65_536 - 1000 * (variant % 3)
-        text = f"hard_limit_messages: {limit if good else -5}\nlog_level: info\n"
-        with open(self.config + ".new", "w") as out:
-            out.write(text)
-        os.replace(self.config + ".new", self.config)
-
-    def spawn(self) -> subprocess.Popen[bytes]:
-        with open(self.log_path, "ab") as err:
-            proc = subprocess.Popen(
-                self.argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
-        self.procs.append(proc)
-        self.pids.add(proc.pid)
-        return proc
-
-    def wait_serving(self, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + START_WAIT
-        while listener_pid(parse_address(self.address)) != proc.pid:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bus {self.name} did not start:\n{self.log()[-3000:]}")
-            time.sleep(0.02)
-        self.pid = proc.pid
-
-    def start(self) -> None:
-        self.wait_serving(self.spawn())
-
-    def log(self, offset: int = 0) -> str:
-        try:
-            with open(self.log_path, errors="replace") as src:
-                src.seek(offset)
-                return src.read()
-        except FileNotFoundError:
-            return ""
-
-    def log_size(self) -> int:
-        try:
-            return os.path.getsize(self.log_path)
-        except FileNotFoundError:
-            return 0
 
     def scrape(self) -> bool:
         """Read its loss counters; False if it did not answer."""
@@ -303,35 +246,19 @@ class FleetBus:
             return True
         return False
 
-    def kill(self) -> float:
-        """SIGKILL (its counters read just before); when it was killed."""
-        self.scrape()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        deadline = time.monotonic() + 10
-        while _running(self.pid) and time.monotonic() < deadline:
-            for proc in self.procs:
-                proc.poll()
-            time.sleep(0.01)
-        return killed
-
-    def alive(self) -> bool:
-        return _running(self.pid)
-
     def stop(self) -> None:
         """SIGTERM, then SIGKILL what is left (every pid it ever ran as)."""
         for pid in self.pids:
-            if _running(pid):
+            if running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT
-        while any(_running(p) for p in self.pids) and time.monotonic() < deadline:
+        while any(running(p) for p in self.pids) and time.monotonic() < deadline:
             for proc in self.procs:
                 proc.poll()
             time.sleep(0.05)
         for pid in self.pids:
-            if _running(pid):
+            if running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for proc in self.procs:
