@@ -117,8 +117,14 @@ def _nats_c_extension() -> list[Extension]:
         from Cython.Build import cythonize
     except ImportError:
         return []
+    # natsc_private.h beside the .pyx: the one place it reaches into libnats's private parts
+    flags["include_dirs"] = [*flags["include_dirs"], "sbus_relay/link"]
     ext = Extension(
-        "sbus_relay.link._natsc", ["sbus_relay/link/_natsc.pyx"], optional=True, **flags
+        "sbus_relay.link._natsc",
+        ["sbus_relay/link/_natsc.pyx"],
+        depends=["sbus_relay/link/natsc_private.h"],
+        optional=True,
+        **flags,
     )
     built = cythonize(
         [ext], compiler_directives={"language_level": "3"}, build_dir="build/cython", quiet=True

@@ -802,6 +802,31 @@ def nats(d: dash.Dashboard) -> None:
             fill=60,
         )
     )
+    d.with_panel(
+        graph(
+            48,
+            "NATS link process",
+            "The link's process of its own: 1 while it runs (0 while it is started again), "
+            "its restarts after it died, its threads and its resident memory.",
+            "short",
+            queries(
+                (sel("sbus_nats_link_up"), "{{instance}} up"),
+                (
+                    f"sum by (instance) ({increase('sbus_nats_link_restarts_total')})",
+                    "{{instance}} restarts",
+                ),
+                (sel("sbus_nats_link_threads"), "{{instance}} threads"),
+                (sel("sbus_nats_link_resident_bytes"), "{{instance}} resident bytes"),
+            ),
+            w=8,
+        ).override_by_regexp(
+            ".* bytes",
+            [
+                dm.DynamicConfigValue(id_val="unit", value="bytes"),
+                dm.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ],
+        )
+    )
 
 
 def clients_and_process(d: dash.Dashboard) -> None:

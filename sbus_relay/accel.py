@@ -6,7 +6,7 @@ record, the modules it loads.
 
 The modules on a message's way through the bus (``protocol.scan``, ``keys``,
 ``index``, ``quota``, ``flood``, ``episodes``, ``frames``, ``session``,
-``bus.connection`` and the NATS link's ``link.inbound``; across hosts
+``bus.connection`` and the NATS link's ``link.inbound``, ``outbound`` and ``tobus``; across hosts
 ``protocol.natsenvelope``, ``natssubs``, ``natsledger`` and ``natsorigins``) are
 plain Python, the one source of truth.  Installing the package compiles each of
 them with Cython when a C compiler is present, into a module of its own
@@ -54,6 +54,8 @@ COMPILED = {
     "sbus_relay.protocol._c_natsorigins": "sbus_relay.protocol.natsorigins",
     "sbus_relay.bus._c_connection": "sbus_relay.bus.connection",
     "sbus_relay.link._c_inbound": "sbus_relay.link.inbound",
+    "sbus_relay.link._c_outbound": "sbus_relay.link.outbound",
+    "sbus_relay.link._c_tobus": "sbus_relay.link.tobus",
 }
 #: What the build records: the modules it compiled, and the digest of the
 #: sources they came from (all of them: a module's C layout depends on the

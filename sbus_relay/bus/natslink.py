@@ -78,6 +78,9 @@ LINGER = 1.0
 REAP_POLL = 0.01
 #: The link process's module (its command line: ``sys.executable -m`` it).
 LINK_MODULE = "sbus_relay.cli.link"
+#: The lowest level of the records the link process sends: all of them (the
+#: bus's own level, reloaded with its config, decides what is written).
+LINK_LOG_LEVEL = "debug"
 
 
 class NatsLink:
@@ -90,7 +93,6 @@ class NatsLink:
         self.name = nats.host or config.instance
         self.config = nats
         self.log = log.bind(link="nats")
-        self._log_level = config.log_level
         queue = OutboundQueue(nats.queue_bytes, nats.queue_messages, upward=True)
         self.conn = link_connection(host, self, queue, self.log)
         self.conn.label = "nats"
@@ -167,7 +169,10 @@ class NatsLink:
             for f in dataclasses.fields(linkwire.Hello)
             if hasattr(c, f.name)
         }
-        more: dict[str, Any] = {"host": self.name, "log_level": self._log_level}
+        # every record of the link's crosses (they are events, never one a
+        # message): the bus writes them through its own logger, whose level
+        # is the one a reload sets, so one level rules both processes
+        more: dict[str, Any] = {"host": self.name, "log_level": LINK_LOG_LEVEL}
         if adopt:
             servers = list(c.servers)
             first = [u for u in servers if (u.partition("://")[2] or u) == prefer]

@@ -10,16 +10,28 @@ nats.c reads and parses in a thread of its own and hands each message to
 one delivery thread for every subscription (global delivery, a pool of
 one: messages reach the link in the order the server sent them, across
 subscriptions); that thread's callback queues it.  Publishing copies into
-nats.c's buffer, which its flusher thread writes in large writes.  Built
-only where libnats was found at install time (setup.py); the link runs
-nats-py elsewhere (``link/engine.py``).
+nats.c's buffer, written once per batch.  Built only where libnats was found
+at install time (setup.py); the link runs nats-py elsewhere
+(``link/engine.py``).
+
+The envelope (``protocol.natsenvelope``) is the one header the link reads
+or writes.  Where the installed libnats is a release whose private parts the
+link knows (``natsc_private.h``, the one place it reaches into them:
+``private_parts()`` says), a message is published with its header section
+encoded once, read on receipt straight from the section the server sent,
+freed at once, and each batch is written as soon as it is handed over;
+elsewhere the public API does the same, slower.
 """
 
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free
-from libc.string cimport strlen
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.string cimport memcmp, memcpy, strlen
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.unicode cimport PyUnicode_DATA, PyUnicode_DecodeASCII, PyUnicode_GET_LENGTH
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
 
 cdef extern from "nats/nats.h" nogil:
     ctypedef struct natsConnection:
@@ -36,6 +48,7 @@ cdef extern from "nats/nats.h" nogil:
     ctypedef void (*natsErrHandler)(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
 
     natsStatus NATS_OK
+    natsStatus NATS_ERR
     natsStatus NATS_NOT_YET_CONNECTED
     natsStatus NATS_SLOW_CONSUMER
 
@@ -83,8 +96,17 @@ cdef extern from "nats/nats.h" nogil:
     int natsMsg_GetDataLength(const natsMsg *msg)
     natsStatus natsMsgHeader_Set(natsMsg *msg, const char *key, const char *value)
     natsStatus natsMsgHeader_Get(natsMsg *msg, const char *key, const char **value)
-    natsStatus natsMsgHeader_Keys(natsMsg *msg, const char ***keys, int *count)
     void natsMsg_Destroy(natsMsg *msg)
+
+cdef extern from "natsc_private.h" nogil:
+    ctypedef struct natsc_msg:
+        const char *subject
+    void natsc_msg_init(natsc_msg *m, const char *subject, const char *block, int len,
+                        const char *data, int dataLen)
+    const char *natsc_msg_block(natsMsg *msg, int *len)
+    void natsc_msg_free_now(natsMsg *msg)
+    natsStatus natsc_write_now(natsConnection *nc)
+    int natsc_private_check(char *out, size_t size)
 
 cdef extern from *:
     """
@@ -194,6 +216,40 @@ cdef extern from *:
 QUEUE_MAX = 65536
 cdef enum:
     URL_MAX = 256  # the longest server URL asked of nats.c
+    CHECK_TEXT = 200  # the longest reason ``private_parts`` gives
+    BLOCK_MAX = 1024  # the longest header section built here (the envelope's is < 900)
+
+#: The one header the link reads and writes (``protocol.natsenvelope.HEADER``).
+cdef bytes _KEY = b"Sbus-Origin"
+cdef bytes _HEAD = b"NATS/1.0\r\n" + _KEY + b": "
+cdef bytes _TAIL = b"\r\n\r\n"
+cdef Py_ssize_t _HEAD_LEN = len(_HEAD)
+cdef Py_ssize_t _TAIL_LEN = len(_TAIL)
+
+cdef bint _private = False  # the private parts are used (``private_parts``)
+cdef bint _allowed = True  # (``keep_to_public_api``)
+
+
+def private_parts():
+    """'' if the installed libnats is one whose private parts the link uses
+    (``natsc_private.h``), else why not, in one line (the engine then keeps to
+    the public API, slower).  Checked again at each call."""
+    global _private
+    cdef char out[CHECK_TEXT]
+    _private = natsc_private_check(out, CHECK_TEXT) != 0
+    why = out[:strlen(out)].decode("utf-8", "replace")
+    if _private and not _allowed:
+        _private = False
+        why = "kept to the public API (keep_to_public_api)"
+    return why
+
+
+def keep_to_public_api(bint on):
+    """Use only the public API from now on (``on``), as on a libnats the link
+    does not know: the tests run both ways."""
+    global _allowed
+    _allowed = not on
+    private_parts()
 
 
 class NatsError(Exception):
@@ -236,6 +292,7 @@ cdef class Client:
         if _owner is not None:
             raise NatsError("one nats.c client per process")
         _check(nats_Open(-1), "nats_Open")
+        private_parts()
         nats_SetMessageDeliveryPoolSize(1)
         if sq_open(QUEUE_MAX) < 0:
             raise OSError("eventfd failed")
@@ -300,30 +357,18 @@ cdef class Client:
         return buf[:strlen(buf)].decode("utf-8", "replace")
 
     def publish(self, list batch):
-        """Each (subject, headers, payload) of ``batch``, in order; how many were refused."""
+        """Each (subject, envelope, payload) of ``batch``, in order, then
+        written; how many were refused."""
         cdef int refused = 0
         cdef bytes subject, payload
-        cdef natsMsg *m
-        cdef natsStatus s
+        cdef object envelope
         if self.nc == NULL:
             return len(batch)
-        for subject, headers, payload in batch:
-            if headers is None:
-                s = natsConnection_Publish(self.nc, subject, <const char *>payload, len(payload))
-            else:
-                m = NULL
-                s = natsMsg_Create(&m, subject, NULL, <const char *>payload, len(payload))
-                if s == NATS_OK:
-                    for k, v in headers.items():
-                        s = natsMsgHeader_Set(m, k.encode(), v.encode())
-                        if s != NATS_OK:
-                            break
-                if s == NATS_OK:
-                    s = natsConnection_PublishMsg(self.nc, m)
-                if m != NULL:
-                    natsMsg_Destroy(m)
-            if s != NATS_OK:
+        for subject, envelope, payload in batch:
+            if _publish_one(self.nc, subject, envelope, payload) != NATS_OK:
                 refused += 1
+        if _private:
+            natsc_write_now(self.nc)  # (else nats.c's flusher writes it, 1 ms later)
         return refused
 
     def subscribe(self, int64_t sid, bytes subject, int msgs, int nbytes):
@@ -358,6 +403,7 @@ cdef class Client:
         cdef sq_entry *e
         cdef const char *data
         cdef bytes subject, payload  # copies, made before the message is destroyed
+        cdef object envelope
         n = sq_take(&items, &dropped)
         try:
             for i in range(n):
@@ -366,10 +412,10 @@ cdef class Client:
                     subject = natsMsg_GetSubject(e.msg)
                     data = natsMsg_GetData(e.msg)
                     payload = PyBytes_FromStringAndSize(data, natsMsg_GetDataLength(e.msg))
-                    headers = _headers(e.msg)
-                    natsMsg_Destroy(e.msg)
+                    envelope = _envelope(e.msg)
+                    _destroy(e.msg)
                     e.msg = NULL
-                    sink.on_message(e.sid, subject, headers, payload)
+                    sink.on_message(e.sid, subject, envelope, payload)
                 elif e.kind == EV_CONNECTED:
                     self.retrying = False
                     sink.on_connected(self.server(), False)
@@ -386,7 +432,7 @@ cdef class Client:
         finally:
             for i in range(n):
                 if items[i].msg != NULL:
-                    natsMsg_Destroy(items[i].msg)
+                    _destroy(items[i].msg)
             free(items)
 
     def close(self):
@@ -404,18 +450,66 @@ cdef class Client:
         _owner = None
 
 
-cdef object _headers(natsMsg *msg):
-    cdef const char **keys = NULL
-    cdef int count = 0, i
-    cdef const char *value = NULL
-    if natsMsgHeader_Keys(msg, &keys, &count) != NATS_OK or count == 0:
-        return None
-    out = {}
-    try:
-        for i in range(count):
-            if natsMsgHeader_Get(msg, keys[i], &value) == NATS_OK:
-                out[keys[i].decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    finally:
-        free(keys)
-    return out
+cdef natsStatus _publish_one(natsConnection *nc, bytes subject, object envelope, bytes payload):
+    """One message, with the envelope ``envelope`` (a str; None: no header)."""
+    cdef natsc_msg m
+    cdef natsMsg *made = NULL
+    cdef natsStatus s
+    cdef char block[BLOCK_MAX]
+    cdef bytes value
+    cdef Py_ssize_t n
+    if envelope is None:
+        return natsConnection_Publish(nc, subject, <const char *>payload, len(payload))
+    n = PyUnicode_GET_LENGTH(envelope)
+    if _private and PyUnicode_IS_ASCII(envelope) and _HEAD_LEN + n + _TAIL_LEN <= BLOCK_MAX:
+        # the header section encoded here, published as it is (natsc_private.h, 1.)
+        memcpy(block, PyBytes_AS_STRING(_HEAD), _HEAD_LEN)
+        memcpy(block + _HEAD_LEN, PyUnicode_DATA(envelope), n)
+        memcpy(block + _HEAD_LEN + n, PyBytes_AS_STRING(_TAIL), _TAIL_LEN)
+        natsc_msg_init(&m, subject, block, <int>(_HEAD_LEN + n + _TAIL_LEN),
+                       <const char *>payload, <int>len(payload))
+        return natsConnection_PublishMsg(nc, <natsMsg *>&m)
+    value = (<str>envelope).encode("ascii")
+    s = natsMsg_Create(&made, subject, NULL, <const char *>payload, <int>len(payload))
+    if s == NATS_OK:
+        s = natsMsgHeader_Set(made, _KEY, value)
+    if s == NATS_OK:
+        s = natsConnection_PublishMsg(nc, made)
+    if made != NULL:
+        natsMsg_Destroy(made)
+    return s
 
+
+cdef object _envelope(natsMsg *msg):
+    """The envelope of a received message (a str), or None."""
+    cdef const char *value = NULL
+    cdef const char *block
+    cdef int n = 0, i
+    cdef int first, last
+    if _private:
+        block = natsc_msg_block(msg, &n)
+        if block == NULL:
+            return None  # no header section at all
+        # the section a bus writes: exactly ``_HEAD <value> _TAIL`` (natsc_private.h, 2.);
+        # its value plain ASCII, no space at either end (as nats.c would trim)
+        first = _HEAD_LEN
+        last = n - _TAIL_LEN
+        if (last > first and memcmp(block, PyBytes_AS_STRING(_HEAD), _HEAD_LEN) == 0
+                and memcmp(block + last, PyBytes_AS_STRING(_TAIL), _TAIL_LEN) == 0
+                and block[first] != 32 and block[last - 1] != 32):
+            for i in range(first, last):
+                if block[i] < 32 or block[i] > 126:
+                    break
+            else:
+                return PyUnicode_DecodeASCII(block + first, last - first, NULL)
+    # any other section (a native client's headers...): read the general way
+    if natsMsgHeader_Get(msg, _KEY, &value) != NATS_OK or value == NULL:
+        return None
+    return value[:strlen(value)].decode("utf-8", "replace")
+
+
+cdef inline void _destroy(natsMsg *msg):
+    if _private:
+        natsc_msg_free_now(msg)  # (natsc_private.h, 3.)
+    else:
+        natsMsg_Destroy(msg)

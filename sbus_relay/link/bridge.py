@@ -32,11 +32,10 @@ from typing import Any
 from sbus_relay.protocol import codec, linkwire, natsinterest, natsledger, natsorigins
 from sbus_relay.protocol.errors import PeerError
 from sbus_relay.protocol.limits import LINK_READ_BATCH, MAX_PACKET
-from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import SubjectMap
 
 from .confirm import CONFIRM_SECONDS, Confirmations
-from .engine import Engine, Headers, Outgoing
+from .engine import Engine, Envelope, Outgoing
 from .gossip import Gossip
 from .handover import Arriving, Leaving
 from .inbound import Inbound
@@ -95,7 +94,6 @@ class Bridge:
         self.refused = 0  # nats_refused
         self.slow = 0  # what the engine dropped of slow subscriptions
         self.counts_sent = 0  # fleet: counts published for other hosts
-        self.sent_bytes = 0
         self.settled = False
         self._ever = False  # connected once
         self._closing = False
@@ -125,7 +123,7 @@ class Bridge:
         )
         #: the engine's messages go straight to ``inbound`` (one call a message);
         #: it hands back those of the link's own subscriptions (``_control``)
-        self.on_message: Callable[[int, bytes, Headers, bytes], None] = self.inbound.message
+        self.on_message: Callable[[int, bytes, Envelope, bytes], None] = self.inbound.message
         self.gossip = Gossip(
             self.map,
             hello.host,
@@ -312,7 +310,7 @@ class Bridge:
         self.slow += dropped
         self.origins.slow_consumer()  # fleet: the losses it causes are counted there
 
-    def _control(self, sid: int, subject: bytes, headers: Any, payload: bytes) -> None:
+    def _control(self, sid: int, subject: bytes, envelope: str | None, payload: bytes) -> None:
         """A message on the interest, the snapshot, the counts or the hand-over subject."""
         if sid == HANDOVER_SID:
             if self.leaving is not None:
@@ -322,7 +320,7 @@ class Bridge:
         elif sid == SNAPSHOT_SID and self.connected:
             self._task(self.gossip.on_snapshot_asked(payload))
         elif sid == COUNTS_SID:
-            self.inbound.count(headers, payload)
+            self.inbound.count(envelope, payload)
 
     def _settle(self) -> None:
         """The other hosts have had time to answer: what they want is known."""
@@ -347,7 +345,8 @@ class Bridge:
         self._watching = on
 
     def _readable(self) -> None:
-        out: list[Outgoing] = []
+        out = self._outbox
+        queued = len(out)
         changed = False
         for _ in range(LINK_READ_BATCH):
             try:
@@ -361,10 +360,8 @@ class Bridge:
                 self._reading(False)
                 break
             changed = self._from_bus(packet, out) or changed
-        if out:
-            if not self._outbox:
-                self._do(self._send)
-            self._outbox.extend(out)
+        if not queued and out:
+            self._do(self._send)
         if changed:
             self._schedule_announce()
         if self._sync_owed and not self._syncing:
@@ -373,11 +370,7 @@ class Bridge:
     def _from_bus(self, packet: bytes, out: list[Outgoing]) -> bool:
         """Act on one packet from the bus; True if it changed our interest."""
         try:
-            messages = linkwire.messages(packet)
-            if messages is not None:
-                add = self.outbound.add
-                for key, payload in messages:
-                    add(out, key, payload)
+            if self.outbound.take(out, packet):
                 return False
             event = codec.decode(packet)
         except PeerError as e:  # a bug of the bus's: said, and the packet left
@@ -459,7 +452,6 @@ class Bridge:
         self.refused += refused
         # (the counts for other hosts are not traffic: neither sent nor unconfirmed)
         self.confirm.sent += max(0, len(out) - refused - counts)
-        self.sent_bytes += sum(len(p) for _, _, p in out)  # refused ones are rare
         self.counts_sent += counts
 
     def _counts(self, counts: list[tuple[str, str, bytes]]) -> None:
@@ -469,7 +461,7 @@ class Bridge:
         if not counts or not self.connected:
             return
         ledger_of = self.map.ledger_of
-        out = [(ledger_of(host), {HEADER: value}, payload) for host, value, payload in counts]
+        out = [(ledger_of(host), value, payload) for host, value, payload in counts]
         if not self._outbox:
             self._do(self._send)
         self._outbox.extend(out)
@@ -599,7 +591,7 @@ class Bridge:
             server=self.server,
             engine=self.engine.name,
             sent=self.confirm.sent,
-            sent_bytes=self.sent_bytes,
+            sent_bytes=outb.payload_bytes,  # (what was refused is rare: not taken off)
             received=inb.received,
             received_bytes=inb.received_bytes,
             reconnects=self.reconnects,

@@ -14,7 +14,10 @@ Two engines carry the same behaviour (both tested by the same fleet tests):
 
 Every call of an engine, and every call it makes of its ``Sink``, happens on
 the link's event-loop thread: an engine that has threads of its own (nats.c)
-hands what they see to that thread itself.
+hands what they see to that thread itself.  The one NATS header the link
+reads or writes is the envelope (``protocol.natsenvelope``): an engine is
+handed its value and hands it over, and encodes and reads it the cheapest
+way its client allows.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ PENDING_BYTES = 8 * 1024 * 1024
 SUB_PENDING_MESSAGES = 65_536
 SUB_PENDING_BYTES = 64 * 1024 * 1024
 
-#: NATS headers of a message (None: a message without headers).
-Headers = dict[str, str] | None
-#: One message to publish: subject, headers, payload.
-Outgoing = tuple[bytes, Headers, bytes]
+#: A message's envelope: the value of its one NATS header,
+#: ``protocol.natsenvelope.HEADER`` (None: a message without it).
+Envelope = str | None
+#: One message to publish: subject, envelope, payload.
+Outgoing = tuple[bytes, Envelope, bytes]
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,12 @@ class Sink(Protocol):
     def on_slow_consumer(self, dropped: int) -> None:
         """``dropped`` messages of a subscription that fell behind were dropped."""
 
-    def on_message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
-        """A message on subscription ``sid`` (an engine looks this attribute up
-        for each message: the link changes it for a hand-over): in the order the server sent them
-        across subscriptions with nats.c (one delivery thread), in order per
+    def on_message(self, sid: int, subject: bytes, envelope: Envelope, payload: bytes) -> None:
+        """A message on subscription ``sid`` with its envelope (the one header
+        the link reads: others a native client sets are not its business).  An
+        engine looks this attribute up for each message: the link changes it
+        for a hand-over.  In the order the server sent them across
+        subscriptions with nats.c (one delivery thread), in order per
         subscription only with nats-py (a task per subscription)."""
 
 
@@ -100,7 +106,8 @@ class Engine(Protocol):
         """Begin joining (returns at once; ``sink.on_connected`` says when)."""
 
     async def publish(self, batch: list[Outgoing]) -> int:
-        """Hand ``batch`` to the client, in order; the number it refused."""
+        """Hand ``batch`` to the client, in order, to be written at once; the
+        number it refused."""
 
     async def subscribe(self, sid: int, subject: bytes, bounded: bool) -> None:
         """Subscribe (now or, while away, on joining); ``bounded``: the pending

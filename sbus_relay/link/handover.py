@@ -45,12 +45,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sbus_relay.protocol import linkwire, natsledger, natsorigins
-from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import SubjectMap
 from sbus_relay.protocol.natssubs import Subscriptions
 
 from .confirm import Confirmations
-from .engine import Engine, Headers
+from .engine import Engine, Envelope
 from .gossip import Gossip
 from .inbound import Inbound
 from .outbound import Outbound
@@ -90,9 +89,8 @@ class Bridge(Protocol):
     outbound: Outbound
     gossip: Gossip
     confirm: Confirmations
-    on_message: Callable[[int, bytes, Headers, bytes], None]
+    on_message: Callable[[int, bytes, Envelope, bytes], None]
     arriving: Arriving | None
-    sent_bytes: int
     reconnects: int
     refused: int
     slow: int
@@ -125,7 +123,7 @@ def export(bridge: Bridge) -> dict[str, Any]:
             "sent": conf.sent,
             "confirmed": conf.confirmed,
             "unconfirmed_total": conf.lost,
-            "sent_bytes": bridge.sent_bytes,
+            "sent_bytes": outb.payload_bytes,
             "received": inb.received,
             "received_bytes": inb.received_bytes,
             "reconnects": bridge.reconnects,
@@ -153,7 +151,7 @@ def restore(bridge: Bridge, record: dict[str, Any]) -> list[tuple[int, bytes]]:
     conf, inb, outb = bridge.confirm, bridge.inbound, bridge.outbound
     conf.sent, conf.lost = int(c["sent"]), int(c["unconfirmed_total"])
     conf.confirmed = conf.sent  # the old link confirmed what it could (or counted it)
-    bridge.sent_bytes = int(c["sent_bytes"])
+    outb.payload_bytes = int(c["sent_bytes"])
     inb.received, inb.received_bytes = int(c["received"]), int(c["received_bytes"])
     bridge.reconnects, bridge.refused = int(c["reconnects"]), int(c["refused"])
     bridge.slow, bridge.counts_sent = int(c["slow"]), int(c["counts_sent"])
@@ -239,7 +237,7 @@ class Leaving:
         b.stop()
 
 
-def _ignore(sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
+def _ignore(sid: int, subject: bytes, envelope: Envelope, payload: bytes) -> None:
     """What the old link receives once its state is handed over: the new link's."""
 
 
@@ -251,16 +249,16 @@ class Arriving:
         self.bridge = bridge
         self.token = str(record["token"])
         self.subs = subscribed(record)
-        self.held: list[tuple[int, bytes, Headers, bytes]] = []
+        self.held: list[tuple[int, bytes, Envelope, bytes]] = []
         self.dropped = 0
         self.said = False  # ``link/holding`` sent
         self.since = time.monotonic()
         self._final = linkwire.Record()
 
-    def hold(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
+    def hold(self, sid: int, subject: bytes, envelope: Envelope, payload: bytes) -> None:
         """The engine's ``on_message`` until the take-over: kept, in order."""
         if len(self.held) < HOLD_MAX:
-            self.held.append((sid, subject, headers, payload))
+            self.held.append((sid, subject, envelope, payload))
         else:
             self.dropped += 1
 
@@ -295,8 +293,7 @@ class Arriving:
         held, self.held = self.held, []
         b.on_message = b.inbound.message
         theirs = mine = 0
-        for sid, subject, headers, payload in held:
-            value = headers.get(HEADER) if headers is not None else None
+        for sid, subject, value, payload in held:
             if value is not None and (sid >= FIRST_PATTERN_SID or sid in (LONG_SID, COUNTS_SID)):
                 if value.startswith(own):
                     theirs += 1
@@ -305,7 +302,7 @@ class Arriving:
                     theirs += 1
                     continue
             mine += 1
-            b.inbound.message(sid, subject, headers, payload)
+            b.inbound.message(sid, subject, value, payload)
         cut = dict(record.get("cut", {}))
         return {
             "seq": b.ledger.seq,

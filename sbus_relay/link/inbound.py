@@ -21,11 +21,10 @@ from sbus_relay.protocol import codec
 from sbus_relay.protocol.errors import UsageError
 from sbus_relay.protocol.keys import is_secret
 from sbus_relay.protocol.limits import MATCH_CACHE_KEY_MAX, MAX_PACKET
-from sbus_relay.protocol.natsenvelope import HEADER
 from sbus_relay.protocol.natsmap import MappingError, SubjectMap, split_long
 from sbus_relay.protocol.natsorigins import FIRST, Origins
 
-from .engine import Headers
+from .engine import Envelope
 from .outbound import MAPPING_CACHE, key_filter
 from .subscriptions import FIRST_PATTERN_SID, LONG_SID, Subscriptions
 from .tobus import BusWriter
@@ -43,7 +42,7 @@ class Inbound:
     costs one lookup."""
 
     __slots__ = (
-        "_control", "_decided", "_identity", "_import", "_releasing", "_soon", "_subs",
+        "_control", "_decided", "_identity", "_import", "_now", "_releasing", "_soon", "_subs",
         "_version", "_writer", "drops", "map", "origins", "received", "received_bytes",
     )  # fmt: skip
 
@@ -54,7 +53,7 @@ class Inbound:
         identity: bytes | None,
         subs: Subscriptions,
         writer: BusWriter,
-        control: Callable[[int, bytes, Headers, bytes], None],
+        control: Callable[[int, bytes, Envelope, bytes], None],
         origins: Origins,
         soon: Callable[[Callable[[], None]], Any],
     ) -> None:
@@ -69,6 +68,7 @@ class Inbound:
         self.origins = origins
         self._soon = soon
         self._releasing = False
+        self._now = 0.0
         self._decided: dict[bytes, Decision] = {}
         self._version = subs.version
         self.received = self.received_bytes = 0
@@ -76,10 +76,10 @@ class Inbound:
             ("not_imported", "secret", "bus_full", "bad_subject", "too_large"), 0
         )
 
-    def message(self, sid: int, subject: bytes, headers: Headers, payload: bytes) -> None:
-        """One message from NATS on subscription ``sid``."""
+    def message(self, sid: int, subject: bytes, envelope: Envelope, payload: bytes) -> None:
+        """One message from NATS on subscription ``sid``, with its envelope."""
         if sid < FIRST_PATTERN_SID and sid != LONG_SID:
-            self._control(sid, subject, headers, payload)
+            self._control(sid, subject, envelope, payload)
             return
         holders: Any = None
         deliver = True
@@ -102,22 +102,21 @@ class Inbound:
         if isinstance(head, str):
             self.drops[head] += 1
             return
-        if headers is not None:
-            value = headers.get(HEADER)
-            if value is not None:  # another host's: held, released in its origin's order
-                held = self.origins.arrive(value, holders, deliver, (head, payload), time.time())
-                if held == FIRST and not self._releasing:
-                    self._releasing = True
-                    self._soon(self.release)
-                return
+        if envelope is not None:  # another host's: held, released in its origin's order
+            if not self._releasing:
+                self._now = time.time()  # (once a turn of the loop: they arrive together)
+            held = self.origins.arrive(envelope, holders, deliver, (head, payload), self._now)
+            if held == FIRST and not self._releasing:
+                self._releasing = True
+                self._soon(self.release)
+            return
         if deliver:
             self._put(head, payload)  # a native NATS client's: nothing to check
 
-    def count(self, headers: Headers, payload: bytes) -> None:
+    def count(self, envelope: Envelope, payload: bytes) -> None:
         """Another host's count of what it sent us (``natsledger``): held with
         the data and released in its place."""
-        value = headers.get(HEADER) if headers is not None else None
-        if self.origins.count(value, payload, time.time()) == FIRST and not self._releasing:
+        if self.origins.count(envelope, payload, time.time()) == FIRST and not self._releasing:
             self._releasing = True
             self._soon(self.release)
 

@@ -14,6 +14,8 @@ import ssl
 import time
 from typing import Any
 
+from sbus_relay.protocol.natsenvelope import HEADER
+
 from . import natspy_private
 from .engine import (
     CONNECT_TIMEOUT,
@@ -130,8 +132,9 @@ class NatsPyEngine:
         if nc is None:
             return len(batch)
         refused = 0
-        for subject, headers, payload in batch:
+        for subject, envelope, payload in batch:
             try:
+                headers = None if envelope is None else {HEADER: envelope}
                 await nc.publish(subject.decode("ascii"), payload, headers=headers)
             except (nats.errors.Error, OSError, UnicodeDecodeError):
                 refused += 1  # its reconnect buffer full, a payload too large, closed
@@ -172,7 +175,9 @@ class NatsPyEngine:
         assert sink is not None
 
         async def receive(msg: Any) -> None:
-            sink.on_message(sid, msg.subject.encode("utf-8", "replace"), msg.headers, msg.data)
+            headers = msg.headers
+            envelope = headers.get(HEADER) if headers else None
+            sink.on_message(sid, msg.subject.encode("utf-8", "replace"), envelope, msg.data)
 
         return receive
 

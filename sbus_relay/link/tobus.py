@@ -2,7 +2,8 @@
 
 What it owns: the order and the bounds of everything sent on the link's end
 of the socket pair.  What it may touch: that socket, and the loop's writer
-callback for it.
+callback for it.  On every message's way from NATS: compiled where a
+compiler is (``sbus_relay.accel``, ``_c_tobus.pxd``), the pure-Python path kept.
 
 Four kinds of packets go to the bus, in this order of precedence: ``SUB`` /
 ``UNSUB`` as the other hosts' interest changes (the net change per pattern,
@@ -22,6 +23,7 @@ import asyncio
 import socket
 from collections import deque
 
+from sbus_relay.accel import load_compiled
 from sbus_relay.protocol import codec, frames
 from sbus_relay.protocol.limits import SEND_BUFFER
 
@@ -32,6 +34,8 @@ TO_BUS_MESSAGES = 65_536
 CONTROL_MAX = 1024
 #: Largest packed frame written: half the send buffer, so that one always fits.
 FRAME_BYTES = SEND_BUFFER // 2
+# (the compiled module's own copies, as C integers)
+_MESSAGES_MAX, _CONTROL_MAX, _FRAME_BYTES = TO_BUS_MESSAGES, CONTROL_MAX, FRAME_BYTES
 
 
 class BusWriter:
@@ -64,7 +68,7 @@ class BusWriter:
 
     def control(self, packet: bytes) -> bool:
         """A control packet, after the interest pending now; False if too many wait."""
-        if len(self._control) >= CONTROL_MAX:
+        if len(self._control) >= _CONTROL_MAX:
             return False
         self._control.append(packet)
         self._schedule()
@@ -88,14 +92,18 @@ class BusWriter:
     def put(self, head: bytes, payload: bytes) -> bool:
         """One message for the bus (its packet's head, ``codec.msg_head``, and its
         payload); False (not taken) if too many wait already."""
-        if self._queued >= TO_BUS_MESSAGES:
+        if self._queued >= _MESSAGES_MAX:
             return False
         queue = self._frames
-        if not queue or not queue[-1].add(head, payload):
-            frame = frames.BatchFrame(FRAME_BYTES)
-            frame.add(head, payload)
-            queue.append(frame)
-            self._schedule()
+        if queue:
+            frame = queue[-1]
+            if frame.add(head, payload):
+                self._queued += 1
+                return True
+        frame = frames.BatchFrame(_FRAME_BYTES)
+        frame.add(head, payload)
+        queue.append(frame)
+        self._schedule()
         self._queued += 1
         return True
 
@@ -147,3 +155,6 @@ class BusWriter:
         while queue:
             sock.send(queue[0].frame())  # (what the socket refuses waits for it to drain)
             self._queued -= queue.popleft().count
+
+
+load_compiled(globals(), "sbus_relay.link._c_tobus")

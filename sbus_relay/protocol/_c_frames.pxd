@@ -17,10 +17,11 @@ cpdef bint is_msg(bytes packet)
 cpdef bint is_batch(bytes packet)
 @cython.locals(offset=Py_ssize_t, end=Py_ssize_t, count=Py_ssize_t, size=Py_ssize_t,
                nul=Py_ssize_t, packet=bytes, packets=list, keys=list, bodies=list)
-cdef tuple _walk(bytes frame, bint payloads)
+cdef tuple _walk(bytes frame, bint payloads, bint whole=*)
 @cython.locals(packets=list, keys=list)
 cpdef tuple unpack(bytes frame)
 cpdef tuple unpack_full(bytes frame)
+cpdef tuple unpack_messages(bytes frame)
 
 cdef object _LENGTH
 

@@ -16,7 +16,8 @@ every message, so they are read here, compiled with the rest of the hot path
                                        ``msg_parts`` (key and payload: a client),
                                        ``msg_in`` (from a buffer of one's own: the recorder)
     CMSG batch\\0(<length><MSG>)...     ``unpack`` (the packets and keys: the bus),
-                                       ``unpack_full`` (and the payloads: a client);
+                                       ``unpack_full`` (and the payloads: a client),
+                                       ``unpack_messages`` (keys and payloads: the NATS link);
                                        ``BatchFrame``: one built message by message
                                        (the NATS link's way to the bus)
 
@@ -82,9 +83,11 @@ def is_batch(packet: bytes) -> bool:
     return packet.startswith(_BATCH)
 
 
-def _walk(frame: bytes, payloads: bool) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
-    """The one reading of a packed batch: its MSG packets, their keys and (if
-    asked) their payloads.  The whole frame is checked before anything is
+def _walk(
+    frame: bytes, payloads: bool, whole: bool = True
+) -> tuple[list[bytes] | None, list[bytes], list[bytes] | None]:
+    """The one reading of a packed batch: its MSG packets (if ``whole``),
+    their keys and (if asked) their payloads.  The whole frame is checked before anything is
     returned: a malformed one (not a packed batch, a length cut short or past
     its end, a packet that is not a MSG, more than ``BATCH_MESSAGES``)
     delivers nothing of itself."""
@@ -92,7 +95,7 @@ def _walk(frame: bytes, payloads: bool) -> tuple[list[bytes], list[bytes], list[
         raise PeerError("protocol_error", "not a packed batch")
     offset = len(_BATCH)
     end = len(frame)
-    packets: list[bytes] = []
+    packets: list[bytes] | None = [] if whole else None
     keys: list[bytes] = []
     bodies: list[bytes] | None = [] if payloads else None
     count = 0
@@ -108,7 +111,8 @@ def _walk(frame: bytes, payloads: bool) -> tuple[list[bytes], list[bytes], list[
         nul = find_byte(packet, _NUL, 4)
         if nul < 0 or not packet.startswith(_MSG):
             raise PeerError("protocol_error", "a packed batch holds only MSG packets")
-        packets.append(packet)
+        if packets is not None:
+            packets.append(packet)
         keys.append(cut(packet, 4, nul))
         if bodies is not None:
             bodies.append(cut(packet, nul + 1, size))
@@ -119,6 +123,7 @@ def _walk(frame: bytes, payloads: bool) -> tuple[list[bytes], list[bytes], list[
 def unpack(frame: bytes) -> tuple[list[bytes], list[bytes]]:
     """A packed batch's MSG packets, in order, and the key of each (``_walk``)."""
     packets, keys, _ = _walk(frame, False)
+    assert packets is not None
     return packets, keys
 
 
@@ -126,8 +131,16 @@ def unpack_full(frame: bytes) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """A packed batch's MSG packets, in order, with the key and the payload of
     each (``_walk``): a client's receiving path."""
     packets, keys, payloads = _walk(frame, True)
-    assert payloads is not None
+    assert packets is not None and payloads is not None
     return packets, keys, payloads
+
+
+def unpack_messages(frame: bytes) -> tuple[list[bytes], list[bytes]]:
+    """A packed batch's keys and payloads, in order, without the packets
+    (``_walk``): the NATS link's way out."""
+    _, keys, payloads = _walk(frame, True, False)
+    assert payloads is not None
+    return keys, payloads
 
 
 def msg_in(

@@ -110,7 +110,8 @@ class Hello:
     tls_ca: str | None = None
     #: "auto" (nats.c where it is built, else nats-py), "nats.c" or "nats-py"
     engine: str = "auto"
-    #: the lowest level of the records the link sends (the bus's own level)
+    #: the lowest level of the records the link sends (the bus sends "debug":
+    #: its own logger, at the level its config says now, decides what is written)
     log_level: str = "info"
     #: a live upgrade's new link: a ``link/state`` record follows, the old link's
     adopt: bool = False
@@ -325,13 +326,13 @@ class Record:
         return doc
 
 
-def messages(packet: bytes) -> list[tuple[bytes, bytes]] | None:
-    """(key, payload) of each message of a ``MSG`` or a packed batch, in order;
-    None for any other packet.  ``PeerError`` if it is malformed."""
+def messages(packet: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    """The keys and the payloads of the messages of a ``MSG`` or a packed
+    batch, in order; None for any other packet.  ``PeerError`` if it is
+    malformed."""
     if frames.is_batch(packet):
-        packets, keys = frames.unpack(packet)
-        return [(k, p[len(k) + 5 :]) for p, k in zip(packets, keys, strict=True)]
-    key = frames.msg_key(packet)
-    if key is None:
+        return frames.unpack_messages(packet)
+    parts = frames.msg_parts(packet)
+    if parts is None:
         return None
-    return [(key, packet[len(key) + 5 :])]
+    return [parts[0]], [parts[1]]

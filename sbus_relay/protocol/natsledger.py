@@ -134,7 +134,7 @@ class Ledger:
 
     def value(self, seq: int) -> str:
         """The envelope of message ``seq`` (``natsenvelope.HEADER``'s value)."""
-        return self.prefix + str(seq)
+        return f"{self.prefix}{seq}"  # (compiled: one allocation, no int object)
 
     # --- counts to publish -------------------------------------------------------
 

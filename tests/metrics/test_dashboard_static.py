@@ -41,6 +41,7 @@ NATS_STATE = {
     "origin_counts": {"y": {"delivered": 1, "lost_link_down": 0, "lost_slow_consumer": 0,
                             "lost_origin_silent": 0, "lost_unknown": 0, "duplicate": 0,
                             "late": 0}},
+    "process": {"pid": 7, "rss_bytes": 1, "threads": 2, "restarts": 0},
 }  # fmt: skip
 #: Metric names a PromQL expression may mention, from sbus_relay.ops.collector.
 METRIC_NAME = re.compile(r"\b((?:sbus|process)_[a-z_]+|up)\b(?!\s*\()")
@@ -107,6 +108,10 @@ def test_dashboard_covers_drops_queues_traffic_and_relays() -> None:
         "sbus_upstream_forwarded_messages_total",
         "sbus_clients_connected",
         "sbus_patterns_stored",
+        "sbus_nats_link_up",
+        "sbus_nats_link_restarts_total",
+        "sbus_nats_link_threads",
+        "sbus_nats_link_resident_bytes",
     ):
         assert metric in exprs, metric
     assert "histogram_quantile(0.99" in exprs and "histogram_quantile(0.5" in exprs

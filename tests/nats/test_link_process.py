@@ -83,3 +83,24 @@ def test_the_link_process_is_shown_restarted_when_it_dies_and_ends_with_its_bus(
     finally:
         for h in (a, b):
             h.master.stop()  # (a killed one: its files are cleaned up)
+
+
+def test_a_reload_of_the_log_level_reaches_the_link_process(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """The link's records are written by its bus, at the level the bus's config
+    says now: raised by a reload, its next process's info lines are written."""
+    config = tmp_path / "hosta.yaml"
+    config.write_text("log_level: warning\n")
+    a = Host(tmp_path, "hosta", cluster.urls(), "-C", str(config), relay=False)
+    try:
+        wait_until(lambda: a.link()["connected"], 30, "joined")
+        assert "nats.connected" not in a.master.stderr_text()  # an info line, below warning
+        config.write_text("log_level: info\n")
+        a.master.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "config.reloaded" in a.master.stderr_text(), 10, "reloaded")
+        pid = a.link()["process"]["pid"]
+        os.kill(pid, signal.SIGKILL)  # a new link process: its info lines are written now
+        wait_until(lambda: "nats.connected" in a.master.stderr_text(), 30, "its info lines")
+    finally:
+        a.master.stop()

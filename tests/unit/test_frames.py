@@ -110,6 +110,7 @@ def test_unpack_full_gives_the_payloads_too(packets: list[bytes]) -> None:
     got, keys, payloads = frames.unpack_full(codec.encode_batch(packets))
     assert got == packets
     assert list(zip(keys, payloads, strict=True)) == [frames.msg_parts(p) for p in packets]
+    assert frames.unpack_messages(codec.encode_batch(packets)) == (keys, payloads)
 
 
 def test_unpack_refuses_what_is_not_a_packed_batch() -> None:

@@ -92,9 +92,9 @@ def test_log_records_round_trip_and_carry_what_json_cannot_as_repr() -> None:
 
 
 def test_messages_of_a_msg_and_of_a_packed_batch() -> None:
-    assert linkwire.messages(codec.encode_msg(b"a/b", b"x\0y")) == [(b"a/b", b"x\0y")]
+    assert linkwire.messages(codec.encode_msg(b"a/b", b"x\0y")) == ([b"a/b"], [b"x\0y"])
     batch = codec.encode_batch([codec.encode_msg(b"k%d" % i, b"p%d" % i) for i in range(3)])
-    assert linkwire.messages(batch) == [(b"k%d" % i, b"p%d" % i) for i in range(3)]
+    assert linkwire.messages(batch) == ([b"k0", b"k1", b"k2"], [b"p0", b"p1", b"p2"])
     assert linkwire.messages(codec.encode_sub(b"a/")) is None
     with pytest.raises(PeerError):
         linkwire.messages(codec.BATCH_HEAD + b"\0\0\0\x09MSG a")  # cut short
