@@ -195,6 +195,8 @@ def listen(
     if address.kind == "abstract":
         return _listen_abstract(address.name)
     path = os.path.abspath(address.path)
+    if os.path.isdir(path):
+        raise AddressError(_is_directory(path))
     if not remove_stale:
         if os.path.lexists(path):
             raise AddressError(_taken(path))
@@ -203,6 +205,12 @@ def listen(
         if os.path.lexists(path):
             _remove_stale(path, warn or (lambda _line: None))
         return _bind_path(address.path, path, mode), path
+
+
+def _is_directory(path: str) -> str:
+    """Why a directory cannot be listened on: -r never removes one."""
+    example = os.path.join(path, "sbus.socket")
+    return f"{path} is a directory, not a socket path: give a file name in it (-a {example})"
 
 
 def _taken(path: str) -> str:

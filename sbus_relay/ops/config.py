@@ -463,6 +463,13 @@ def config_from_mapping(
         return base  # an empty file means "all defaults"
     if not isinstance(document, Mapping):
         raise ConfigError(source, "(file)", f"expected a mapping of keys, got {_show(document)}")
+    if "buses" in document:  # the hierarchy file's list (ops/hierarchy.py)
+        raise ConfigError(
+            source,
+            "(file)",
+            "this is a hierarchy file of several buses, not one bus's config:"
+            f" run it with 'sbus-relay up {source}', watch it with 'sbus-relay top {source}'",
+        )
     values: dict[str, Any] = {}
     for key, value in document.items():
         if not isinstance(key, str) or key not in _VALIDATORS:

@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sbus_relay.protocol.errors import AddressError, ConfigError
 
 from . import natscluster
 from .addresses import parse_address
-from .config import config_from_mapping, read_yaml
+from .config import ServerConfig, config_from_mapping, read_yaml
 from .suggest import unknown
 
 #: Keys of the hierarchy file and of each bus entry.
@@ -88,6 +88,8 @@ def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
     """Validate an already parsed hierarchy document (``source`` names it in errors)."""
     if not isinstance(document, Mapping):
         raise ConfigError(source, "(file)", "expected a mapping with a 'buses' list")
+    if "buses" not in document and document.keys() & _BUS_CONFIG_KEYS:
+        raise ConfigError(source, "(file)", _not_a_hierarchy(source, document))
     for key in document:
         if key not in TOP_KEYS:
             raise ConfigError(source, str(key), unknown(key, TOP_KEYS))
@@ -113,6 +115,21 @@ def hierarchy_from_mapping(document: Any, source: str) -> Hierarchy:
     cluster = document.get("nats_cluster")
     nodes = natscluster.parse_cluster(source, cluster) if cluster is not None else ()
     return Hierarchy(tuple(ordered), log_dir, timing.reconnect_min, timing.reconnect_max, nodes)
+
+
+#: The keys of one bus's own config (``serve -C``), which a hierarchy file is not.
+_BUS_CONFIG_KEYS = frozenset(f.name for f in fields(ServerConfig)) - set(TOP_KEYS)
+
+
+def _not_a_hierarchy(source: str, document: Mapping[Any, Any]) -> str:
+    """What to say of a bus's own config given where a hierarchy file is wanted."""
+    metrics = document.get("metrics")
+    where = metrics if isinstance(metrics, str) and metrics else "HOST:PORT"
+    return (
+        "this is one bus's config, not a hierarchy file (which lists its buses under"
+        " 'buses:', as configs/dev-hierarchy.yaml does): run that bus with"
+        f" 'sbus-relay serve -C {source}', watch it with 'sbus-relay top --metrics {where}'"
+    )
 
 
 def _bus(source: str, i: int, raw: Any) -> BusSpec:

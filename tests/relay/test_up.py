@@ -176,6 +176,19 @@ def test_up_refuses_a_bad_file_with_one_clear_error(tmp_path: Path) -> None:
     assert str(bad) in err and "buses[a].upstream" in err and "cycle" in err
 
 
+@pytest.mark.parametrize("command", ["up", "top"])
+def test_a_bus_config_given_for_a_hierarchy_says_which_it_is(command: str, tmp_path: Path) -> None:
+    config = tmp_path / "bus.yaml"
+    config.write_text("address: /tmp/x/bus\nmetrics: 127.0.0.1:9999\n")
+    result = run_cli(command, str(config))
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.count("\n") == 1, err
+    assert "this is one bus's config, not a hierarchy file" in err
+    assert f"'sbus-relay serve -C {config}'" in err
+    assert "'sbus-relay top --metrics 127.0.0.1:9999'" in err
+
+
 @pytest.mark.parametrize(
     ("args", "reason"),
     [

@@ -127,6 +127,17 @@ def test_listen_refuses_an_existing_path_without_remove_stale(sockdir: Path) -> 
     assert path.read_text() == "not a socket"
 
 
+@pytest.mark.parametrize("remove_stale", [False, True])
+def test_a_directory_at_the_path_is_named_as_one(sockdir: Path, remove_stale: bool) -> None:
+    path = sockdir / "dir"
+    path.mkdir()
+    expected = f"{path} is a directory, not a socket path: give a file name in it"
+    with pytest.raises(AddressError, match=expected):
+        listen(parse_address(str(path)), remove_stale=remove_stale)
+    assert path.is_dir()
+    assert not (sockdir / ("dir" + LOCK_SUFFIX)).exists()
+
+
 def test_remove_stale_removes_a_dead_socket(sockdir: Path) -> None:
     path = sockdir / "bus"
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -208,6 +208,16 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     assert "cannot read" in caught.value.reason
 
 
+def test_a_hierarchy_file_is_named_as_one(tmp_path: Path) -> None:
+    path = tmp_path / "tree.yaml"
+    path.write_text("log_dir: /tmp/x\nbuses:\n  - {name: master, address: /tmp/x/m}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert (caught.value.source, caught.value.key) == (str(path), "(file)")
+    assert "this is a hierarchy file of several buses" in caught.value.reason
+    assert f"'sbus-relay up {path}'" in caught.value.reason
+
+
 def test_a_binary_file_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"address: \xff\xfe\n")
