@@ -12,6 +12,7 @@ seconds and would drown the bus's own events.
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import time
@@ -126,6 +127,13 @@ def _wsgi_app(
     return app
 
 
+#: What to do about a metrics port another program holds.
+BUSY_HINT = (
+    " (another program listens there: give another --metrics HOST:PORT"
+    ", or 'metrics:' in the config)"
+)
+
+
 def bind_metrics(text: str) -> socket.socket:
     """A TCP socket listening at ``HOST:PORT`` for the metrics endpoint.
 
@@ -145,7 +153,8 @@ def bind_metrics(text: str) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
-        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}") from None
+        hint = BUSY_HINT if exc.errno == errno.EADDRINUSE else ""
+        raise AddressError(f"cannot serve metrics on {text}: {exc.strerror or exc}{hint}") from None
     sock.set_inheritable(False)
     sock.setblocking(False)  # gevent's server accepts only when it is readable
     return sock

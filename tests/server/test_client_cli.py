@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.client import Client
+from sbus_relay.ops.metrics_server import BUSY_HINT
 from sbus_relay.protocol.errors import BusClosed, UsageError
 from tests.support import (
     VENV_BIN,
@@ -520,6 +521,7 @@ def test_a_busy_metrics_port_is_one_line_naming_the_address(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == [
         f"sbus-relay serve: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+        + BUSY_HINT
     ]
     assert not address.exists()  # the bus never listened
 
@@ -534,6 +536,6 @@ def test_a_second_start_of_the_same_bus_says_it_is_running(tmp_path: Path) -> No
         assert done.returncode == 2
         assert done.stderr.decode().splitlines() == [
             f"sbus-relay serve: a bus is already running on {bus.address} "
-            f"(and cannot serve metrics on {metrics}: Address already in use)"
+            f"(and cannot serve metrics on {metrics}: Address already in use{BUSY_HINT})"
         ]
         assert os.path.exists(bus.address)  # the running bus keeps its socket
