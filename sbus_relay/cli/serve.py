@@ -90,6 +90,10 @@ from .options import (
     configure_logging,
 )
 
+#: Exit status of a new process whose predecessor gave up the hand-over and
+#: serves on (``upgrade.abandoned``).
+EXIT_ABANDONED = 75
+
 #: Reads the config again, file then flags (raises ``ConfigError``).
 Loader = Callable[[], ServerConfig]
 
@@ -568,12 +572,22 @@ def _serve(
         web = serve_from_config(_Running(server), server, listener=web_sock)
     server.start()
     if adopted is not None:
-        from sbus_relay.ops.handover import confirm
+        from sbus_relay.ops import handover
 
         if server.nats is not None:  # on NATS before the old process leaves it
             server.nats.wait_joined(server.nats.join_wait)
 
-        if not confirm(adopted[2]):
+        outcome = handover.confirm(adopted[2], adopted[0]["from_pid"])
+        if outcome == handover.PREDECESSOR_SERVES:
+            # it stopped waiting for us and thawed: two processes must never
+            # serve one bus; leave at once, touching nothing it serves with
+            log.error(
+                "upgrade.abandoned",
+                from_pid=adopted[0]["from_pid"],
+                reason="the old process stopped waiting for this one and serves on",
+            )
+            os._exit(EXIT_ABANDONED)
+        if outcome == handover.PREDECESSOR_GONE:
             log.warning("upgrade.predecessor_gone", from_pid=adopted[0]["from_pid"])
         if os.environ.get(UPGRADE_STDERR_ENV):
             # its stderr was the pipe its predecessor read until now: nobody's hereafter

@@ -45,6 +45,7 @@ from sbus_relay.protocol.limits import (
 )
 
 from .addresses import connect, peer_ucred
+from .children import process_status
 
 #: Set in the environment of a process that is to take a running bus over: the
 #: address that bus serves (under socket activation not its config's address).
@@ -142,17 +143,24 @@ def take_over(address: str) -> tuple[dict[str, Any], list[int], socket.socket]:
         raise UpgradeError(f"the hand-over failed: {exc}") from None
 
 
-def confirm(sock: socket.socket) -> bool:
-    """Tell the old process that this one serves the bus now (it then exits);
-    False if it had already ended: everything is handed over, so this one
-    serves on all the same."""
+#: What ``confirm`` found: the old process read the confirmation and lets go;
+#: it had ended (everything was handed over: this one serves on); it gave up
+#: waiting (``wait_done``'s timeout) and serves on itself: this one must not.
+CONFIRMED, PREDECESSOR_GONE, PREDECESSOR_SERVES = "confirmed", "gone", "serves"
+
+
+def confirm(sock: socket.socket, from_pid: int) -> str:
+    """Tell the old process (``from_pid``) that this one serves the bus now (it
+    then exits); what came of it (``CONFIRMED``, ``PREDECESSOR_GONE`` or
+    ``PREDECESSOR_SERVES``)."""
     try:
         sock.sendall(control.UPGRADE_DONE_PACKET)
     except OSError:
-        return False
+        status = process_status(from_pid)
+        return PREDECESSOR_GONE if status is None or status[0] == "Z" else PREDECESSOR_SERVES
     finally:
         sock.close()
-    return True
+    return CONFIRMED
 
 
 def _control(packet: bytes) -> tuple[bytes | None, bytes | None]:
