@@ -10,7 +10,10 @@ another bus carries its origin (host and link incarnation) and the origin's
 sequence number (``protocol.natsenvelope``).  Per origin this host keeps the
 highest number it delivered: a message numbered at or below it is refused,
 never delivered out of order, and counted (``duplicate`` if that very number
-was delivered lately, ``late`` otherwise).  A message without an envelope (a
+was delivered lately, ``late`` otherwise).  Across a host's processes the
+same holds: once a newer incarnation of a host has delivered here, what an
+older one sent and still comes (it was held up in a member that hung, say)
+is refused as ``late``, never delivered after the newer one's messages.  A message without an envelope (a
 native NATS client's) is none of this module's business.
 
 A NATS client library hands over each subscription's messages on its own
@@ -324,12 +327,21 @@ class Origins:
                 entries.sort(key=_first)
                 o.unordered = False
             o.heard = now
+            superseded = self._superseded(o)
             for place, holders, deliver, item in entries:
                 seq = place >> 1
                 if place & 1:
                     self._counted(o, seq, holders, now)
                     continue
                 mine = o.view >= 0 and (holders is None or subs.counted(holders, o.view))
+                if superseded:
+                    # a newer process of its host has delivered here already:
+                    # this one's last messages, still on the way (through a
+                    # member that hung), would come after newer ones
+                    o.late += 1
+                    if seq > o.floor:
+                        o.arrived += mine  # arrived, refused, not lost: counted as late
+                    continue
                 if seq > o.last and seq > o.floor:
                     o.last = seq
                     o.ring[seq & _MASK] = seq
@@ -353,6 +365,12 @@ class Origins:
                     o.arrived += mine  # arrived, refused, not lost: counted as late
         self._batch.clear()
         return out
+
+    def _superseded(self, o: Origin) -> bool:
+        """Whether a newer incarnation of ``o``'s host has delivered messages here."""
+        key = self._by_host.get(o.host)
+        newest = self.origins.get(key) if key is not None else None
+        return newest is not None and newest is not o and newest.delivered > 0
 
     def _resync(self, o: Origin, seq: int, now: float) -> bool:
         """One more refusal in a row; True if that gives the origin up and

@@ -422,3 +422,31 @@ def test_the_state_goes_on_in_a_new_process_under_the_same_incarnation() -> None
     assert f.lost() == 2  # the two lost before the hand-over, counted after it
     with pytest.raises(ValueError):
         Ledger("A", 2).restore(a_record)
+
+
+def test_an_older_process_of_a_host_never_delivers_after_a_newer_one() -> None:
+    """A restarted host's old link's last messages, held up in a member that
+    hung, come after the new link's: refused as late, never delivered."""
+    f = Fleet()
+    f.b_wants(b"x/")
+    for _ in range(3):
+        f.publish(b"x/a")
+    data = [it for it in f.wire.items if it[0] == "data"]
+    f.wire.items = deque(data[:1])
+    f.deliver()
+    assert f.delivered == [1]  # the old process's first
+    # A restarts: a new incarnation, which hears B's interest and publishes
+    f.a = Ledger("A", 7)
+    f.a_remote = ni.RemoteInterest(watchers=(f.a,))
+    f.announce(f.b_local.snapshot())
+    f.carry_interest()
+    f.publish(b"x/a")
+    f.publish(b"x/a")
+    f.wire.items = deque(it for it in f.wire.items if it[0] == "data")
+    f.deliver()
+    assert f.delivered == [1, 1, 2]  # then the new process's first two
+    late_before = f.b.rows()["A"][-1]
+    f.wire.items = deque(data[1:])  # the old process's last two, at last
+    f.deliver()
+    assert f.delivered == [1, 1, 2]  # nothing of the old process after the new one's
+    assert f.b.rows()["A"][-1] == late_before + 2  # refused as late, counted
