@@ -13,8 +13,9 @@ never delivered out of order, and counted (``duplicate`` if that very number
 was delivered lately, ``late`` otherwise).  Across a host's processes the
 same holds: once a newer incarnation of a host has delivered here, what an
 older one sent and still comes (it was held up in a member that hung, say)
-is refused as ``late``, never delivered after the newer one's messages.  A message without an envelope (a
-native NATS client's) is none of this module's business.
+is refused as ``late``, never delivered after the newer one's messages.  A
+message without an envelope (a native NATS client's) is none of this
+module's business.
 
 A NATS client library hands over each subscription's messages on its own
 (nats-py runs a task per subscription), so messages of one origin that came
