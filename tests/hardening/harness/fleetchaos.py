@@ -413,6 +413,20 @@ def steps(origin: str, missed: set[str], buses: list[str]) -> int:
     return best
 
 
+def _missed_where(chaos: FleetChaos, lost: dict[tuple[str, int], set[str]]) -> str:
+    """A window's losses by origin and the subscribers that missed them, the
+    commonest first, with when the first and last of them were published."""
+    where: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for (src, seq), dests in lost.items():
+        sent = chaos.pubs[src].sent
+        where[(src, ",".join(sorted(dests)))].append(sent[seq] if seq < len(sent) else 0.0)
+    common = sorted(where.items(), key=lambda item: -len(item[1]))[:8]
+    return "; ".join(
+        f"{src}->{dests} x{len(ts)} ({min(ts) - chaos.t0:.1f}-{max(ts) - chaos.t0:.1f}s)"
+        for (src, dests), ts in common
+    )
+
+
 def _heal_delays(chaos: FleetChaos, what: str, host: int, healed: float) -> dict[str, Any]:
     """Per flow that crosses ``host`` (every flow between hosts, for a member): the
     time from the heal to the first delivery of a message published after it."""
@@ -504,7 +518,8 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
                 f"{deliveries} deliveries ({need} counter steps) lost in the window of "
                 f"{fault.kind} of {fault.target} at {fault.start - chaos.t0:.1f}s"
                 f"{MASTER_UPGRADE if masters_upgraded else ''}, "
-                f"only {counted} counted ({fault.counted_by_family()})"
+                f"only {counted} counted ({fault.counted_by_family()}); "
+                f"the most missed: {_missed_where(chaos, lost)}"
             )
         for what, host, healed in fault.heals:
             delays = _heal_delays(chaos, what, host, healed)
