@@ -13,6 +13,7 @@ cdef class Origin:
     cdef public int causes
     cdef public long long delivered
     cdef public long long duplicate
+    cdef public object early
     cdef public long long excess
     cdef public long long floor
     cdef public double heard
@@ -58,6 +59,7 @@ cdef class Origins:
     cdef public long long evicted
     cdef public long long crowded
     cdef public long long resyncs
+    cdef long long _early
 
     @cython.locals(got=object, o=Origin)
     cpdef int arrive(self, object value, object holders, bint deliver, object item, double now)
@@ -72,3 +74,9 @@ cdef class Origins:
     @cython.locals(newest=Origin)
     cdef bint _superseded(self, Origin o) except -1
     cdef bint _resync(self, Origin o, long long seq, double now) except -1
+    @cython.locals(early=dict, seqs=list)
+    cdef void _early_add(self, Origin o, object holders, long long seq) except *
+    @cython.locals(got=cython.longlong, seqs=list)
+    cdef long long _early_got(self, Origin o, long long view, long long start,
+                              long long upto) except -1
+    cdef void _early_done(self, Origin o) except *

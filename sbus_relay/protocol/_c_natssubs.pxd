@@ -23,6 +23,7 @@ cdef class Subscriptions:
     cdef bytes _oldest(self, tuple holders)
     @cython.locals(subs=dict, s=Subscription)
     cpdef bint counted(self, tuple holders, long long view)
+    cpdef bint maybe_counted(self, tuple holders, long long view)
     @cython.locals(holders=tuple, ending=tuple)
     cpdef object decide(self, bytes key)
     cdef long long _oldest_sid(self, tuple holders)

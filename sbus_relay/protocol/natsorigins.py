@@ -34,7 +34,10 @@ by cause (``CAUSES``: what this host saw meanwhile), with a logged episode
 subscriptions that match it are those the origin's count follows
 (``natssubs.Subscriptions.counted``), so that a pattern coming or going never
 shows as a loss.  A message that arrives after the count that took it for
-lost is refused as ``late`` (and stays counted lost).
+lost is refused as ``late`` (and stays counted lost).  A count is a total
+since the origin first heard of us, so a lost one is made up by the next;
+the first to arrive is compared with what arrived before it (``early``,
+``EARLY_MAX``), counting as arrived whatever it may cover.
 
 Whatever any NATS client publishes lands here, so: origins are bounded
 (``ORIGINS_MAX``: the least recently heard leave first, never those of
@@ -79,6 +82,9 @@ STRANGER_LABELS = 8
 SHOWN = 16
 #: Loss episodes logged apart at once; further origins' losses share one.
 EPISODES_MAX = 64
+#: Arrivals remembered, over every origin, from origins that have sent no
+#: count yet (``Origin.early``): the first count is compared with them.
+EARLY_MAX = 65_536
 #: An origin of which nothing but refused messages came for this long (and at
 #: least ``RESYNC_MESSAGES`` of them) is taken up afresh from its next message.
 RESYNC_SECONDS = 3.0
@@ -112,6 +118,7 @@ class Origin:
         "causes",
         "delivered",
         "duplicate",
+        "early",
         "excess",
         "floor",
         "heard",
@@ -150,6 +157,10 @@ class Origin:
         self.rebase = False
         #: arrivals counted (those the origin counts for us)
         self.arrived = 0
+        #: until its first count, what arrived: the subscriptions that matched
+        #: (None: the long-key subject) -> the numbers; None: given up
+        #: (``EARLY_MAX``), the first count is only a start then
+        self.early: dict[Any, list[int]] | None = {}
         #: the origin fell silent since the last count (``_SILENT``), and the
         #: link's downs and slow-consumer drops as they were then (``Origins``)
         self.causes = 0
@@ -209,6 +220,8 @@ class Origins:
         self.evicted = 0
         self.crowded = 0
         self.resyncs = 0
+        #: arrivals held in the origins' ``early`` (``EARLY_MAX``)
+        self._early = 0
 
     # --- what arrives ----------------------------------------------------------------
 
@@ -310,6 +323,7 @@ class Origins:
 
     def _forget(self, key: str) -> None:
         o = self.origins.pop(key)
+        self._early_done(o)
         if self._by_host.get(o.host) == key:
             del self._by_host[o.host]
         into = self._gone.setdefault(o.label, [0] * len(ROW))
@@ -342,12 +356,16 @@ class Origins:
                     o.late += 1
                     if seq > o.floor:
                         o.arrived += mine  # arrived, refused, not lost: counted as late
+                        if o.view < 0:
+                            self._early_add(o, holders, seq)
                     continue
                 if seq > o.last and seq > o.floor:
                     o.last = seq
                     o.ring[seq & _MASK] = seq
                     o.streak = 0
                     o.arrived += mine
+                    if o.view < 0:
+                        self._early_add(o, holders, seq)
                     if deliver:
                         o.delivered += 1
                         out.append(item)
@@ -357,6 +375,8 @@ class Origins:
                     continue
                 if self._resync(o, seq, now):
                     o.arrived += mine
+                    if o.view < 0:
+                        self._early_add(o, holders, seq)
                     if deliver:
                         o.delivered += 1
                         out.append(item)
@@ -364,8 +384,45 @@ class Origins:
                 o.late += 1
                 if seq > o.floor:
                     o.arrived += mine  # arrived, refused, not lost: counted as late
+                    if o.view < 0:
+                        self._early_add(o, holders, seq)
         self._batch.clear()
         return out
+
+    def _early_add(self, o: Origin, holders: Any, seq: int) -> None:
+        """What arrived from ``o`` before its first count (see ``_counted``)."""
+        early = o.early
+        if early is None:
+            return
+        if self._early >= EARLY_MAX:
+            self._early_done(o)
+            return
+        seqs = early.get(holders)
+        if seqs is None:
+            seqs = early[holders] = []
+        seqs.append(seq)
+        self._early += 1
+
+    def _early_got(self, o: Origin, view: int, start: int, upto: int) -> int:
+        """Of what arrived from ``o`` before its first count, what that count
+        (``view``, since ``start``, up to ``upto``) may cover: its total is
+        over every announcement of ours the origin heard since ``start``, and
+        which of them each message was counted under is not known here, so
+        everything that any of them may have counted is taken as counted.  A
+        loss found so is one for sure; one hidden by a pattern that came
+        meanwhile goes uncounted."""
+        got = 0
+        assert o.early is not None
+        for holders, seqs in o.early.items():
+            if holders is None or self.subs.maybe_counted(holders, view):
+                for seq in seqs:
+                    got += start < seq <= upto
+        return got
+
+    def _early_done(self, o: Origin) -> None:
+        if o.early is not None:
+            self._early -= sum(len(seqs) for seqs in o.early.values())
+            o.early = None
 
     def _superseded(self, o: Origin) -> bool:
         """Whether a newer incarnation of ``o``'s host has delivered messages here."""
@@ -398,19 +455,30 @@ class Origins:
             self.stale += 1  # a count for another process of ours
             return
         if upto < o.floor or upto < o.last:
-            # it came after messages it does not cover (a count delayed on an
-            # older path): the next one is taken as a fresh start
+            # it came after messages it does not cover (a count held up on an
+            # older path): the next count, whose total includes it, goes on
+            # from the last one; only if it follows another announcement of
+            # ours is the next one taken as a fresh start
             self.stale += 1
-            o.view = view
-            o.rebase = True
+            if o.view >= 0 and (view != o.view or start != o.start):
+                o.view = view
+                o.rebase = True
             return
         if o.start == start and o.view >= 0 and not o.rebase and sent >= o.sent:
             expected = sent - o.sent
             got = o.arrived - o.base
-            if expected > got:
-                self._lost(o, expected - got, now)
-            else:
-                o.excess += got - expected
+        elif o.view < 0 and o.early is not None:
+            # the first count: "since my number ``start``, I sent you ``sent``",
+            # against what arrived of it meanwhile (its first counts may be lost)
+            expected = sent
+            got = self._early_got(o, view, start, upto)
+        else:
+            expected = got = 0
+        if expected > got:
+            self._lost(o, expected - got, now)
+        else:
+            o.excess += got - expected
+        self._early_done(o)
         o.start = start
         o.view = view
         o.sent = sent
@@ -555,6 +623,7 @@ class Origins:
             o.sent, o.base, o.arrived, o.excess = int(sent), int(base), int(arrived), int(excess)
             o.delivered, o.duplicate, o.late = int(row[0]), int(row[-2]), int(row[-1])
             o.lost = [int(n) for n in row[1:-2]]
+            o.early = None  # (what arrived before a first count stayed with the old link)
             self.origins[str(key)] = o
             self._by_host[o.host] = str(key)
 

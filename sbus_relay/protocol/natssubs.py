@@ -265,5 +265,16 @@ class Subscriptions:
                 return True
         return False
 
+    def maybe_counted(self, holders: tuple[bytes, ...], view: int) -> bool:
+        """Whether an origin whose count follows our announcement ``view`` may
+        have counted a message these subscriptions matched: one of them was
+        announced by then (or is gone, and so unknown), ended or not."""
+        subs = self.subs
+        for h in holders:
+            s = subs.get(h)
+            if s is None or s.added <= view:
+                return True
+        return False
+
 
 load_compiled(globals(), "sbus_relay.protocol._c_natssubs")
