@@ -457,10 +457,11 @@ class Origins:
         if upto < o.floor or upto < o.last:
             # it came after messages it does not cover (a count held up on an
             # older path): the next count, whose total includes it, goes on
-            # from the last one; only if it follows another announcement of
-            # ours is the next one taken as a fresh start
+            # from the last one; only if it follows a newer announcement of
+            # ours than the last count did (the arrivals since were counted
+            # as of the older one) is the next one taken as a fresh start
             self.stale += 1
-            if o.view >= 0 and (view != o.view or start != o.start):
+            if o.view >= 0 and view > o.view:
                 o.view = view
                 o.rebase = True
             return

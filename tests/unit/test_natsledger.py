@@ -459,10 +459,12 @@ def test_an_older_process_of_a_host_never_delivers_after_a_newer_one() -> None:
     assert f.b.rows()["A"][-1] == late_before + 2  # refused as late, counted
 
 
-def test_a_count_held_up_on_an_older_path_costs_no_later_loss() -> None:
+@pytest.mark.parametrize("announced_again", [False, True])
+def test_a_count_held_up_on_an_older_path_costs_no_later_loss(announced_again: bool) -> None:
     """The link moved to another member while some messages and a count were
-    held up in the old one: the next count covers them, they come late and are
-    refused, the held-up count is ignored, and a loss after it is still counted."""
+    held up in the old one (and B, reconnected, announced its interest again):
+    the next count covers them, they come late and are refused, the held-up
+    count is ignored, and a loss after it is still counted."""
     f = Fleet()
     f.b_wants(b"x/")
     for _ in range(5):
@@ -474,6 +476,9 @@ def test_a_count_held_up_on_an_older_path_costs_no_later_loss() -> None:
     f.tick(LEDGER_INTERVAL)
     held_up = list(f.wire.items)
     f.wire.items.clear()
+    if announced_again:
+        f.announce(f.b_local.snapshot())
+        f.carry_interest()
     for _ in range(5):
         f.publish(b"x/a")  # 11-15 through the new member
     f.tick(LEDGER_INTERVAL)
