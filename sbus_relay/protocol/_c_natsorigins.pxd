@@ -65,6 +65,8 @@ cdef class Origins:
     cpdef int arrive(self, object value, object holders, bint deliver, object item, double now)
     @cython.locals(got=object, o=Origin)
     cpdef int count(self, object value, bytes payload, double now)
+    @cython.locals(o=Origin)
+    cdef Origin _origin(self, str text, double now)
     @cython.locals(batch=dict, entries=list)
     cdef int _hold(self, Origin o, long long place, object holders, bint deliver,
                    object item) except -1

@@ -236,11 +236,9 @@ class Origins:
         if got is None or not got[1]:
             self.malformed += 1
             return REFUSED
-        o = self.origins.get(got[0])
+        o = self._origin(got[0], now)
         if o is None:
-            o = self._new(got[0], now)
-            if o is None:
-                return REFUSED
+            return REFUSED
         return self._hold(o, got[1] << 1, holders, deliver, item)
 
     def count(self, value: object, payload: bytes, now: float) -> int:
@@ -250,12 +248,17 @@ class Origins:
         if got is None or numbers is None:
             self.malformed += 1
             return REFUSED
-        o = self.origins.get(got[0])
+        o = self._origin(got[0], now)
         if o is None:
-            o = self._new(got[0], now)
-            if o is None:
-                return REFUSED
+            return REFUSED
         return self._hold(o, (got[1] << 1) | 1, numbers, False, None)
+
+    def _origin(self, text: str, now: float) -> Origin | None:
+        """The origin ``text`` names, new if need be; None: refused (counted)."""
+        o = self.origins.get(text)
+        if o is None:
+            o = self._new(text, now)
+        return o
 
     def _hold(self, o: Origin, place: int, holders: Any, deliver: bool, item: Any) -> int:
         batch = self._batch
