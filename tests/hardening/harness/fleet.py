@@ -218,6 +218,19 @@ class FleetBus(RunBus):
             argv += ["--nats", self.fleet.nats_urls(self.host)]
         return self.fleet.fabric.exec_argv(self.ns, argv)
 
+    def link_joined(self, timeout: float) -> float | None:
+        """A master: seconds until its link is connected to NATS (its
+        ``sbus_nats_connected``), None if not within ``timeout``."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            with contextlib.suppress(OSError):
+                text = http_get(self.ns, f"http://127.0.0.1:{self.port}/metrics", timeout=2.0)
+                if any(line.startswith("sbus_nats_connected{") and line.endswith(" 1.0")
+                       for line in text.splitlines()):  # fmt: skip
+                    return time.monotonic() - start
+            time.sleep(0.05)
+        return None
+
     def scrape(self) -> bool:
         """Read its loss counters; False if it did not answer."""
         try:

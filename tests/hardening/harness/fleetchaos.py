@@ -27,7 +27,9 @@ a time with quiet gaps between them, faults drawn from ``random.Random(seed)``:
 
 Each fault's window runs from ``BEFORE`` before it until its effects have
 settled (``SETTLE_LOCAL`` after a fault of one bus, ``SETTLE_NET`` after one of
-NATS or of a master, ``HEAL_BOUND`` after a partition).  What is checked:
+NATS or of a master, ``HEAL_BOUND`` after a partition); a killed master is
+back once its link has joined NATS again (the run reports how long that took
+at most, and fails if it took over ``JOIN_WAIT``).  What is checked:
 
 * every message published outside every window arrives at every subscriber,
   exactly once;
@@ -90,6 +92,9 @@ SETTLE_NET = 6.0
 #: after a heal (doubling from 0.2-0.4 s), then the hosts hear each other's
 #: interest again (heartbeats every 2 s).
 HEAL_BOUND = 10.0
+#: Longest wait for a restarted master's link to join NATS again (a member it
+#: tries may be cut off or paused: nats.c gives each server 2 s to answer).
+JOIN_WAIT = 30.0
 #: Quiet gaps between faults, seconds.
 GAP = (1.0, 3.0)
 #: No fault starts later than this before the end of the run (its window closes first).
@@ -318,6 +323,8 @@ class FleetChaos(FaultRun):
             fault.killed[bus.name] = bus.kill()
             bus.start()
             self.expect_down.discard(bus.name)
+            if bus.role == "m":  # back once its link is in NATS again
+                fault.detail["link_joined_seconds"] = bus.link_joined(JOIN_WAIT)
         elif kind == "upgrade":
             bus = self.buses[plan["bus"]]
             fault.upgraded.add(bus.name)
@@ -535,6 +542,10 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
             **({"upgraded_buses": sorted(fault.upgraded)} if fault.upgraded else {}),
             **fault.detail,
         })  # fmt: skip
+    joins = [f.detail["link_joined_seconds"] for f in faults if "link_joined_seconds" in f.detail]
+    if None in joins:
+        failures.append(f"{joins.count(None)} restarted masters' links did not join NATS "
+                        f"within {JOIN_WAIT:.0f} s")  # fmt: skip
     host_heals = [h for h in heals if h["what"] == "host"]
     for heal in heals:
         if heal["never"]:
@@ -602,6 +613,7 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
         "lost_in_master_upgrades": upgrade_lost,
         "lost_in_master_upgrades_steps": upgrade_steps,
         "lost_in_master_upgrades_counted": upgrade_counted,
+        "link_joined_seconds_max": max((j for j in joins if j is not None), default=None),
         "heal_seconds_max": max((h["seconds"] for h in host_heals), default=None),
         "heal_seconds": sorted(h["seconds"] for h in host_heals),
         "member_recovery_seconds_max": max(
@@ -765,6 +777,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_n(r['heal_seconds'][len(r['heal_seconds']) // 2] if r['heal_seconds'] else None)}"
         ),
     )
+    row("masters killed: seconds until the link joined NATS again (max)",
+        lambda r: _n(r.get("link_joined_seconds_max")))  # fmt: skip
     row("promises held", lambda r: "yes" if not r["failures"] else f"no ({len(r['failures'])})")
     out = ["| run | " + " | ".join(f"{r.get('seconds', 0) / 60:.0f} min" for r in results) + " |",
            "|---|" + "---|" * len(results)]  # fmt: skip
