@@ -401,21 +401,27 @@ class FleetChaos(FaultRun):
 # --- the check ------------------------------------------------------------------------
 
 
-def steps(origin: str, missed: set[str], buses: list[str]) -> int:
+def steps(origin: str, missed: set[str], buses: list[str], excused: set[str] | None = None) -> int:
     """The fewest counter steps that explain where one message is missing: one per
     subscriber, but one for all three of a host (its master took it from NATS
     short), one for every other host at once (it did not leave its host), one for
-    everyone but its own bus's subscriber (it did not leave its relay)."""
+    everyone but its own bus's subscriber (it did not leave its relay).  The
+    ``excused`` subscribers (a killed bus on the way to them) may have missed it
+    the same way: a host whose other subscribers all missed it missed it whole."""
+    excused = excused or set()
     home = host_of(origin)
     local = {d for d in missed if host_of(d) == home}
     per_host = {h: {d for d in missed if host_of(d) == h} for h in HOSTS if h != home}
-    whole = [h for h, got in per_host.items() if len(got) == len(ROLES)]
-    if len(whole) == len(per_host):
+
+    def whole(h: int, got: set[str]) -> bool:
+        return bool(got) and len(got | {d for d in excused if host_of(d) == h}) == len(ROLES)
+
+    if all(whole(h, got) for h, got in per_host.items()):
         remote = 1
     else:
-        remote = sum(1 if len(got) == len(ROLES) else len(got) for got in per_host.values())
+        remote = sum(1 if whole(h, got) else len(got) for h, got in per_host.items())
     best = len(local) + remote
-    if not origin.endswith("-m") and missed >= set(buses) - {origin}:
+    if not origin.endswith("-m") and missed | excused >= set(buses) - {origin}:
         best = min(best, 1 + (origin in missed))
     return best
 
@@ -470,6 +476,10 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
     missing: dict[int, dict[tuple[str, int], set[str]]] = collections.defaultdict(
         lambda: collections.defaultdict(set)
     )
+    #: per window: (origin, seq) -> the subscribers that missed it with a killed bus on the way
+    excused: dict[int, dict[tuple[str, int], set[str]]] = collections.defaultdict(
+        lambda: collections.defaultdict(set)
+    )
     examples: dict[str, list[str]] = collections.defaultdict(list)
     #: (the window of the message's publication (0: none), "twice" or "out_of_order")
     disorder: collections.Counter[tuple[int, str]] = collections.Counter()
@@ -498,6 +508,7 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
                 continue
             killed = [b for b in fault.killed if b in route]
             if killed:
+                excused[id(fault)][(src, seq)].add(dst)
                 where = "end" if any(b in (src, dst) for b in killed) else "between"
                 when = "before" if t < min(fault.killed[b] for b in killed) else "after"
                 lost_with_kill[f"{where}_{when}_kill"] += 1
@@ -510,7 +521,10 @@ def check(chaos: FleetChaos) -> dict[str, Any]:
     heals = []
     for fault in faults:
         lost = missing.get(id(fault), {})
-        need = sum(steps(src, dests, buses) for (src, _), dests in lost.items())
+        spared = excused.get(id(fault), {})
+        need = sum(
+            steps(src, dests, buses, spared.get((src, seq))) for (src, seq), dests in lost.items()
+        )
         deliveries = sum(len(d) for d in lost.values())
         counted = fault.counted()
         masters_upgraded = any(b.endswith("-m") for b in fault.upgraded)
