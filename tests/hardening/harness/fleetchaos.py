@@ -693,6 +693,8 @@ def run_fleetchaos(
 
 
 def _n(value: float | int | None) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
     return "-" if value is None else f"{value:,}"
 
 
