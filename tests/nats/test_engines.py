@@ -16,6 +16,7 @@ import pytest
 
 from sbus_relay.link import choice
 from sbus_relay.link.engine import NATS_C, NATS_PY, EngineSettings, Envelope
+from sbus_relay.link.natspy_private import write_held
 from tests.nats.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,6 +143,9 @@ def test_an_engine_both_ways(name: str, server: str) -> None:
             back.append((msg.subject, msg.headers, msg.data))
 
         await native.subscribe("eng.back.>", cb=took)
+        # the subscription read by the server before the engine publishes
+        # (nats-py's flush alone may overtake it: write_held)
+        await write_held(native, 5)
         await native.flush()
         assert await engine.publish([(b"eng.back.1", "hosta 7 3", b"b")]) == 0
         assert await engine.publish([(b"eng.back.2", None, b"c")]) == 0
@@ -168,7 +172,7 @@ def test_an_engine_both_ways(name: str, server: str) -> None:
 def test_no_server_is_said_and_retried(name: str, tmp_path: Path) -> None:
     async def run() -> None:
         sink = Sink()
-        from tests.nats.cluster import free_port
+        from tests.support import free_port
 
         engine = make(
             name, EngineSettings(servers=(f"nats://127.0.0.1:{free_port()}",), name="nobody")

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sbus_relay.client import Client
+from sbus_relay.link.natspy_private import write_held
 from tests.nats.cluster import Cluster, Host, drain, joined, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,6 +58,7 @@ class Native:
                 self.got[subject].append((msg.subject, msg.data, msg.headers))
 
             await nc.subscribe(subject, cb=cb)
+        await write_held(nc, 10)  # (nats-py's flush alone may overtake the subscriptions)
         await nc.flush()
         await asyncio.get_running_loop().run_in_executor(None, action)
         await asyncio.sleep(settle)
