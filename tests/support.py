@@ -40,6 +40,41 @@ PRINT_TIMEOUT = 15.0
 _READ_LIMIT = 1 << 20
 
 
+#: Where test servers' TCP ports are drawn from: below the kernel's ephemeral
+#: range (``ip_local_port_range``, 32768 up by default), so the local port of an
+#: outgoing connection (a link's, a client's) never takes one between its choice
+#: and its server's bind, as a port the kernel hands out for bind(0) can.
+PORTS_FROM = 20_000
+#: Ports tried for one free one before giving up.
+PORT_TRIES = 500
+_ports_given: set[int] = set()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody is bound to now, never handed out
+    before in this process, below the ephemeral range (``PORTS_FROM``)."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32_768
+    low, high = (PORTS_FROM, ephemeral) if ephemeral - PORTS_FROM >= 1000 else (1024, ephemeral)
+    for _ in range(PORT_TRIES):
+        port = random.randrange(low, high)
+        if port in _ports_given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port in {low}-{high} after {PORT_TRIES} tries")
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` runs: neither gone (even while /proc is read: a
     process reaped then says ESRCH) nor a zombie waiting to be reaped."""

@@ -42,10 +42,9 @@ from tests.containers.podman import (
     remove_all,
     sum_of,
 )
-from tests.deploy.shipped import free_port
 from tests.namespaces.helpers import Agent
 from tests.relay.helpers import wait_until
-from tests.support import BusProcess, run_cli, running, start_bus
+from tests.support import BusProcess, free_port, run_cli, running, start_bus
 
 pytestmark = pytest.mark.timeout(1200)  # the first run makes the base and the image
 

@@ -176,12 +176,6 @@ def environment(unit: Unit) -> list[str]:
     return pairs
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def scrape(port: int) -> dict[str, float]:
     """One scrape of ``/metrics`` as ``{'name{labels}': value}``, ``instance`` label dropped."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:

@@ -28,7 +28,6 @@ from tests.deploy.shipped import (
     DEPLOY,
     MASTER_SOCKET,
     REPO,
-    free_port,
     healthy,
     listening_inode,
     load,
@@ -37,7 +36,7 @@ from tests.deploy.shipped import (
     write_config,
 )
 from tests.relay.helpers import Peer, identity, wait_until
-from tests.support import VENV_BIN, start_bus
+from tests.support import VENV_BIN, free_port, start_bus
 
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"

@@ -32,7 +32,6 @@ from tests.deploy.shipped import (
     config_files,
     environment,
     exec_argv,
-    free_port,
     healthy,
     listening_inode,
     load,
@@ -43,7 +42,7 @@ from tests.deploy.shipped import (
     write_config,
 )
 from tests.relay.helpers import Peer, identity, wait_until
-from tests.support import short_dir
+from tests.support import free_port, short_dir
 
 STORED = "sbus_patterns_stored"
 CONNECTED = "sbus_upstream_connected"

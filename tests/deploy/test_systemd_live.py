@@ -29,7 +29,6 @@ from tests.deploy.shipped import (
     RELAY_TEMPLATE,
     VERIFY_TIMEOUT,
     find_systemd_analyze,
-    free_port,
     healthy,
     listening_inode,
     load,
@@ -39,7 +38,7 @@ from tests.deploy.shipped import (
     write_config,
 )
 from tests.relay.helpers import Peer, wait_until
-from tests.support import VENV_BIN
+from tests.support import VENV_BIN, free_port
 
 #: Where runtime system units live (systemd.unit(5)).
 RUNTIME_UNITS = Path("/run/systemd/system")

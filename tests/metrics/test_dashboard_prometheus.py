@@ -35,7 +35,7 @@ import pytest
 
 from tests.metrics.dashboard_queries import load_dashboard, panel_queries, row_panels
 from tests.nats.cluster import NatsServer
-from tests.nats.cluster import free_port as nats_port
+from tests.support import free_port
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
@@ -51,13 +51,6 @@ MASTER_HARD_LIMIT = "1MiB"
 
 
 # --- helpers -----------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -303,7 +296,7 @@ def hierarchy(workdir: Path) -> Iterator[tuple[Bus, Bus]]:
     find_prometheus()  # skip before starting anything when it is missing
     require_cli("--metrics", "--upstream", "--instance", "--hard-limit-bytes")
     # the master is joined to NATS (alone there): the NATS row has its series
-    nats = NatsServer(workdir, "dash", nats_port(), nats_port(), [])
+    nats = NatsServer(workdir, "dash", free_port(), free_port(), [])
     master = Bus(
         "master",
         str(workdir / "master"),

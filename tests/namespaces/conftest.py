@@ -24,8 +24,8 @@ from tests.namespaces.helpers import (
     host_mounts,
     unshare_problem,
 )
-from tests.relay.helpers import Bus, Peer, free_port
-from tests.support import short_dir
+from tests.relay.helpers import Bus, Peer
+from tests.support import free_port, short_dir
 
 
 @pytest.fixture(scope="session", autouse=True)

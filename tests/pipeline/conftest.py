@@ -64,7 +64,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     """The test run's one Spark Connect server (``sbus-relay spark-server``)."""
     pytest.importorskip("pyspark")
     need_java()
-    from tests.deploy.shipped import free_port
+    from tests.support import free_port
 
     tmp = tmp_path_factory.mktemp("connect")
     log = tmp / "server.log"

@@ -21,8 +21,7 @@ pytest.importorskip("pyarrow")
 
 from sbus_relay.bench.synth import generate
 from sbus_relay.pipeline.analyze import TABLES
-from tests.deploy.shipped import free_port
-from tests.support import VENV_BIN
+from tests.support import VENV_BIN, free_port
 
 from .conftest import SPARK_SERVICE, SPARK_TEST_TIMEOUT, ConnectServer
 from .follower import Follower, add_capture

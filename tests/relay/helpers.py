@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.support import BusProcess, start_bus
+from tests.support import BusProcess, free_port, start_bus
 
 #: Seconds a test waits for something that must happen.
 WAIT = 8.0
@@ -30,13 +30,6 @@ RECV_BUFFER = 409_601
 WHOAMI = b"!/cred/whoami"
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (bind to 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until(check: Callable[[], T], what: str, timeout: float = WAIT) -> T:

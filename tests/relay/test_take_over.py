@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from tests.deploy.shipped import healthy, log_events, stop
-from tests.relay.helpers import Peer, free_port, wait_until
-from tests.support import VENV_BIN, run_cli, short_dir
+from tests.relay.helpers import Peer, wait_until
+from tests.support import VENV_BIN, free_port, run_cli, short_dir
 
 pytestmark = pytest.mark.timeout(90)
 

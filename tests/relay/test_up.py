@@ -26,8 +26,8 @@ from sbus_relay.ops.config import load_config
 from sbus_relay.ops.hierarchy import hierarchy_from_mapping, load_hierarchy, plan_tree_reload
 from sbus_relay.ops.supervisor import Supervisor, SupervisorError
 from sbus_relay.protocol.errors import ConfigError
-from tests.relay.helpers import WAIT, Peer, free_port, wait_until
-from tests.support import VENV_BIN, read_line, run_cli, short_dir
+from tests.relay.helpers import WAIT, Peer, wait_until
+from tests.support import VENV_BIN, free_port, read_line, run_cli, short_dir
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -178,7 +178,7 @@ def test_an_unsubscribe_flood_writes_a_bounded_log(bus: BusProcess) -> None:
 
 
 def test_a_users_queued_bytes_are_bounded_across_its_clients(tmp_path: Path) -> None:
-    from tests.relay.helpers import free_port
+    from tests.support import free_port
 
     port = free_port()
     quota = 200 * 1024

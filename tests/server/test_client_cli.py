@@ -21,6 +21,7 @@ from sbus_relay.protocol.errors import BusClosed, UsageError
 from tests.support import (
     VENV_BIN,
     BusProcess,
+    free_port,
     is_listening,
     run_cli,
     running,
@@ -466,9 +467,7 @@ def test_systemd_socket_activation(tmp_path: Path, short_tmp: Path) -> None:
 def test_serve_with_metrics(tmp_path: Path) -> None:
     import urllib.request
 
-    with socket.socket() as probe:  # a free port, released for the server
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with start_bus(tmp_path, "--metrics", f"127.0.0.1:{port}", command="serve") as bus:
         Client(bus.address).close()
         deadline = time.monotonic() + WAIT
@@ -527,10 +526,7 @@ def test_a_busy_metrics_port_is_one_line_naming_the_address(tmp_path: Path) -> N
 
 
 def test_a_second_start_of_the_same_bus_says_it_is_running(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    metrics = f"127.0.0.1:{port}"
+    metrics = f"127.0.0.1:{free_port()}"
     with start_bus(tmp_path, "--metrics", metrics, command="serve") as bus:
         done = run_cli("serve", "-f", "-a", bus.address, "--metrics", metrics)
         assert done.returncode == 2

@@ -12,7 +12,6 @@ import os
 import pty
 import select
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,7 +21,7 @@ import pytest
 
 from sbus_relay.client import Client
 from tests.server.rawclient import wait_accepting
-from tests.support import VENV_BIN, running
+from tests.support import VENV_BIN, free_port, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,12 +29,6 @@ pytestmark = pytest.mark.timeout(60)
 STOP_WITHIN = 1.0
 #: Seconds any other single wait may take.
 WAIT = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def pids_in_group(pgid: int) -> list[int]:

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.relay.helpers import Bus, Peer, free_port, wait_until
-from tests.support import VENV_BIN, is_listening, run_cli, short_dir
+from tests.relay.helpers import Bus, Peer, wait_until
+from tests.support import VENV_BIN, free_port, is_listening, run_cli, short_dir
 
 pytestmark = pytest.mark.timeout(90)
 
