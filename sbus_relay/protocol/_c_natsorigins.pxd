@@ -71,8 +71,9 @@ cdef class Origins:
     cdef int _hold(self, Origin o, long long place, object holders, bint deliver,
                    object item) except -1
     @cython.locals(out=list, o=Origin, entries=list, place=cython.longlong, seq=cython.longlong,
-                   mine=bint, subs=CSubscriptions, superseded=bint)
+                   superseded=bint)
     cpdef list release(self, double now)
+    cdef inline void _arrived(self, Origin o, object holders, long long seq) except *
     @cython.locals(newest=Origin)
     cdef bint _superseded(self, Origin o) except -1
     cdef bint _resync(self, Origin o, long long seq, double now) except -1

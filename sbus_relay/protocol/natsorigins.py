@@ -339,7 +339,6 @@ class Origins:
         """Everything held, in each origin's order: the items to deliver, in
         that order; refused messages and losses are counted."""
         out: list[Any] = []
-        subs = self.subs
         for o, entries in self._batch.items():
             if o.unordered:
                 entries.sort(key=_first)
@@ -351,24 +350,19 @@ class Origins:
                 if place & 1:
                     self._counted(o, seq, holders, now)
                     continue
-                mine = o.view >= 0 and (holders is None or subs.counted(holders, o.view))
                 if superseded:
                     # a newer process of its host has delivered here already:
                     # this one's last messages, still on the way (through a
                     # member that hung), would come after newer ones
                     o.late += 1
                     if seq > o.floor:
-                        o.arrived += mine  # arrived, refused, not lost: counted as late
-                        if o.view < 0:
-                            self._early_add(o, holders, seq)
+                        self._arrived(o, holders, seq)  # refused, not lost: counted as late
                     continue
                 if seq > o.last and seq > o.floor:
                     o.last = seq
                     o.ring[seq & _MASK] = seq
                     o.streak = 0
-                    o.arrived += mine
-                    if o.view < 0:
-                        self._early_add(o, holders, seq)
+                    self._arrived(o, holders, seq)
                     if deliver:
                         o.delivered += 1
                         out.append(item)
@@ -377,20 +371,25 @@ class Origins:
                     o.duplicate += 1
                     continue
                 if self._resync(o, seq, now):
-                    o.arrived += mine
-                    if o.view < 0:
-                        self._early_add(o, holders, seq)
+                    self._arrived(o, holders, seq)
                     if deliver:
                         o.delivered += 1
                         out.append(item)
                     continue
                 o.late += 1
                 if seq > o.floor:
-                    o.arrived += mine  # arrived, refused, not lost: counted as late
-                    if o.view < 0:
-                        self._early_add(o, holders, seq)
+                    self._arrived(o, holders, seq)  # refused, not lost: counted as late
         self._batch.clear()
         return out
+
+    def _arrived(self, o: Origin, holders: Any, seq: int) -> None:
+        """Message ``seq`` of ``o``, that ``holders`` matched, arrived (delivered,
+        or refused as late: not lost): counted if the origin counts it for us
+        (as of the count it follows), or kept for its first count."""
+        if o.view < 0:
+            self._early_add(o, holders, seq)
+        elif holders is None or self.subs.counted(holders, o.view):
+            o.arrived += 1
 
     def _early_add(self, o: Origin, holders: Any, seq: int) -> None:
         """What arrived from ``o`` before its first count (see ``_counted``)."""
