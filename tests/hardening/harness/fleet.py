@@ -224,17 +224,20 @@ class FleetBus(RunBus):
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             with contextlib.suppress(OSError):
-                text = http_get(self.ns, f"http://127.0.0.1:{self.port}/metrics", timeout=2.0)
                 if any(line.startswith("sbus_nats_connected{") and line.endswith(" 1.0")
-                       for line in text.splitlines()):  # fmt: skip
+                       for line in self.metrics(2.0).splitlines()):  # fmt: skip
                     return time.monotonic() - start
             time.sleep(0.05)
         return None
 
+    def metrics(self, timeout: float) -> str:
+        """Its /metrics page (``OSError`` if it does not answer)."""
+        return http_get(self.ns, f"http://127.0.0.1:{self.port}/metrics", timeout=timeout)
+
     def scrape(self) -> bool:
         """Read its loss counters; False if it did not answer."""
         try:
-            text = http_get(self.ns, f"http://127.0.0.1:{self.port}/metrics", timeout=5.0)
+            text = self.metrics(5.0)
         except OSError:
             return False
         with self.lock:
